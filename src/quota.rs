@@ -1,0 +1,243 @@
+//! Quotas: how many tokens per period, and how many may be spent at once.
+//!
+//! A [`Quota`] is validated once, at construction, so every limiter and store can rely on it:
+//! the rate, the period and the burst are all non-zero, the period is a whole number of
+//! microseconds (the resolution of the Redis clock), and the bucket fits the exact integer
+//! arithmetic of the Lua script (see [`crate::bucket`]). Invalid quotas cannot be represented.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Largest value any script argument may take: 2^52, so that every intermediate the script
+/// computes stays an exact integer in a Lua double.
+pub const MAX_VALUE: u64 = 1 << 52;
+
+/// A token-bucket quota: `rate` tokens are added every `period`, up to `burst` tokens.
+///
+/// The long-run limit is `rate / period`; in any window of length `W` at most
+/// `burst + rate × W / period` tokens can be spent.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelease::Quota;
+///
+/// // 1 000 requests per second, bursts of up to 100.
+/// let quota = Quota::per_second(1_000)?.with_burst(100)?;
+/// assert_eq!(quota.rate(), 1_000);
+/// assert_eq!(quota.period(), Duration::from_secs(1));
+/// assert_eq!(quota.burst(), 100);
+/// # Ok::<(), ratelease::QuotaError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    rate: u64,
+    period_us: u64,
+    burst: u64,
+}
+
+/// Why a [`Quota`] could not be built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The rate was zero.
+    #[error("rate must be at least 1 token per period")]
+    ZeroRate,
+    /// The period was shorter than one microsecond.
+    #[error("period must be at least 1 µs")]
+    ZeroPeriod,
+    /// The period was not a whole number of microseconds.
+    #[error("period must be a whole number of microseconds, got {0:?}")]
+    SubMicrosecondPeriod(Duration),
+    /// The burst was zero.
+    #[error("burst must be at least 1 token")]
+    ZeroBurst,
+    /// A value is too large for exact arithmetic in the script.
+    #[error("quota too large: {0}")]
+    TooLarge(&'static str),
+}
+
+impl Quota {
+    /// A quota of `rate` tokens per `period`, with a burst equal to `rate`.
+    ///
+    /// # Errors
+    /// See [`QuotaError`]: zero or sub-microsecond values, or values too large for the script.
+    pub fn new(rate: u64, period: Duration) -> Result<Self, QuotaError> {
+        Self::with_parts(rate, period, rate)
+    }
+
+    /// `rate` tokens per second, burst = `rate`.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn per_second(rate: u64) -> Result<Self, QuotaError> {
+        Self::new(rate, Duration::from_secs(1))
+    }
+
+    /// `rate` tokens per minute, burst = `rate`.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn per_minute(rate: u64) -> Result<Self, QuotaError> {
+        Self::new(rate, Duration::from_secs(60))
+    }
+
+    /// The same rate with another burst.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn with_burst(self, burst: u64) -> Result<Self, QuotaError> {
+        Self::with_parts(self.rate, self.period(), burst)
+    }
+
+    /// A quota from all three parts.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn with_parts(rate: u64, period: Duration, burst: u64) -> Result<Self, QuotaError> {
+        if rate == 0 {
+            return Err(QuotaError::ZeroRate);
+        }
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        if !period.subsec_nanos().is_multiple_of(1_000) {
+            if period < Duration::from_micros(1) {
+                return Err(QuotaError::ZeroPeriod);
+            }
+            return Err(QuotaError::SubMicrosecondPeriod(period));
+        }
+        let period_us = u64::try_from(period.as_micros())
+            .map_err(|_| QuotaError::TooLarge("period is too long"))?;
+        if period_us == 0 {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        if rate > MAX_VALUE {
+            return Err(QuotaError::TooLarge("rate exceeds 2^52"));
+        }
+        if period_us > MAX_VALUE {
+            return Err(QuotaError::TooLarge("period exceeds 2^52 µs"));
+        }
+        if burst > MAX_VALUE {
+            return Err(QuotaError::TooLarge("burst exceeds 2^52"));
+        }
+        let quota = Quota {
+            rate,
+            period_us,
+            burst,
+        };
+        if u128::from(burst) * u128::from(quota.scale()) > u128::from(MAX_VALUE) {
+            return Err(QuotaError::TooLarge(
+                "burst × (period_us / gcd(rate, period_us)) exceeds 2^52",
+            ));
+        }
+        Ok(quota)
+    }
+
+    /// Tokens added per period.
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// The refill period.
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
+    }
+
+    /// The refill period in microseconds.
+    pub fn period_us(&self) -> u64 {
+        self.period_us
+    }
+
+    /// Bucket capacity: the most tokens that can be spent at once.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Tokens per second, as a float (for sizing heuristics and reports).
+    pub fn per_second_f64(&self) -> f64 {
+        self.rate as f64 * 1e6 / self.period_us as f64
+    }
+
+    /// Fixed-point units per token: `period_us / gcd(rate, period_us)`.
+    pub(crate) fn scale(&self) -> u64 {
+        self.period_us / gcd(self.rate, self.period_us)
+    }
+
+    /// Fixed-point units added per microsecond: `rate / gcd(rate, period_us)`.
+    pub(crate) fn increment(&self) -> u64 {
+        self.rate / gcd(self.rate, self.period_us)
+    }
+
+    /// How long the bucket takes to earn `tokens` tokens (rounded up to the microsecond).
+    pub fn time_for(&self, tokens: u64) -> Duration {
+        let units = u128::from(tokens) * u128::from(self.scale());
+        let us = units.div_ceil(u128::from(self.increment()));
+        Duration::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_zeroes() {
+        assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroRate));
+        assert_eq!(
+            Quota::new(1, Duration::ZERO),
+            Err(QuotaError::ZeroPeriod)
+        );
+        assert_eq!(
+            Quota::new(1, Duration::from_nanos(10)),
+            Err(QuotaError::ZeroPeriod)
+        );
+        assert_eq!(
+            Quota::per_second(5).unwrap().with_burst(0),
+            Err(QuotaError::ZeroBurst)
+        );
+    }
+
+    #[test]
+    fn rejects_sub_microsecond_and_huge_values() {
+        assert!(matches!(
+            Quota::new(1, Duration::from_nanos(1_500)),
+            Err(QuotaError::SubMicrosecondPeriod(_))
+        ));
+        assert!(matches!(
+            Quota::per_second(u64::MAX),
+            Err(QuotaError::TooLarge(_))
+        ));
+        assert!(matches!(
+            Quota::new(1, Duration::from_secs(u64::MAX)),
+            Err(QuotaError::TooLarge(_))
+        ));
+        // 1 token per day with a burst of 10^9: 8.64e10 units per token × 1e9 overflows 2^52.
+        assert!(matches!(
+            Quota::with_parts(1, Duration::from_secs(86_400), 1_000_000_000),
+            Err(QuotaError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn gcd_keeps_large_quotas_representable() {
+        // 10 million per day: scale = 8640 units per token, far below the limit.
+        let q = Quota::with_parts(10_000_000, Duration::from_secs(86_400), 10_000_000).unwrap();
+        assert_eq!(q.scale(), 8_640);
+        assert_eq!(q.increment(), 1);
+    }
+
+    #[test]
+    fn time_for_rounds_up() {
+        let q = Quota::new(3, Duration::from_micros(10)).unwrap();
+        assert_eq!(q.time_for(1), Duration::from_micros(4)); // 10/3 µs per token
+        assert_eq!(q.time_for(3), Duration::from_micros(10));
+    }
+}
