@@ -1,0 +1,69 @@
+//! Errors. Being limited is not an error: it is [`Decision::Denied`](crate::Decision::Denied).
+//! Errors are for requests that can never succeed, broken configuration, and stores that fail.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::quota::QuotaError;
+
+/// An error from a limiter.
+#[derive(Debug, Clone, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Asked for zero tokens.
+    #[error("cannot acquire zero tokens")]
+    ZeroTokens,
+    /// Asked for more tokens than the bucket can ever hold; waiting would not help.
+    #[error("requested {requested} tokens but the burst is {burst}: this can never succeed")]
+    ExceedsBurst {
+        /// Tokens requested.
+        requested: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
+    /// The quota is invalid.
+    #[error("invalid quota")]
+    Quota(#[from] QuotaError),
+    /// The limiter configuration is invalid (bad name, prefix, or lease settings).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The limiter was built outside a tokio runtime and none was given.
+    #[error("a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime handle")]
+    NoRuntime,
+    /// The limiter was shut down.
+    #[error("the limiter has shut down")]
+    Closed,
+    /// The store failed.
+    #[error("store failed")]
+    Store(#[from] StoreError),
+}
+
+/// An error from a [`LeaseStore`](crate::LeaseStore).
+#[derive(Debug, Clone, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Redis returned an error or could not be reached.
+    #[error("redis error")]
+    Redis(#[source] Arc<redis::RedisError>),
+    /// No answer within the configured response timeout.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// The script refused its arguments (`RATELEASE …` error reply).
+    #[error("script rejected the call: {0}")]
+    Rejected(String),
+    /// The store answered something that is not a valid reply.
+    #[error("unexpected reply from store: {0}")]
+    BadReply(String),
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        if e.code() == Some("RATELEASE") {
+            let detail = e.detail().unwrap_or_default().to_string();
+            return StoreError::Rejected(detail);
+        }
+        StoreError::Redis(Arc::new(e))
+    }
+}

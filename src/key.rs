@@ -1,0 +1,80 @@
+//! Redis key naming.
+//!
+//! Every key of one limiter is `<prefix>{<name>}<suffix>`: the braces are a Redis Cluster hash
+//! tag, so all keys a script touches hash to one slot. Names are user input, so `{`, `}` and `%`
+//! are percent-encoded inside the tag: a name can neither close the tag early nor reach outside
+//! the prefix. Prefixes are configuration and may not contain braces at all.
+
+use crate::error::Error;
+
+/// Longest limiter name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// Checks a limiter name: non-empty, at most [`MAX_NAME_LEN`] bytes.
+pub fn validate_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::Config("limiter name must not be empty".into()));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::Config(format!(
+            "limiter name is {} bytes; at most {MAX_NAME_LEN}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a key prefix: no hash-tag braces.
+pub fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.contains(['{', '}']) {
+        return Err(Error::Config(format!(
+            "key prefix {prefix:?} must not contain '{{' or '}}': the limiter name is the hash tag"
+        )));
+    }
+    Ok(())
+}
+
+/// The bucket key of limiter `name` under `prefix`.
+pub fn bucket_key(prefix: &str, name: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + name.len() + 2);
+    key.push_str(prefix);
+    key.push('{');
+    for c in name.chars() {
+        match c {
+            '%' => key.push_str("%25"),
+            '{' => key.push_str("%7B"),
+            '}' => key.push_str("%7D"),
+            c => key.push(c),
+        }
+    }
+    key.push('}');
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn braces_in_names_stay_inside_the_tag() {
+        let k = bucket_key("rl:", "a}b{c%");
+        assert_eq!(k, "rl:{a%7Db%7Bc%25}");
+        // The hash tag Redis uses is everything between the first '{' and the next '}'.
+        let open = k.find('{').unwrap();
+        let close = open + k[open..].find('}').unwrap();
+        assert_eq!(close, k.len() - 1);
+    }
+
+    #[test]
+    fn distinct_names_give_distinct_keys() {
+        assert_ne!(bucket_key("p:", "a%7D"), bucket_key("p:", "a}"));
+    }
+
+    #[test]
+    fn rejects_bad_names_and_prefixes() {
+        assert!(validate_name("").is_err());
+        assert!(validate_name(&"x".repeat(MAX_NAME_LEN + 1)).is_err());
+        assert!(validate_prefix("a{b").is_err());
+        assert!(validate_prefix("ratelease:").is_ok());
+    }
+}

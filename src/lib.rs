@@ -1,0 +1,71 @@
+//! # ratelease
+//!
+//! One rate limit shared by a fleet of processes, for the price of a local atomic.
+//!
+//! A token bucket lives in Redis and is stepped by one atomic Lua script
+//! (`lua/token_bucket.lua`). Each process **leases a batch of tokens** from it and hands them out
+//! from an **in-memory lock-free bucket**, fetching the next batch before the current one runs
+//! dry. A check on the hot path is a compare-and-swap on one atomic word — nanoseconds, not a
+//! Redis round trip.
+//!
+//! The same script called once per request is **pure-Redis mode**, the exact reference every
+//! other mode is compared against.
+//!
+//! ## Modes
+//!
+//! - [`HybridLimiter`]: leases batches through a [`LeasePolicy`]; `try_acquire` is synchronous.
+//! - [`RedisLimiter`]: one store call per decision.
+//!
+//! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
+//! production, [`MemoryStore`] in tests and in the simulator.
+//!
+//! ## Time
+//!
+//! The shared bucket runs on the Redis server's clock, so client clocks are never trusted.
+//! Stores read time through a [`Clock`]; limiters wait on tokio's timer, so `tokio::time::pause`
+//! plus a [`TokioClock`] put a whole fleet on virtual time.
+//!
+//! ## Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ratelease::Error> {
+//! use ratelease::{Decision, HybridLimiter, MemoryStore, Quota};
+//!
+//! let quota = Quota::per_second(500)?.with_burst(50)?;
+//! let limiter = HybridLimiter::new("checkout", quota, MemoryStore::new())?;
+//! limiter.acquire(1).await?;
+//! match limiter.try_acquire(1)? {
+//!     Decision::Allowed => { /* serve */ }
+//!     Decision::Denied { retry_after } => { /* reject, Retry-After: retry_after */ }
+//! }
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod bucket;
+mod clock;
+mod error;
+mod hybrid;
+mod key;
+mod limiter;
+mod local;
+mod policy;
+mod pure;
+mod quota;
+mod refill;
+mod store;
+
+pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
+pub use error::{Error, StoreError};
+pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
+pub use key::MAX_NAME_LEN;
+pub use limiter::{Decision, Limiter};
+pub use policy::{FixedLease, LeaseAsk, LeaseContext, LeasePolicy};
+pub use pure::RedisLimiter;
+pub use quota::{Quota, QuotaError, MAX_VALUE};
+pub use store::{
+    LeaseReply, LeaseStore, MemoryStore, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
+};
+

@@ -1,0 +1,208 @@
+//! [`MemoryStore`]: the shared bucket in process memory.
+//!
+//! It runs the same [`bucket::step`] the Lua script mirrors, one key at a time under the
+//! key's `dashmap` shard lock, reading time from an injectable [`Clock`]. Expiry is modelled
+//! like Redis's TTL (an expired entry reads as absent, that is, full), so replies match the
+//! script's even for keys that went idle. Futures it returns are ready at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+use super::{LeaseReply, LeaseStore};
+use crate::bucket::{self, BucketState, Op};
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::StoreError;
+use crate::quota::Quota;
+
+/// How many writes between sweeps of expired entries.
+const SWEEP_EVERY: u64 = 4096;
+
+/// An in-process [`LeaseStore`] with the same contract as the Redis script.
+///
+/// Clones share the same buckets.
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use ratelease::{FakeClock, LeaseStore, MemoryStore, Quota};
+///
+/// let clock = FakeClock::new();
+/// let store = MemoryStore::with_clock(clock.clone());
+/// let quota = Quota::per_second(10)?;
+/// let reply = store.lease("api", &quota, 4, 1).await?;
+/// assert_eq!((reply.granted, reply.remaining), (4, 6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    buckets: DashMap<String, Entry>,
+    clock: Box<dyn Clock>,
+    calls: AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    state: BucketState,
+    expires_at_us: u64,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("buckets", &self.inner.buckets.len())
+            .field("calls", &self.calls())
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on real monotonic time.
+    pub fn new() -> Self {
+        Self::with_clock(MonotonicClock::new())
+    }
+
+    /// A store on the given clock.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                buckets: DashMap::new(),
+                clock: Box::new(clock),
+                calls: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Store calls served so far (lease and release), as Redis would count script calls.
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
+    }
+
+    /// Buckets currently stored (full buckets are not stored).
+    pub fn len(&self) -> usize {
+        self.inner.buckets.len()
+    }
+
+    /// True when no bucket is stored.
+    pub fn is_empty(&self) -> bool {
+        self.inner.buckets.is_empty()
+    }
+
+    /// Drops every stored bucket, as `FLUSHALL` would.
+    pub fn clear(&self) {
+        self.inner.buckets.clear();
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// One atomic step on `name`.
+    pub(crate) fn run(&self, name: &str, quota: &Quota, op: Op) -> Result<LeaseReply, StoreError> {
+        let now = self.now_us();
+        let calls = self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if calls.is_multiple_of(SWEEP_EVERY) {
+            self.inner.buckets.retain(|_, e| e.expires_at_us > now);
+        }
+        let reject = |e: bucket::InvalidArgument| StoreError::Rejected(e.to_string());
+        let step = match self.inner.buckets.entry(name.to_owned()) {
+            dashmap::Entry::Occupied(mut slot) => {
+                let live = Some(slot.get()).filter(|e| e.expires_at_us > now);
+                let step = bucket::step(live.map(|e| e.state), quota, op, now).map_err(reject)?;
+                match step.state {
+                    Some(state) => *slot.get_mut() = entry(state, now, step.ttl_ms),
+                    None => {
+                        slot.remove();
+                    }
+                }
+                step
+            }
+            dashmap::Entry::Vacant(slot) => {
+                let step = bucket::step(None, quota, op, now).map_err(reject)?;
+                if let Some(state) = step.state {
+                    slot.insert(entry(state, now, step.ttl_ms));
+                }
+                step
+            }
+        };
+        Ok(step.reply.into())
+    }
+}
+
+fn entry(state: BucketState, now_us: u64, ttl_ms: u64) -> Entry {
+    Entry {
+        state,
+        expires_at_us: now_us.saturating_add(ttl_ms.saturating_mul(1_000)),
+    }
+}
+
+impl LeaseStore for MemoryStore {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        want: u64,
+        min: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.run(name, quota, Op::Lease { want, min })
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        tokens: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.run(name, quota, Op::Release { tokens })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::FakeClock;
+
+    #[test]
+    fn expired_entries_read_as_full_and_are_swept() {
+        let clock = FakeClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let q = Quota::per_second(10).unwrap();
+        let r = store.run("k", &q, Op::Lease { want: 10, min: 1 }).unwrap();
+        assert_eq!(r.granted, 10);
+        assert_eq!(store.len(), 1);
+        clock.advance(Duration::from_secs(1));
+        let r = store.run("k", &q, Op::Lease { want: 10, min: 10 }).unwrap();
+        assert_eq!(r.granted, 10, "refilled after one period");
+        clock.advance(Duration::from_secs(12));
+        for i in 0..SWEEP_EVERY {
+            let _ = store.run(&format!("other{i}"), &q, Op::Release { tokens: 0 });
+        }
+        assert_eq!(store.len(), 0, "expired entry swept, full buckets never stored");
+        assert_eq!(store.calls(), SWEEP_EVERY + 2);
+    }
+
+    #[test]
+    fn rejects_invalid_arguments_without_writing() {
+        let store = MemoryStore::with_clock(FakeClock::new());
+        let q = Quota::per_second(10).unwrap();
+        let err = store.run("k", &q, Op::Lease { want: 5, min: 11 }).unwrap_err();
+        assert!(matches!(err, StoreError::Rejected(ref m) if m == "invalid argument min"));
+        assert!(store.is_empty());
+    }
+}

@@ -1,0 +1,213 @@
+//! [`RedisStore`]: the shared bucket in Redis, stepped by `lua/token_bucket.lua`.
+//!
+//! The script is embedded with `include_str!` and sent with EVALSHA; redis-rs reloads it on
+//! NOSCRIPT (after `SCRIPT FLUSH` or a restart), so callers never see that error. The connection
+//! is a redis-rs `ConnectionManager`: cheap to clone, reconnecting in the background, and given
+//! explicit connect and response timeouts so a slow Redis costs a bounded wait. Time comes from
+//! the Redis server's clock (`TIME` inside the script) unless an explicit [`Clock`] is set for
+//! deterministic tests.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{LeaseReply, LeaseStore};
+use crate::bucket::Op;
+use crate::clock::Clock;
+use crate::error::{Error, StoreError};
+use crate::key;
+use crate::quota::Quota;
+
+/// The token-bucket script, as shipped in `lua/token_bucket.lua`. Other languages can run it
+/// against the same keys (see its header for the argument protocol).
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
+
+static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TOKEN_BUCKET_LUA));
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "ratelease:";
+/// Default time allowed to open a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default time allowed for one reply.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// A [`LeaseStore`] backed by Redis. Clones share one connection.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), ratelease::Error> {
+/// use std::time::Duration;
+/// use ratelease::RedisStore;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+///     .prefix("myapp:rl:")
+///     .response_timeout(Duration::from_millis(50))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+    response_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("response_timeout", &self.response_timeout)
+            .field("explicit_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+/// Configures and connects a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    url: String,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisStoreBuilder {
+    /// Key prefix for every limiter (default [`DEFAULT_PREFIX`]); must not contain braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time allowed for one reply (default [`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sends `now` from `clock` to the script instead of using the Redis server's clock.
+    ///
+    /// For deterministic tests and replays only: in production, client clocks differ and the
+    /// server clock is the one every process agrees on.
+    pub fn explicit_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connects (within the connect timeout).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad URL or prefix, [`Error::Store`] if Redis cannot be reached.
+    pub async fn connect(self) -> Result<RedisStore, Error> {
+        key::validate_prefix(&self.prefix)?;
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| Error::Config(format!("invalid redis url {:?}: {e}", self.url)))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(StoreError::from)?;
+        Ok(RedisStore {
+            conn,
+            prefix: self.prefix.into(),
+            response_timeout: self.response_timeout,
+            clock: self.clock,
+        })
+    }
+}
+
+impl RedisStore {
+    /// A builder for a store at `url` (`redis://`, `rediss://` or `redis+unix://`).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            clock: None,
+        }
+    }
+
+    /// Connects to `url` with default settings.
+    ///
+    /// # Errors
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: impl Into<String>) -> Result<Self, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// The Redis key holding `name`'s bucket.
+    pub fn key(&self, name: &str) -> String {
+        key::bucket_key(&self.prefix, name)
+    }
+
+    async fn run(&self, name: &str, quota: &Quota, op: Op) -> Result<LeaseReply, StoreError> {
+        let (op_name, a, b) = match op {
+            Op::Lease { want, min } => ("lease", want, min),
+            Op::Release { tokens } => ("release", tokens, 0),
+        };
+        let now = match &self.clock {
+            Some(c) => c.now().as_micros().to_string(),
+            None => String::new(),
+        };
+        let mut invocation = SCRIPT.key(self.key(name));
+        invocation
+            .arg(op_name)
+            .arg(quota.rate())
+            .arg(quota.period_us())
+            .arg(quota.burst())
+            .arg(a)
+            .arg(b)
+            .arg(now);
+        let mut conn = self.conn.clone();
+        let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.map_err(|e| {
+            if e.is_timeout() {
+                StoreError::Timeout(self.response_timeout)
+            } else {
+                StoreError::from(e)
+            }
+        })?;
+        match reply[..] {
+            [granted, remaining, retry_us, reset_us] => Ok(LeaseReply {
+                granted,
+                remaining,
+                retry_after: Duration::from_micros(retry_us),
+                reset_after: Duration::from_micros(reset_us),
+            }),
+            _ => Err(StoreError::BadReply(format!(
+                "expected 4 integers, got {reply:?}"
+            ))),
+        }
+    }
+}
+
+impl LeaseStore for RedisStore {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        want: u64,
+        min: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.run(name, quota, Op::Lease { want, min }).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        tokens: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.run(name, quota, Op::Release { tokens }).await
+    }
+}
