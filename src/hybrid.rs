@@ -384,6 +384,17 @@ impl<S: LeaseStore> HybridLimiter<S> {
             let _ = task.await;
         }
     }
+
+    /// Stops the background task at once **without** giving tokens back, as a crashed process
+    /// would: the tokens it held are lost to the fleet until the shared bucket refills. For
+    /// failure tests and simulations; use [`shutdown`](Self::shutdown) otherwise.
+    pub fn abort(&self) {
+        self.handle.shared.signal.close();
+        if let Some(task) = self.handle.task.lock().take() {
+            task.abort();
+        }
+        self.handle.shared.local.take_all();
+    }
 }
 
 impl<S: LeaseStore> Shared<S> {
