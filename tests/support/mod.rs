@@ -1,0 +1,514 @@
+//! Real-`redis-server` test harness shared by every integration test
+//! (`mod support;`).
+//!
+//! # Design
+//!
+//! Every test that needs Redis starts its **own** `redis-server` process with
+//! [`RedisServer::start`] and gets it killed again when the value is dropped.
+//! There is deliberately no shared server and nothing ever talks to the
+//! default port 6379:
+//!
+//! * **Isolation.** `cargo test` runs tests in parallel threads. A shared
+//!   server would make tests see each other's keys, `FLUSHALL`, `CONFIG SET`,
+//!   killed connections and restarts; private servers make every test
+//!   independent of ordering and of what else is running.
+//! * **Failure tests need a server to themselves.** Restarting Redis (data
+//!   loss, broken connections) is part of what the limiter must survive, and
+//!   [`RedisServer::restart`] / [`RedisServer::stop`] can only be used on a
+//!   server that nobody else is using.
+//! * **No dependence on the machine.** A developer's or CI machine may run a
+//!   system Redis on 6379 (installing the Debian package may even start one),
+//!   possibly with real data, persistence or a password. The harness never
+//!   touches it: each server gets a free loopback port (never 6379) or a unix
+//!   socket, inside its own [`tempfile::TempDir`].
+//! * **No persistence.** Servers run with `--save ''`, `--appendonly no` and a
+//!   private `--dir`, so nothing is written to or loaded from disk, and a
+//!   restart always comes back empty (any `dump.rdb` a test produced with an
+//!   explicit `SAVE` is deleted before restarting).
+//! * **Fail, don't skip.** If `redis-server` is missing the test panics with
+//!   the install step instead of silently passing. `scripts/test.sh` installs
+//!   it on a fresh machine; `REDIS_SERVER_BIN` points at a different binary.
+//! * **No leftovers.** `Drop` kills *and waits for* the process (no zombies).
+//!   On Linux the process also gets `PR_SET_PDEATHSIG = SIGKILL`, so servers
+//!   die even if the test binary itself is killed before `Drop` runs. Because
+//!   the kernel ties that signal to the *thread* that forked the child, all
+//!   servers are spawned from one helper thread that lives as long as the
+//!   test process.
+//!
+//! A server takes a few milliseconds to start, so one per test is cheap.
+//! The harness is modelled on `redis-test`'s `server.rs` from redis-rs.
+
+// Each integration test binary compiles its own copy of this module and uses
+// only part of it; without this every binary would warn about the rest.
+#![allow(dead_code)]
+
+use std::fs::{self, File};
+use std::io;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// Environment variable naming the `redis-server` binary to use (a path or a
+/// name looked up on `PATH`). Defaults to `redis-server`.
+pub const REDIS_SERVER_BIN_ENV: &str = "REDIS_SERVER_BIN";
+
+/// How long to wait for a freshly spawned server to answer `PING`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many times to try a new port when the chosen one turns out to be taken.
+const PORT_ATTEMPTS: usize = 5;
+/// How many times `restart` retries the (fixed) old address if it is taken.
+const RESTART_ATTEMPTS: usize = 5;
+/// Connect timeout for connections handed out by the harness.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read/write timeout for connections handed out by the harness, so a wedged
+/// server fails the test instead of hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest unix socket path the kernel accepts (`sun_path` is 108 bytes on
+/// Linux, 104 on the BSDs; keep to the smaller, including the NUL).
+const MAX_UNIX_SOCKET_PATH: usize = 103;
+
+const NOT_FOUND: &str = "redis-server not found: run scripts/test.sh (it installs it) or \
+                         `apt-get install redis-server`, or set REDIS_SERVER_BIN";
+
+/// Where a server listens. Fixed for the lifetime of a [`RedisServer`], so
+/// restarts come back on the same address.
+#[derive(Clone, Debug)]
+enum Addr {
+    Tcp(u16),
+    Unix(PathBuf),
+}
+
+/// A private `redis-server` process, killed when dropped.
+pub struct RedisServer {
+    /// `None` after [`RedisServer::stop`].
+    child: Option<Child>,
+    addr: Addr,
+    /// Extra command line arguments, kept for restarts.
+    extra_args: Vec<String>,
+    /// The server's `--dir`; holds the log file and, for the unix variant,
+    /// the socket. Declared last so it is removed after the process is gone.
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback TCP port.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with_args(&[])
+    }
+
+    /// Starts a server on a free loopback TCP port with extra `redis-server`
+    /// arguments appended after the harness's own (so they win), e.g.
+    /// `&["--maxmemory", "1mb"]`. They are reused by [`RedisServer::restart`].
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer::new(Addr::Tcp(0), extra);
+        let mut failures = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            server.addr = Addr::Tcp(free_port());
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                // Someone else took the port between our probe and the
+                // server's bind: try another one.
+                Err(failure) if failure.address_in_use => failures.push(failure.message),
+                Err(failure) => panic!("{}", failure.message),
+            }
+        }
+        panic!(
+            "redis-server could not find a free port in {PORT_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// Starts a server that listens only on a unix socket (`--port 0`), in
+    /// its temporary directory; [`RedisServer::url`] is `redis+unix:///…`.
+    pub fn start_unix() -> RedisServer {
+        let mut server = RedisServer::new(Addr::Unix(PathBuf::new()), &[]);
+        let socket = server.dir.path().join("redis.sock");
+        assert!(
+            socket.as_os_str().len() <= MAX_UNIX_SOCKET_PATH,
+            "unix socket path {} is too long for the kernel; set TMPDIR to a shorter directory",
+            socket.display()
+        );
+        server.addr = Addr::Unix(socket);
+        if let Err(failure) = server.spawn_and_wait() {
+            panic!("{}", failure.message);
+        }
+        server
+    }
+
+    fn new(addr: Addr, extra: &[&str]) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("ratelease-redis-")
+            .tempdir()
+            .expect("cannot create a temporary directory for redis-server");
+        RedisServer {
+            child: None,
+            addr,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            dir,
+        }
+    }
+
+    /// The connection URL: `redis://127.0.0.1:PORT/` or
+    /// `redis+unix:///path/to/redis.sock`.
+    pub fn url(&self) -> String {
+        match &self.addr {
+            Addr::Tcp(port) => format!("redis://127.0.0.1:{port}/"),
+            Addr::Unix(path) => format!("redis+unix://{}", path.display()),
+        }
+    }
+
+    /// The TCP port, or `None` for the unix socket variant.
+    pub fn port(&self) -> Option<u16> {
+        match self.addr {
+            Addr::Tcp(port) => Some(port),
+            Addr::Unix(_) => None,
+        }
+    }
+
+    /// The server's working directory (`--dir`), which also holds its log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url())
+            .unwrap_or_else(|e| panic!("invalid redis url {}: {e}", self.url()))
+    }
+
+    /// A new synchronous connection (5 s connect timeout, 30 s read/write
+    /// timeouts so a wedged server fails the test instead of hanging it).
+    pub fn connection(&self) -> redis::Connection {
+        let con = self
+            .client()
+            .get_connection_with_timeout(CONNECT_TIMEOUT)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot connect to {}: {e}\n{}",
+                    self.url(),
+                    self.diagnostics()
+                )
+            });
+        con.set_read_timeout(Some(IO_TIMEOUT))
+            .and_then(|()| con.set_write_timeout(Some(IO_TIMEOUT)))
+            .expect("cannot set redis connection timeouts");
+        con
+    }
+
+    /// Runs one command on a new connection and converts the reply, e.g.
+    /// `server.cmd::<String>(&["PING"])` or
+    /// `server.cmd::<Option<String>>(&["GET", "k"])`. Panics with the command
+    /// and the server log on any error.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let (name, rest) = args
+            .split_first()
+            .expect("RedisServer::cmd needs at least a command name");
+        let mut command = redis::cmd(name);
+        for arg in rest {
+            command.arg(*arg);
+        }
+        let mut con = self.connection();
+        command.query(&mut con).unwrap_or_else(|e| {
+            panic!(
+                "redis command {args:?} on {} failed: {e}\n{}",
+                self.url(),
+                self.diagnostics()
+            )
+        })
+    }
+
+    /// The process id of the running server. Panics if it is stopped.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .expect("redis-server is stopped; call restart() first")
+    }
+
+    /// The contents of the server's log file (all runs, including restarts).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it. The address and
+    /// directory are kept, so [`RedisServer::restart`] can bring it back.
+    /// Does nothing if it is already stopped.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // `kill` fails only if the process was already reaped, which
+            // cannot happen while we own the `Child`; `wait` reaps it.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server (if running) and starts a fresh one on the same
+    /// address and directory with the same arguments, then waits for `PING`.
+    /// The new server is empty: nothing is persisted, and any `dump.rdb` a
+    /// test created with `SAVE` is deleted first. Existing connections break.
+    pub fn restart(&mut self) {
+        self.stop();
+        for leftover in ["dump.rdb", "appendonlydir"] {
+            let path = self.dir.path().join(leftover);
+            let _ = fs::remove_file(&path);
+            let _ = fs::remove_dir_all(&path);
+        }
+        let mut failures = Vec::new();
+        for attempt in 0..RESTART_ATTEMPTS {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(failure) if failure.address_in_use => {
+                    failures.push(failure.message);
+                    thread::sleep(Duration::from_millis(100 << attempt));
+                }
+                Err(failure) => panic!("{}", failure.message),
+            }
+        }
+        panic!(
+            "redis-server could not be restarted on {} ({RESTART_ATTEMPTS} attempts):\n{}",
+            self.url(),
+            failures.join("\n")
+        );
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// redis-server prints configuration errors to stderr, before the log
+    /// file is opened, so stdout/stderr go to a file of their own.
+    fn output_path(&self) -> PathBuf {
+        self.dir.path().join("redis.out")
+    }
+
+    /// The log and the captured stdout/stderr, for panic messages.
+    fn diagnostics(&self) -> String {
+        let output = fs::read_to_string(self.output_path()).unwrap_or_default();
+        format!(
+            "--- redis-server log ({}) ---\n{}--- redis-server stdout/stderr ---\n{}",
+            self.log_path().display(),
+            self.log(),
+            output
+        )
+    }
+
+    fn command(&self) -> Command {
+        let bin = redis_server_bin();
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--save")
+            .arg("")
+            .args(["--appendonly", "no"])
+            .args(["--dbfilename", "dump.rdb"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(["--daemonize", "no"]);
+        match &self.addr {
+            Addr::Tcp(port) => {
+                cmd.args(["--bind", "127.0.0.1"])
+                    .args(["--port", &port.to_string()]);
+            }
+            Addr::Unix(path) => {
+                cmd.args(["--port", "0"])
+                    .arg("--unixsocket")
+                    .arg(path)
+                    .args(["--unixsocketperm", "700"]);
+            }
+        }
+        cmd.args(&self.extra_args);
+        cmd
+    }
+
+    /// Spawns the process on `self.addr` and waits until it answers `PING`.
+    /// On failure the process is gone and `self.child` is `None`.
+    fn spawn_and_wait(&mut self) -> Result<(), StartFailure> {
+        debug_assert!(self.child.is_none());
+        if let Addr::Unix(path) = &self.addr {
+            let _ = fs::remove_file(path);
+        }
+        let log_start = fs::metadata(self.log_path()).map_or(0, |m| m.len());
+        let output = File::options()
+            .create(true)
+            .append(true)
+            .open(self.output_path())
+            .expect("cannot create redis-server output file");
+        let mut cmd = self.command();
+        cmd.stdin(Stdio::null())
+            .stdout(output.try_clone().expect("cannot clone output file"))
+            .stderr(output);
+        let child = spawn(cmd).unwrap_or_else(|e| {
+            let bin = redis_server_bin();
+            if e.kind() == io::ErrorKind::NotFound {
+                panic!("{NOT_FOUND} (tried {bin:?})");
+            }
+            panic!("cannot start redis-server {bin:?}: {e}");
+        });
+        let pid = child.id();
+        self.child = Some(child);
+
+        let reason = match self.wait_until_ready(pid) {
+            Ok(()) => return Ok(()),
+            Err(NotReady::Exited(status)) => format!("exited with {status}"),
+            Err(NotReady::Unwaitable(e)) => format!("could not be polled: {e}"),
+            Err(NotReady::TimedOut(last_error)) => {
+                format!("did not answer PING within {STARTUP_TIMEOUT:?} (last error: {last_error})")
+            }
+        };
+        self.stop();
+        let log = self.log();
+        let this_run = log.get(log_start as usize..).unwrap_or(&log);
+        let address_in_use = this_run.contains("Address already in use");
+        Err(StartFailure {
+            address_in_use,
+            message: format!(
+                "redis-server (pid {pid}) on {} {reason}\n{}",
+                self.url(),
+                self.diagnostics()
+            ),
+        })
+    }
+
+    /// Polls until our process answers `PING`, it exits, or time runs out.
+    fn wait_until_ready(&mut self, pid: u32) -> Result<(), NotReady> {
+        let client = self.client();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let mut last_error: String;
+        loop {
+            let child = self.child.as_mut().expect("server was just spawned");
+            match child.try_wait() {
+                Ok(Some(status)) => return Err(NotReady::Exited(status)),
+                Ok(None) => {}
+                Err(e) => return Err(NotReady::Unwaitable(e)),
+            }
+            match ping_and_get_pid(&client) {
+                // Only our own process counts: if the port was taken, the
+                // PING may be answered by another server while ours is
+                // about to exit with "Address already in use".
+                Ok(answering) if answering == pid => return Ok(()),
+                Ok(answering) => last_error = format!("PING answered by other pid {answering}"),
+                Err(e) => last_error = e.to_string(),
+            }
+            if Instant::now() >= deadline {
+                return Err(NotReady::TimedOut(last_error));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct StartFailure {
+    address_in_use: bool,
+    message: String,
+}
+
+enum NotReady {
+    Exited(ExitStatus),
+    Unwaitable(io::Error),
+    TimedOut(String),
+}
+
+/// Sends `PING`, then returns the `process_id` from `INFO server`.
+fn ping_and_get_pid(client: &redis::Client) -> redis::RedisResult<u32> {
+    let mut con = client.get_connection_with_timeout(Duration::from_millis(500))?;
+    con.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let pong: String = redis::cmd("PING").query(&mut con)?;
+    if pong != "PONG" {
+        return Err(redis::RedisError::from(io::Error::other(format!(
+            "unexpected PING reply {pong:?}"
+        ))));
+    }
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con)?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .ok_or_else(|| redis::RedisError::from(io::Error::other("INFO server has no process_id")))
+}
+
+fn redis_server_bin() -> String {
+    std::env::var(REDIS_SERVER_BIN_ENV)
+        .ok()
+        .filter(|bin| !bin.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// A loopback port that was free a moment ago (never 6379). Another process
+/// may grab it before redis-server binds it; callers retry on that.
+fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("cannot bind a loopback port")
+            .port();
+        if port != 6379 {
+            return port;
+        }
+    }
+}
+
+/// Spawns `cmd` so that the child is SIGKILLed when the test process dies.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits,
+/// and test threads (or `spawn_blocking` threads) may exit while the server
+/// is still in use, so the fork happens on one helper thread that lives as
+/// long as the process.
+#[cfg(target_os = "linux")]
+fn spawn(mut cmd: Command) -> io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc::{self, Sender};
+    use std::sync::OnceLock;
+
+    extern "C" {
+        fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
+    }
+    const PR_SET_PDEATHSIG: std::ffi::c_int = 1;
+    const SIGKILL: std::ffi::c_ulong = 9;
+
+    type Request = (Command, Sender<io::Result<Child>>);
+    static SPAWNER: OnceLock<Sender<Request>> = OnceLock::new();
+
+    // SAFETY: the hook only makes one async-signal-safe syscall between
+    // fork and exec, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        thread::Builder::new()
+            .name("redis-server-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("cannot start the redis-server spawner thread");
+        tx
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner
+        .send((cmd, reply_tx))
+        .expect("redis-server spawner thread is gone");
+    reply_rx
+        .recv()
+        .expect("redis-server spawner thread is gone")
+}
+
+#[cfg(not(target_os = "linux"))]
+fn spawn(mut cmd: Command) -> io::Result<Child> {
+    cmd.spawn()
+}
