@@ -504,8 +504,7 @@ async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, seed: u64) {
         s.finished.notify_waiters();
         let after = s.local.available();
         if let Some(deadline) = pause {
-            if s
-                .signal
+            if s.signal
                 .unless_closed(tokio::time::sleep_until(deadline))
                 .await
                 .is_none()

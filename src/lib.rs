@@ -68,4 +68,3 @@ pub use store::{
     LeaseReply, LeaseStore, MemoryStore, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
-

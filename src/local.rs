@@ -113,8 +113,15 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(taken.iter().sum::<u64>(), LEASED, "no token lost or doubled");
-        assert!(taken.iter().all(|&t| t > 0), "both threads took tokens: {taken:?}");
+        assert_eq!(
+            taken.iter().sum::<u64>(),
+            LEASED,
+            "no token lost or doubled"
+        );
+        assert!(
+            taken.iter().all(|&t| t > 0),
+            "both threads took tokens: {taken:?}"
+        );
         assert!(
             retries.load(Ordering::Relaxed) > 0,
             "the threads never contended; the test proved nothing"

@@ -40,8 +40,12 @@ pub trait LeasePolicy: Send + Sync + 'static {
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk;
 }
 
-/// A fixed batch size (the documents' option 3). Denied requests larger than the batch raise
-/// the next ask, so a request up to the burst can always be served.
+/// A fixed batch size (the documents' option 3): each lease is all or nothing, `min = want =
+/// size`. Taking a whole batch or none matters under overload: with `min = 1` a starved node
+/// would wake for every single token the bucket earns (two store calls per token); with
+/// `min = size` the store's `retry_after` is the time until a whole batch is there, so store
+/// calls stay near `rate / size` however high the demand. A denied request larger than the
+/// batch raises the next ask, so any request up to the burst can be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedLease {
     size: Option<u64>,
@@ -95,10 +99,10 @@ impl LeasePolicy for FixedLease {
     }
 
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
-        let size = self.size(&ctx.quota);
+        let size = self.size(&ctx.quota).max(ctx.denied);
         LeaseAsk {
-            want: size.max(ctx.denied),
-            min: ctx.denied.max(1),
+            want: size,
+            min: size,
         }
     }
 }
@@ -120,6 +124,20 @@ mod tests {
     }
 
     #[test]
+    fn batches_are_all_or_nothing() {
+        let q = Quota::per_second(1_000).unwrap();
+        let ctx = LeaseContext {
+            quota: q,
+            local: 3,
+            denied: 1,
+        };
+        assert_eq!(
+            FixedLease::new(50).ask(&ctx),
+            LeaseAsk { want: 50, min: 50 }
+        );
+    }
+
+    #[test]
     fn denied_requests_raise_the_ask() {
         let q = Quota::per_second(1_000).unwrap();
         let ctx = LeaseContext {
@@ -127,6 +145,9 @@ mod tests {
             local: 0,
             denied: 80,
         };
-        assert_eq!(FixedLease::new(50).ask(&ctx), LeaseAsk { want: 80, min: 80 });
+        assert_eq!(
+            FixedLease::new(50).ask(&ctx),
+            LeaseAsk { want: 80, min: 80 }
+        );
     }
 }

@@ -191,10 +191,7 @@ mod tests {
     #[test]
     fn rejects_zeroes() {
         assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroRate));
-        assert_eq!(
-            Quota::new(1, Duration::ZERO),
-            Err(QuotaError::ZeroPeriod)
-        );
+        assert_eq!(Quota::new(1, Duration::ZERO), Err(QuotaError::ZeroPeriod));
         assert_eq!(
             Quota::new(1, Duration::from_nanos(10)),
             Err(QuotaError::ZeroPeriod)

@@ -193,7 +193,11 @@ mod tests {
         for i in 0..SWEEP_EVERY {
             let _ = store.run(&format!("other{i}"), &q, Op::Release { tokens: 0 });
         }
-        assert_eq!(store.len(), 0, "expired entry swept, full buckets never stored");
+        assert_eq!(
+            store.len(),
+            0,
+            "expired entry swept, full buckets never stored"
+        );
         assert_eq!(store.calls(), SWEEP_EVERY + 2);
     }
 
@@ -201,7 +205,9 @@ mod tests {
     fn rejects_invalid_arguments_without_writing() {
         let store = MemoryStore::with_clock(FakeClock::new());
         let q = Quota::per_second(10).unwrap();
-        let err = store.run("k", &q, Op::Lease { want: 5, min: 11 }).unwrap_err();
+        let err = store
+            .run("k", &q, Op::Lease { want: 5, min: 11 })
+            .unwrap_err();
         assert!(matches!(err, StoreError::Rejected(ref m) if m == "invalid argument min"));
         assert!(store.is_empty());
     }

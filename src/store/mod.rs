@@ -18,8 +18,8 @@ use std::time::Duration;
 
 pub use memory::MemoryStore;
 pub use redis_store::{
-    RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
-    TOKEN_BUCKET_LUA,
+    RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
 
 use crate::bucket::StepReply;

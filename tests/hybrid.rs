@@ -1,0 +1,324 @@
+//! Behaviour of the hybrid limiter on virtual time: prefetch, single flight, refilling before
+//! the bucket runs dry, the over-limit cache, waiting, giving tokens back, and store failures.
+//!
+//! The store is the real [`MemoryStore`] on tokio's paused clock; [`Wrapped`] adds a network
+//! delay and an on/off failure switch around it and records how many calls overlap.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelease::{
+    Decision, Error, HybridLimiter, LeaseReply, LeaseStore, MemoryStore, Quota, StoreError,
+    TokioClock,
+};
+
+#[derive(Clone)]
+struct Wrapped {
+    inner: MemoryStore,
+    delay: Duration,
+    failing: Arc<AtomicBool>,
+    in_flight: Arc<AtomicU64>,
+    max_in_flight: Arc<AtomicU64>,
+}
+
+impl Wrapped {
+    fn new(delay: Duration) -> Self {
+        Wrapped {
+            inner: MemoryStore::with_clock(TokioClock::new()),
+            delay,
+            failing: Arc::default(),
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
+        }
+    }
+
+    async fn call<F>(&self, f: F) -> Result<LeaseReply, StoreError>
+    where
+        F: std::future::Future<Output = Result<LeaseReply, StoreError>>,
+    {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.delay / 2).await;
+        let result = if self.failing.load(Ordering::SeqCst) {
+            Err(StoreError::Timeout(self.delay))
+        } else {
+            f.await
+        };
+        tokio::time::sleep(self.delay / 2).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
+impl LeaseStore for Wrapped {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        want: u64,
+        min: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(self.inner.lease(name, quota, want, min)).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        tokens: u64,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(self.inner.release(name, quota, tokens)).await
+    }
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefetches_one_batch_and_refills_once_below_low_water() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("a", quota, store.clone())
+        .lease_size(100)
+        .build()
+        .unwrap();
+    settle().await;
+    assert_eq!(limiter.available(), 100, "first batch prefetched");
+    assert_eq!(limiter.stats().leases, 1);
+    // Spend down to the low-water mark (50) without yielding: no refill may start yet...
+    for _ in 0..50 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    settle().await;
+    assert_eq!(
+        limiter.stats().leases,
+        1,
+        "no refill above the low-water mark"
+    );
+    // ...then a burst of callers crosses it: exactly one lease goes out.
+    for _ in 0..40 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    settle().await;
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.leases, 2,
+        "single flight: one lease for forty callers"
+    );
+    assert_eq!(stats.local_tokens, 110);
+    assert_eq!(store.max_in_flight.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn steady_demand_below_the_rate_is_never_denied() {
+    // 1 request every 2 ms (500/s) against 1000/s, 1 ms round trips: the next batch must
+    // always arrive before the bucket runs dry.
+    let store = Wrapped::new(Duration::from_millis(1));
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("steady", quota, store.clone())
+        .lease_size(20)
+        .build()
+        .unwrap();
+    settle().await;
+    let mut denied = 0;
+    for _ in 0..2_000 {
+        if !limiter.try_acquire(1).unwrap().is_allowed() {
+            denied += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(denied, 0);
+    let stats = limiter.stats();
+    assert!(stats.leases >= 100, "it did lease repeatedly: {stats:?}");
+    assert_eq!(store.max_in_flight.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_limit_replies_are_cached_so_store_calls_stay_bounded() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    // 100 tokens/s; demand 100 000/s for 2 s.
+    let quota = Quota::per_second(100).unwrap().with_burst(10).unwrap();
+    let limiter = HybridLimiter::builder("hot", quota, store.clone())
+        .lease_size(5)
+        .seed(7)
+        .build()
+        .unwrap();
+    let (mut admitted, mut denied) = (0u64, 0u64);
+    let mut retry_hints = Vec::new();
+    let start = tokio::time::Instant::now();
+    // tokio's timer ticks in whole milliseconds: 50 requests per tick for 2 000 ticks.
+    for _ in 0..2_000 {
+        for _ in 0..50 {
+            match limiter.try_acquire(1).unwrap() {
+                Decision::Allowed => admitted += 1,
+                Decision::Denied { retry_after } => {
+                    denied += 1;
+                    retry_hints.push(retry_after);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = start.elapsed();
+    assert!(elapsed < Duration::from_millis(2_100), "{elapsed:?}");
+    let stats = limiter.stats();
+    // Admitted ≤ burst + rate × 2.1 s = 220; leasing in batches of 5 takes ~42 successful
+    // leases; each over-limit reply holds the node back until a whole batch is there (50 ms
+    // here), so there is at most one failed call per successful one: ~84 calls in 2 s, where
+    // an uncached limiter would call on each of 100 000 denials.
+    assert!((150..=220).contains(&admitted), "admitted {admitted}");
+    assert!(stats.leases <= 90, "store calls not bounded: {stats:?}");
+    assert!(stats.over_limit > 0, "the bucket did run out: {stats:?}");
+    assert!(denied > 90_000, "denied {denied}");
+    assert!(
+        retry_hints.iter().any(|d| *d >= Duration::from_millis(1)),
+        "denials carry the store's retry_after"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_waits_for_tokens_and_try_acquire_for_gives_up_early() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(10).unwrap().with_burst(2).unwrap();
+    let limiter = HybridLimiter::builder("wait", quota, store)
+        .lease_size(2)
+        .build()
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    for _ in 0..6 {
+        limiter.acquire(1).await.unwrap();
+    }
+    // 2 at once, then one every 100 ms: the sixth comes after ~400 ms, not before.
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(390) && waited < Duration::from_millis(700),
+        "waited {waited:?}"
+    );
+    // The bucket is empty and the store said ~100 ms: a 1 ms budget fails at once.
+    let before = tokio::time::Instant::now();
+    let d = limiter
+        .try_acquire_for(2, Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert!(matches!(d, Decision::Denied { .. }), "{d:?}");
+    assert!(before.elapsed() <= Duration::from_millis(1));
+    // A generous budget succeeds.
+    let d = limiter
+        .try_acquire_for(2, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(d, Decision::Allowed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_gives_tokens_back_and_abort_does_not() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_minute(100).unwrap();
+    let a = HybridLimiter::builder("k", quota, store.clone())
+        .lease_size(60)
+        .build()
+        .unwrap();
+    settle().await;
+    assert_eq!(a.available(), 60);
+    a.shutdown().await;
+    assert!(matches!(a.try_acquire(1), Err(Error::Closed)));
+    let stats = a.stats();
+    assert_eq!((stats.releases, stats.tokens_released), (1, 60));
+    // All 100 are back in the shared bucket (a minute's refill would take far longer).
+    let b = HybridLimiter::builder("k", quota, store.clone())
+        .lease_size(100)
+        .build()
+        .unwrap();
+    settle().await;
+    assert_eq!(b.available(), 100);
+    b.abort();
+    assert_eq!(b.stats().releases, 0, "a crash returns nothing");
+    let c = HybridLimiter::builder("k", quota, store.clone())
+        .lease_size(100)
+        .prefetch(false)
+        .build()
+        .unwrap();
+    let d = c
+        .try_acquire_for(1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(
+        !d.is_allowed(),
+        "the crashed node's 100 tokens are gone: {d:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_last_clone_gives_tokens_back() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_minute(100).unwrap();
+    let a = HybridLimiter::builder("d", quota, store.clone())
+        .lease_size(40)
+        .build()
+        .unwrap();
+    settle().await;
+    let clone = a.clone();
+    drop(a);
+    settle().await;
+    assert_eq!(clone.available(), 40, "a clone keeps the limiter alive");
+    drop(clone);
+    settle().await;
+    let reply = store.inner.lease("d", &quota, 100, 100).await.unwrap();
+    assert_eq!(reply.granted, 100, "the 40 tokens came back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_failures_reach_waiters_and_leasing_resumes() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    store.failing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(100).unwrap();
+    let limiter = HybridLimiter::builder("f", quota, store.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    let err = limiter.acquire(1).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::Timeout(_))),
+        "{err:?}"
+    );
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the store error is the source"
+    );
+    assert!(!limiter.try_acquire(1).unwrap().is_allowed());
+    store.failing.store(false, Ordering::SeqCst);
+    // Back-off is at most 1 s; the next attempt succeeds.
+    limiter.acquire(1).await.unwrap();
+    assert!(limiter.stats().store_errors >= 1);
+}
+
+#[tokio::test]
+async fn bad_requests_are_typed_errors() {
+    let quota = Quota::per_second(10).unwrap();
+    let limiter = HybridLimiter::new("bad", quota, MemoryStore::new()).unwrap();
+    assert!(matches!(limiter.try_acquire(0), Err(Error::ZeroTokens)));
+    assert!(matches!(
+        limiter.try_acquire(11),
+        Err(Error::ExceedsBurst {
+            requested: 11,
+            burst: 10
+        })
+    ));
+    assert!(matches!(
+        limiter.acquire(u64::MAX).await,
+        Err(Error::ExceedsBurst { .. })
+    ));
+    assert!(matches!(
+        HybridLimiter::new("", quota, MemoryStore::new()),
+        Err(Error::Config(_))
+    ));
+}
+
+#[test]
+fn building_outside_a_runtime_is_an_error() {
+    let quota = Quota::per_second(10).unwrap();
+    let err = HybridLimiter::new("x", quota, MemoryStore::new()).unwrap_err();
+    assert!(matches!(err, Error::NoRuntime));
+}

@@ -1,0 +1,182 @@
+//! The Lua script against its Rust twin, and the script's life in a real Redis.
+//!
+//! The differential property test runs random sequences of lease / release / time steps
+//! against [`MemoryStore`] and against a real redis-server (explicit `now` from one shared
+//! [`FakeClock`]) and requires identical replies, errors included.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ratelease::{
+    FakeClock, LeaseStore, MemoryStore, Quota, RedisStore, StoreError, TOKEN_BUCKET_LUA,
+};
+use support::RedisServer;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Lease { want: u64, min: u64 },
+    Release { tokens: u64 },
+    Advance { us: u64 },
+}
+
+/// Everyday quotas, and quotas near the 2^52 limit of exact arithmetic in Lua doubles.
+fn quota() -> impl Strategy<Value = Quota> {
+    let everyday = (1u64..2_000, 1u64..5_000_000, 1u64..500);
+    let huge = (1u64..1 << 45, 1u64..1 << 45, 1u64..1 << 30);
+    prop_oneof![everyday, huge].prop_filter_map("representable", |(r, p, b)| {
+        Quota::with_parts(r, Duration::from_micros(p), b).ok()
+    })
+}
+
+fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
+    let burst = q.burst();
+    let period = q.period_us();
+    let step = prop_oneof![
+        4 => (1..=burst * 2, 1..=burst + 1).prop_map(|(want, min)| Step::Lease { want, min }),
+        2 => (0..=burst + 1).prop_map(|tokens| Step::Release { tokens }),
+        3 => (0..=period.saturating_mul(2)).prop_map(|us| Step::Advance { us }),
+    ];
+    prop::collection::vec(step, 1..40)
+}
+
+/// Compares replies; errors must match in kind and message.
+fn same(
+    mem: &Result<ratelease::LeaseReply, StoreError>,
+    red: &Result<ratelease::LeaseReply, StoreError>,
+) -> bool {
+    match (mem, red) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(StoreError::Rejected(a)), Err(StoreError::Rejected(b))) => a == b,
+        _ => false,
+    }
+}
+
+#[test]
+fn memory_store_and_lua_script_agree() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
+    let redis = rt.block_on(async {
+        RedisStore::builder(server.url())
+            .explicit_clock(clock.clone())
+            .connect()
+            .await
+            .unwrap()
+    });
+    let case = AtomicU64::new(0);
+    let compared = std::cell::Cell::new(0u64);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(160));
+    runner
+        .run(
+            &quota().prop_flat_map(|q| (Just(q), steps(q))),
+            |(q, steps)| {
+                // A fresh memory store and a fresh key per case: both start with a full bucket.
+                let memory = MemoryStore::with_clock(clock.clone());
+                let name = format!("diff-{}", case.fetch_add(1, Ordering::Relaxed));
+                rt.block_on(async {
+                    for step in &steps {
+                        let (m, r) = match *step {
+                            Step::Advance { us } => {
+                                clock.advance(Duration::from_micros(us));
+                                continue;
+                            }
+                            Step::Lease { want, min } => (
+                                memory.lease(&name, &q, want, min).await,
+                                redis.lease(&name, &q, want, min).await,
+                            ),
+                            Step::Release { tokens } => (
+                                memory.release(&name, &q, tokens).await,
+                                redis.release(&name, &q, tokens).await,
+                            ),
+                        };
+                        prop_assert!(
+                            same(&m, &r),
+                            "{step:?} on {q:?}: memory {m:?} vs redis {r:?}"
+                        );
+                        compared.set(compared.get() + 1);
+                    }
+                    Ok(())
+                })
+            },
+        )
+        .unwrap();
+    let compared = compared.get();
+    assert!(compared > 500, "only {compared} replies compared");
+}
+
+#[tokio::test]
+async fn script_state_is_exact_and_expires_after_time_to_full() {
+    let server = RedisServer::start();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
+    let store = RedisStore::builder(server.url())
+        .explicit_clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    // 3 tokens per 10 ms: scale = 10_000 / gcd(3, 10_000) = 10_000 units per token.
+    let q = Quota::with_parts(3, Duration::from_millis(10), 3).unwrap();
+    let r = store.lease("exact", &q, 3, 1).await.unwrap();
+    assert_eq!(r.granted, 3);
+    let key = store.key("exact");
+    let (v, s, t): (u64, u64, u64) = {
+        let fields: Vec<u64> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
+        (fields[0], fields[1], fields[2])
+    };
+    assert_eq!((v, s, t), (0, 10_000, 1_000_000_000));
+    let ttl_ms: i64 = server.cmd(&["PTTL", &key]);
+    assert!(
+        (10_000..=10_010).contains(&ttl_ms),
+        "TTL is time-to-full (10 ms) + 10 s slack, got {ttl_ms}"
+    );
+    // Ten 1 ms steps refill exactly 3 tokens, and the full bucket is deleted.
+    for _ in 0..10 {
+        clock.advance(Duration::from_millis(1));
+        store.release("exact", &q, 0).await.unwrap();
+    }
+    let exists: i64 = server.cmd(&["EXISTS", &key]);
+    assert_eq!(exists, 0, "a full bucket is not stored");
+}
+
+#[tokio::test]
+async fn noscript_after_script_flush_is_recovered() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let q = Quota::per_second(100).unwrap();
+    store.lease("flush", &q, 1, 1).await.unwrap();
+    let sha = redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_owned();
+    let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
+    assert_eq!(loaded, vec![1]);
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
+    assert_eq!(loaded, vec![0], "flush really emptied the script cache");
+    let r = store.lease("flush", &q, 1, 1).await.unwrap();
+    assert_eq!(r.granted, 1);
+    let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
+    assert_eq!(loaded, vec![1], "the store reloaded the script");
+}
+
+#[tokio::test]
+async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("app:")
+        .connect()
+        .await
+        .unwrap();
+    let q = Quota::per_second(10).unwrap();
+    store.lease("user}{x", &q, 1, 1).await.unwrap();
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, vec!["app:{user%7D%7Bx}".to_string()]);
+    let err = RedisStore::builder(server.url())
+        .prefix("bad{prefix")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ratelease::Error::Config(_)), "{err:?}");
+}
