@@ -1,6 +1,12 @@
 -- ratelease token bucket: the one atomic step shared by every process.
 --
--- KEYS[1]  the bucket hash (fields: v = level in 1/scale token units, s = scale, t = time in µs)
+-- KEYS[1]  the bucket hash   (v = level in 1/scale token units, s = scale, t = time in µs,
+--                              o = tokens leased out and not yet spent or returned,
+--                              d = total demand of live leasers, millitokens per second)
+-- KEYS[2]  the leasers hash  (field = node id, value = "o d c tc exp rseq", see below)
+-- KEYS[3]  the leasers zset  (member = node id, score = lease expiry in µs)
+-- All three keys must share one {hash tag}.
+--
 -- ARGV[1]  op: "lease" or "release"
 -- ARGV[2]  rate       tokens added per period            (integer, 1 ..= 2^52)
 -- ARGV[3]  period_us  period in microseconds              (integer, 1 ..= 2^52)
@@ -11,21 +17,42 @@
 --          release: ignored (pass 0)
 -- ARGV[7]  now_us: "" to use the Redis server clock (TIME); an explicit time exists only for
 --          deterministic tests and replays                (integer, 0 ..= 2^53)
+-- ARGV[8]  node: "" for an anonymous call (pure mode), else the leaser's id (≤ 128 bytes)
+--   lease with a node:
+--   ARGV[9]  held: tokens the node still holds unspent    (integer, 0 ..= burst)
+--   ARGV[10] demand: the node's demand, millitokens/s     (integer, 0 ..= 2^52)
+--   ARGV[11] horizon_us: how long one lease should last   (integer, 1 ..= 2^52)
+--   ARGV[12] ttl_us: how long the lease is valid          (integer, 1 ..= 2^52)
+--   release with a node:
+--   ARGV[9]  seq: release sequence number; a release whose seq is not above the last one
+--            applied for this node is ignored, so a retried release never counts twice
+--   ARGV[10] leaving: 1 if the node stops leasing (its record is removed), else 0
 --
--- Reply: { granted, remaining, retry_after_us, reset_after_us }
---   granted        tokens taken by this call (0 for release, and for a lease that could not reach min)
+-- Reply: { granted, remaining, retry_after_us, reset_after_us, share_mtps }
+--   granted        tokens taken by this call (0 for release, and for a lease that could not
+--                  reach its minimum)
 --   remaining      whole tokens left in the bucket after the call
---   retry_after_us how long until `min` tokens are available (0 if they are now)
---   reset_after_us how long until the bucket is full again
+--   retry_after_us how long until the lease could succeed (0 if it did or could now)
+--   reset_after_us how long until the bucket stops refilling (capacity − outstanding)
+--   share_mtps     the node's fair share of the rate, millitokens per second (0 if anonymous)
 --
--- Arithmetic is exact. One token is `scale = period_us / gcd(rate, period_us)` units and every
--- microsecond adds `inc = rate / gcd` units, so lazy refill keeps sub-token precision with only
--- integers, all below 2^53 where Lua's doubles are exact. A bucket at capacity is deleted:
--- absent means full, so the TTL (time to full + 10 s) never changes an answer.
+-- Conservation. Tokens leased to nodes stay counted in `o` until the node reports them spent
+-- (its `held` shrinks), returns them, or its lease expires; refill stops at capacity − o. So
+-- level + outstanding ≤ capacity always holds, and the fleet can never spend more than
+-- burst + rate × W in any window W — provided nodes stop spending a lease before it expires.
 --
--- Bad arguments get an error reply starting with "RATELEASE", never a Lua runtime error, and
--- nothing is written. Stored state that is not valid (foreign writes, corruption) reads as a
--- full bucket, so the script never stores NaN, negative or over-capacity values.
+-- Fairness. A node's share of the rate is proportional to its reported demand (rate × d / D),
+-- which gives every node the same acceptance ratio, as one shared bucket would. Each node has a
+-- credit that accrues at its share (capped at one horizon's worth). Tokens above a reserve of
+-- one horizon of the fleet rate are first come, first served; the reserve itself is handed out
+-- only against credit. A node is served only when it can get at least half a horizon of its
+-- share (or its min), so a starved node comes back about twice per horizon, not per token.
+--
+-- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
+-- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
+-- and credits use doubles, in the same order of operations as the Rust twin (src/bucket.rs),
+-- so both give bit-identical results. Bad arguments get a "RATELEASE …" error reply, never a
+-- Lua runtime error, and nothing is written; invalid stored state reads as absent.
 
 local MAX = 4503599627370496 -- 2^52
 local MAX_TIME = 9007199254740992 -- 2^53
@@ -33,6 +60,14 @@ local SLACK_MS = 10000
 
 local function int_arg(i, lo, hi)
   local v = tonumber(ARGV[i])
+  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
+    return nil
+  end
+  return v
+end
+
+local function int_val(x, lo, hi)
+  local v = tonumber(x)
   if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
     return nil
   end
@@ -63,32 +98,35 @@ local function gcd(a, b)
   return a
 end
 
-local op = ARGV[1]
-if op ~= 'lease' and op ~= 'release' then
-  return redis.error_reply('RATELEASE invalid argument op: ' .. tostring(op))
+local function bad(name)
+  return redis.error_reply('RATELEASE invalid argument ' .. name)
 end
+
+if #KEYS ~= 3 then return bad('keys: expected 3') end
+local op = ARGV[1]
+if op ~= 'lease' and op ~= 'release' then return bad('op') end
 local rate = int_arg(2, 1, MAX)
-if not rate then return redis.error_reply('RATELEASE invalid argument rate') end
+if not rate then return bad('rate') end
 local period = int_arg(3, 1, MAX)
-if not period then return redis.error_reply('RATELEASE invalid argument period_us') end
+if not period then return bad('period_us') end
 local burst = int_arg(4, 1, MAX)
-if not burst then return redis.error_reply('RATELEASE invalid argument burst') end
+if not burst then return bad('burst') end
 
 local g = gcd(rate, period)
 local scale = period / g
 local inc = rate / g
 local cap = burst * scale
-if cap > MAX then return redis.error_reply('RATELEASE invalid argument burst: quota too large') end
+if cap > MAX then return bad('burst') end
 
 local want, min
 if op == 'lease' then
   want = int_arg(5, 1, MAX)
-  if not want then return redis.error_reply('RATELEASE invalid argument want') end
+  if not want then return bad('want') end
   min = int_arg(6, 1, want)
-  if not min or min > burst then return redis.error_reply('RATELEASE invalid argument min') end
+  if not min or min > burst then return bad('min') end
 else
   want = int_arg(5, 0, burst)
-  if not want then return redis.error_reply('RATELEASE invalid argument tokens') end
+  if not want then return bad('tokens') end
 end
 
 local now
@@ -97,56 +135,187 @@ if ARGV[7] == nil or ARGV[7] == '' then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
   now = int_arg(7, 0, MAX_TIME)
-  if not now then return redis.error_reply('RATELEASE invalid argument now_us') end
+  if not now then return bad('now_us') end
 end
 
--- Load; anything that is not a valid state reads as a full bucket.
-local level, ts = cap, now
-local st = redis.call('HMGET', KEYS[1], 'v', 's', 't')
-local v, s, t = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-if v and s and t and v == v and s == s and t == t and v >= 0 and s >= 1 and t >= 0
-    and v == math.floor(v) and s == math.floor(s) and t == math.floor(t)
-    and v <= MAX and s <= MAX and t <= MAX_TIME then
+local node = ARGV[8] or ''
+if #node > 128 then return bad('node') end
+local held, demand, horizon, ttl, seq, leaving
+if node ~= '' then
+  if op == 'lease' then
+    held = int_arg(9, 0, burst)
+    if not held then return bad('held') end
+    demand = int_arg(10, 0, MAX)
+    if not demand then return bad('demand') end
+    horizon = int_arg(11, 1, MAX)
+    if not horizon then return bad('horizon_us') end
+    ttl = int_arg(12, 1, MAX)
+    if not ttl then return bad('ttl_us') end
+  else
+    seq = int_arg(9, 0, MAX)
+    if not seq then return bad('seq') end
+    leaving = int_arg(10, 0, 1)
+    if not leaving then return bad('leaving') end
+  end
+end
+
+-- Load; a bucket that is not valid reads as full with nothing outstanding.
+local level, ts, out, dsum = cap, now, 0, 0
+local st = redis.call('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd')
+local v, s, t = int_val(st[1], 0, MAX), int_val(st[2], 1, MAX), int_val(st[3], 0, MAX_TIME)
+local o, d = int_val(st[4] or 0, 0, MAX), int_val(st[5] or 0, 0, MAX)
+if v and s and t and o and d then
   if s == scale then
     level = v
   else
     level = floor_div(v, s) * scale -- whole tokens survive a quota change
   end
-  if level > cap then level = cap end
+  out = math.min(o, burst)
+  if level > cap - out * scale then level = cap - out * scale end
   ts = t
+  dsum = d
 end
 
--- Lazy refill; a clock that steps back refills nothing and never moves `t` backwards.
-if now > ts then
-  local need = cap - level
-  if need > 0 then
-    local dt = now - ts
-    if dt >= ceil_div(need, inc) then level = cap else level = level + dt * inc end
+-- Lazy refill up to time `to`, never above capacity − outstanding, never backwards.
+local function refill(to)
+  if to > ts then
+    local room = cap - out * scale - level
+    if room > 0 then
+      local dt = to - ts
+      if dt >= ceil_div(room, inc) then level = level + room else level = level + dt * inc end
+    end
+    ts = to
   end
-  ts = now
 end
 
-local granted = 0
-local retry = 0
-if op == 'lease' then
+-- A leaser record: outstanding tokens, demand, credit units, credit time, expiry, release seq.
+local function parse(raw)
+  if not raw then return nil end
+  local f = {}
+  for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
+  if #f ~= 6 then return nil end
+  local r = {
+    o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),
+    tc = int_val(f[4], 0, MAX_TIME), exp = int_val(f[5], 0, MAX_TIME), rseq = int_val(f[6], 0, MAX),
+  }
+  if not (r.o and r.d and r.c and r.tc and r.exp and r.rseq) then return nil end
+  return r
+end
+
+local function encode(r)
+  return table.concat({ int_str(r.o), int_str(r.d), int_str(r.c), int_str(r.tc), int_str(r.exp),
+    int_str(r.rseq) }, ' ')
+end
+
+-- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
+local function forget(id, r)
+  if r then
+    out = math.max(0, out - r.o)
+    dsum = math.max(0, dsum - r.d)
+  end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
+
+-- Expired leases, in expiry order, each freeing room at its own expiry time.
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
+for i = 1, #due, 2 do
+  local id = due[i]
+  refill(tonumber(due[i + 1]))
+  forget(id, parse(redis.call('HGET', KEYS[2], id)))
+end
+refill(now)
+
+local granted, retry, share = 0, 0, 0
+if op == 'lease' and node == '' then
   local whole = floor_div(level, scale)
   if whole >= min then
-    granted = whole
-    if granted > want then granted = want end
+    granted = math.min(whole, want)
     level = level - granted * scale
   end
   local need = min * scale - level
   if need > 0 then retry = ceil_div(need, inc) end
+elseif op == 'lease' then
+  local r = parse(redis.call('HGET', KEYS[2], node))
+  local fresh = r == nil
+  if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0 } end
+  -- What the node no longer holds, it spent.
+  if held > r.o then held = r.o end
+  out = math.max(0, out - (r.o - held))
+  r.o = held
+  dsum = math.min(math.max(0, dsum - r.d) + demand, MAX)
+  r.d = demand
+  -- Its share of the rate, in units per µs, and its credit.
+  local rho = 0
+  if demand > 0 then rho = inc * demand / dsum end
+  share = math.min(math.floor(rho * 1e9 / scale), MAX)
+  local ccap = math.min(math.floor(rho * horizon), cap)
+  if fresh then
+    r.c = ccap
+  elseif now > r.tc then
+    r.c = math.min(r.c + math.floor(rho * math.min(now - r.tc, horizon)), ccap)
+  else
+    r.c = math.min(r.c, ccap)
+  end
+  if now > r.tc then r.tc = now end
+  -- Above the reserve: first come, first served. The reserve: against credit.
+  local whole = floor_div(level, scale)
+  local reserve = math.min(math.floor(rate * horizon / period), burst)
+  local free = math.max(0, whole - reserve)
+  local avail = free + math.min(whole - free, floor_div(r.c, scale))
+  local floor_tokens = math.min(math.floor(rho * horizon / 2 / scale), want, burst)
+  local need = math.max(min, floor_tokens)
+  if avail >= need then
+    granted = math.min(want, avail)
+    level = level - granted * scale
+    out = out + granted
+    r.o = r.o + granted
+    r.c = math.max(0, r.c - math.max(0, granted - free) * scale)
+  else
+    local short = need * scale - level
+    if short > 0 then retry = ceil_div(short, inc) end
+    if free < need then
+      local credit_short = (need - free) * scale - r.c
+      if credit_short > 0 then
+        local wait = horizon
+        if rho > 0 then wait = math.ceil(credit_short / rho) end
+        if wait > retry then retry = math.min(wait, MAX_TIME) end
+      end
+    end
+  end
+  r.exp = math.min(now + ttl, MAX_TIME)
+  redis.call('HSET', KEYS[2], node, encode(r))
+  redis.call('ZADD', KEYS[3], int_str(r.exp), node)
+elseif node == '' then
+  level = math.min(level + want * scale, cap - out * scale)
 else
-  level = level + want * scale
-  if level > cap then level = cap end
+  local r = parse(redis.call('HGET', KEYS[2], node))
+  if r and seq > r.rseq then
+    local give = math.min(want, r.o)
+    r.o = r.o - give
+    out = math.max(0, out - give)
+    level = math.min(level + give * scale, cap - out * scale)
+    r.rseq = seq
+    if leaving == 1 then
+      forget(node, r)
+    else
+      redis.call('HSET', KEYS[2], node, encode(r))
+    end
+  end
 end
 
-local reset = ceil_div(cap - level, inc)
-if level >= cap then
-  redis.call('DEL', KEYS[1])
+local reset = ceil_div(cap - out * scale - level, inc)
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+if level >= cap and out == 0 and #last == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 else
-  redis.call('HSET', KEYS[1], 'v', int_str(level), 's', int_str(scale), 't', int_str(ts))
-  redis.call('PEXPIRE', KEYS[1], int_str(ceil_div(reset, 1000) + SLACK_MS))
+  redis.call('HSET', KEYS[1], 'v', int_str(level), 's', int_str(scale), 't', int_str(ts),
+    'o', int_str(out), 'd', int_str(dsum))
+  local keep = ceil_div(reset, 1000)
+  if #last > 0 then keep = math.max(keep, ceil_div(math.max(0, tonumber(last[2]) - now), 1000)) end
+  local ms = int_str(keep + SLACK_MS)
+  redis.call('PEXPIRE', KEYS[1], ms)
+  redis.call('PEXPIRE', KEYS[2], ms)
+  redis.call('PEXPIRE', KEYS[3], ms)
 end
-return { granted, floor_div(level, scale), retry, reset }
+return { granted, floor_div(level, scale), retry, reset, share }

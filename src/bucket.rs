@@ -1,54 +1,124 @@
-//! The token-bucket step: a pure function from (stored state, quota, operation, now) to
+//! The shared step: a pure function from (stored state, quota, operation, now) to
 //! (new state, reply).
 //!
 //! This is the Rust twin of `lua/token_bucket.lua`, written to give the same reply for every
 //! input, error messages included. [`MemoryStore`](crate::MemoryStore) runs it under a per-key
 //! lock; the script runs it inside Redis. A differential property test holds the two together.
+//! The script's header explains the protocol (conservation and fair shares); this file follows
+//! it line by line.
 //!
-//! # Fixed-point arithmetic
+//! # Arithmetic
 //!
 //! A quota adds `rate` tokens every `period_us` microseconds. With `g = gcd(rate, period_us)`,
 //! one token is `scale = period_us / g` units and each microsecond adds `inc = rate / g` units,
 //! so a lazy refill is the exact integer `elapsed_us × inc`: no fraction of a token is ever lost
 //! (the source articles' `floor(elapsed / interval)` drops one on every call). [`Quota`] keeps
-//! `burst × scale ≤ 2^52`, so the script's doubles hold every value exactly.
+//! `burst × scale ≤ 2^52`, so the script's doubles hold every bucket value exactly. Shares and
+//! credits are doubles, computed here in the same order of operations as in Lua, so IEEE
+//! rounding gives both the same bits.
 //!
-//! A bucket at capacity is not stored: absent means full. A stored bucket expires
-//! [`SLACK_MS`] after it would be full again, so expiry never changes an answer.
+//! A bucket at capacity with nothing outstanding is not stored: absent means full. Stored state
+//! expires [`SLACK_MS`] after it would be full again (or after its last lease expires), so
+//! expiry never changes an answer.
+
+use std::collections::BTreeMap;
 
 use crate::quota::{Quota, MAX_VALUE};
 
-/// Milliseconds a stored bucket outlives its time-to-full.
+/// Milliseconds stored state outlives the time it could matter.
 pub const SLACK_MS: u64 = 10_000;
 
 /// Largest explicit `now` (µs) the script accepts: 2^53.
 pub const MAX_TIME_US: u64 = 1 << 53;
 
-/// A stored bucket: `level` in units of `1 / scale` token, last updated at `ts_us`.
+/// Longest node id, in bytes.
+pub const MAX_NODE_LEN: usize = 128;
+
+/// The stored bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
-    /// Tokens × `scale`.
+    /// Tokens × `scale` available to lease.
     pub level: u64,
     /// Units per token when this state was written.
     pub scale: u64,
     /// Time of the last update, µs on the store's clock.
     pub ts_us: u64,
+    /// Tokens leased to nodes and not yet spent, returned or expired.
+    pub outstanding: u64,
+    /// Sum of live leasers' demand, millitokens per second.
+    pub demand: u64,
+}
+
+/// One leaser's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leaser {
+    /// Tokens leased to it and not known to be spent.
+    pub outstanding: u64,
+    /// Its reported demand, millitokens per second.
+    pub demand: u64,
+    /// Credit, in units.
+    pub credit: u64,
+    /// When the credit was last brought up to date, µs.
+    pub credit_ts: u64,
+    /// When its lease expires, µs.
+    pub expires_us: u64,
+    /// Last release sequence number applied.
+    pub release_seq: u64,
+}
+
+/// Everything stored for one limiter name: the bucket and its leasers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// The bucket; `None` reads as full.
+    pub bucket: Option<BucketState>,
+    /// Leasers by node id.
+    pub leasers: BTreeMap<String, Leaser>,
+}
+
+/// A lease made on behalf of a node (hybrid mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLease<'a> {
+    /// The node's id.
+    pub id: &'a str,
+    /// Tokens it still holds unspent.
+    pub held: u64,
+    /// Its demand, millitokens per second.
+    pub demand_mtps: u64,
+    /// How long one lease should last, µs.
+    pub horizon_us: u64,
+    /// How long the lease is valid, µs.
+    pub ttl_us: u64,
+}
+
+/// A release made on behalf of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRelease<'a> {
+    /// The node's id.
+    pub id: &'a str,
+    /// Release sequence number (idempotence).
+    pub seq: u64,
+    /// Whether the node stops leasing.
+    pub leaving: bool,
 }
 
 /// What one script call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub enum Op<'a> {
     /// Take up to `want` tokens, but only if at least `min` are there.
     Lease {
         /// Most tokens to grant.
         want: u64,
         /// Fewest acceptable; below it nothing is taken.
         min: u64,
+        /// The leasing node, or `None` for pure mode.
+        node: Option<NodeLease<'a>>,
     },
     /// Give `tokens` back, never raising the bucket above capacity.
     Release {
         /// Tokens returned.
         tokens: u64,
+        /// The releasing node, or `None`.
+        node: Option<NodeRelease<'a>>,
     },
 }
 
@@ -59,21 +129,12 @@ pub struct StepReply {
     pub granted: u64,
     /// Whole tokens left.
     pub remaining: u64,
-    /// Microseconds until `min` tokens are available (0 if they are now, and for release).
+    /// Microseconds until the lease could succeed (0 if it did, or could now).
     pub retry_after_us: u64,
-    /// Microseconds until the bucket is full.
+    /// Microseconds until the bucket stops refilling.
     pub reset_after_us: u64,
-}
-
-/// The outcome of a step: what to store (None = delete, the bucket is full) and the reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Step {
-    /// New state, or `None` when the bucket is full and the key is deleted.
-    pub state: Option<BucketState>,
-    /// Time to live of the stored state, in ms (meaningless when `state` is `None`).
-    pub ttl_ms: u64,
-    /// The reply.
-    pub reply: StepReply,
+    /// The node's fair share, millitokens per second (0 for anonymous calls).
+    pub share_mtps: u64,
 }
 
 /// Rejected arguments; the message is the same text the script returns after `RATELEASE `.
@@ -86,30 +147,237 @@ impl std::fmt::Display for InvalidArgument {
     }
 }
 
-/// Runs one step. `quota` is already valid; the operation's arguments are checked as the
-/// script checks them.
+/// Runs one step on `stored`. Returns the reply and how long the state must be kept
+/// (`None` when nothing is stored any more). On error nothing is changed.
 pub fn step(
-    stored: Option<BucketState>,
+    stored: &mut Stored,
     quota: &Quota,
-    op: Op,
+    op: Op<'_>,
     now_us: u64,
-) -> Result<Step, InvalidArgument> {
-    let scale = u128::from(quota.scale());
-    let inc = u128::from(quota.increment());
-    let burst = u128::from(quota.burst());
+) -> Result<(StepReply, Option<u64>), InvalidArgument> {
+    validate(quota, &op, now_us)?;
+    let max = MAX_VALUE;
+    let scale = quota.scale();
+    let inc = quota.increment();
+    let burst = quota.burst();
+    let rate = quota.rate();
+    let period = quota.period_us();
     let cap = burst * scale;
-    let max = u128::from(MAX_VALUE);
+    let now = now_us;
+
+    // Load; a bucket that is not valid reads as full with nothing outstanding.
+    let (mut level, mut ts, mut out, mut dsum) = (cap, now, 0u64, 0u64);
+    if let Some(b) = stored.bucket.filter(|b| {
+        b.level <= max
+            && (1..=max).contains(&b.scale)
+            && b.ts_us <= MAX_TIME_US
+            && b.outstanding <= max
+            && b.demand <= max
+    }) {
+        level = if b.scale == scale {
+            b.level
+        } else {
+            b.level / b.scale * scale
+        };
+        out = b.outstanding.min(burst);
+        level = level.min(cap - out * scale);
+        ts = b.ts_us;
+        dsum = b.demand;
+    }
+
+    let refill = |level: &mut u64, ts: &mut u64, out: u64, to: u64| {
+        if to > *ts {
+            let room = cap - out * scale - *level;
+            if room > 0 {
+                let dt = to - *ts;
+                if dt >= room.div_ceil(inc) {
+                    *level += room;
+                } else {
+                    *level += dt * inc;
+                }
+            }
+            *ts = to;
+        }
+    };
+
+    // Expired leases, in expiry order (then by id, as a sorted set orders ties).
+    let mut due: Vec<(u64, String)> = stored
+        .leasers
+        .iter()
+        .filter(|(_, l)| l.expires_us <= now)
+        .map(|(id, l)| (l.expires_us, id.clone()))
+        .collect();
+    due.sort();
+    for (exp, id) in due {
+        refill(&mut level, &mut ts, out, exp);
+        if let Some(l) = stored.leasers.remove(&id) {
+            out = out.saturating_sub(l.outstanding);
+            dsum = dsum.saturating_sub(l.demand);
+        }
+    }
+    refill(&mut level, &mut ts, out, now);
+
+    let (mut granted, mut retry, mut share) = (0u64, 0u64, 0u64);
     match op {
-        Op::Lease { want, min } => {
-            if want == 0 || u128::from(want) > max {
+        Op::Lease {
+            want,
+            min,
+            node: None,
+        } => {
+            let whole = level / scale;
+            if whole >= min {
+                granted = whole.min(want);
+                level -= granted * scale;
+            }
+            let need = min * scale;
+            if need > level {
+                retry = (need - level).div_ceil(inc);
+            }
+        }
+        Op::Lease {
+            want,
+            min,
+            node: Some(n),
+        } => {
+            let fresh = !stored.leasers.contains_key(n.id);
+            let mut r = stored.leasers.get(n.id).copied().unwrap_or(Leaser {
+                outstanding: 0,
+                demand: 0,
+                credit: 0,
+                credit_ts: now,
+                expires_us: 0,
+                release_seq: 0,
+            });
+            let held = n.held.min(r.outstanding);
+            out = out.saturating_sub(r.outstanding - held);
+            r.outstanding = held;
+            dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
+            r.demand = n.demand_mtps;
+            let rho = if n.demand_mtps > 0 {
+                inc as f64 * n.demand_mtps as f64 / dsum as f64
+            } else {
+                0.0
+            };
+            share = (rho * 1e9 / scale as f64).floor().min(max as f64) as u64;
+            let horizon = n.horizon_us as f64;
+            let ccap = (rho * horizon).floor().min(cap as f64);
+            r.credit = if fresh {
+                ccap as u64
+            } else if now > r.credit_ts {
+                let dt = (now - r.credit_ts).min(n.horizon_us) as f64;
+                (r.credit as f64 + (rho * dt).floor()).min(ccap) as u64
+            } else {
+                (r.credit as f64).min(ccap) as u64
+            };
+            r.credit_ts = r.credit_ts.max(now);
+            let whole = level / scale;
+            let reserve =
+                ((rate as f64 * horizon / period as f64).floor()).min(burst as f64) as u64;
+            let free = whole.saturating_sub(reserve);
+            let avail = free + (whole - free).min(r.credit / scale);
+            let floor_tokens = (rho * horizon / 2.0 / scale as f64)
+                .floor()
+                .min(want as f64)
+                .min(burst as f64) as u64;
+            let need = min.max(floor_tokens);
+            if avail >= need {
+                granted = want.min(avail);
+                level -= granted * scale;
+                out += granted;
+                r.outstanding += granted;
+                r.credit = r
+                    .credit
+                    .saturating_sub(granted.saturating_sub(free) * scale);
+            } else {
+                let short = need * scale;
+                if short > level {
+                    retry = (short - level).div_ceil(inc);
+                }
+                if free < need {
+                    let credit_need = (need - free) * scale;
+                    if credit_need > r.credit {
+                        let credit_short = credit_need - r.credit;
+                        let wait = if rho > 0.0 {
+                            (credit_short as f64 / rho).ceil()
+                        } else {
+                            horizon
+                        };
+                        if wait > retry as f64 {
+                            retry = wait.min(MAX_TIME_US as f64) as u64;
+                        }
+                    }
+                }
+            }
+            r.expires_us = (now + n.ttl_us).min(MAX_TIME_US);
+            stored.leasers.insert(n.id.to_owned(), r);
+        }
+        Op::Release { tokens, node: None } => {
+            level = (level + tokens * scale).min(cap - out * scale);
+        }
+        Op::Release {
+            tokens,
+            node: Some(n),
+        } => {
+            if let Some(r) = stored.leasers.get_mut(n.id) {
+                if n.seq > r.release_seq {
+                    let give = tokens.min(r.outstanding);
+                    r.outstanding -= give;
+                    out = out.saturating_sub(give);
+                    level = (level + give * scale).min(cap - out * scale);
+                    r.release_seq = n.seq;
+                    if n.leaving {
+                        let r = stored.leasers.remove(n.id).expect("present");
+                        out = out.saturating_sub(r.outstanding);
+                        dsum = dsum.saturating_sub(r.demand);
+                    }
+                }
+            }
+        }
+    }
+
+    let reset = (cap - out * scale - level).div_ceil(inc);
+    let last_expiry = stored.leasers.values().map(|l| l.expires_us).max();
+    let keep_ms = if level >= cap && out == 0 && last_expiry.is_none() {
+        stored.bucket = None;
+        None
+    } else {
+        stored.bucket = Some(BucketState {
+            level,
+            scale,
+            ts_us: ts,
+            outstanding: out,
+            demand: dsum,
+        });
+        let mut keep = reset.div_ceil(1000);
+        if let Some(last) = last_expiry {
+            keep = keep.max(last.saturating_sub(now).div_ceil(1000));
+        }
+        Some(keep + SLACK_MS)
+    };
+    let reply = StepReply {
+        granted,
+        remaining: level / scale,
+        retry_after_us: retry,
+        reset_after_us: reset,
+        share_mtps: share,
+    };
+    Ok((reply, keep_ms))
+}
+
+/// The script's argument checks, in the script's order.
+fn validate(quota: &Quota, op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgument> {
+    let burst = quota.burst();
+    match *op {
+        Op::Lease { want, min, .. } => {
+            if want == 0 || want > MAX_VALUE {
                 return Err(InvalidArgument("want"));
             }
-            if min == 0 || min > want || u128::from(min) > burst {
+            if min == 0 || min > want || min > burst {
                 return Err(InvalidArgument("min"));
             }
         }
-        Op::Release { tokens } => {
-            if u128::from(tokens) > burst {
+        Op::Release { tokens, .. } => {
+            if tokens > burst {
                 return Err(InvalidArgument("tokens"));
             }
         }
@@ -117,83 +385,35 @@ pub fn step(
     if now_us > MAX_TIME_US {
         return Err(InvalidArgument("now_us"));
     }
-    let now = u128::from(now_us);
-
-    let (mut level, mut ts) = (cap, now);
-    if let Some(s) = stored.filter(valid) {
-        level = if u128::from(s.scale) == scale {
-            u128::from(s.level)
-        } else {
-            // Whole tokens survive a quota change.
-            u128::from(s.level / s.scale) * scale
-        };
-        level = level.min(cap);
-        ts = u128::from(s.ts_us);
-    }
-
-    if now > ts {
-        let need = cap - level;
-        if need > 0 {
-            let dt = now - ts;
-            level = if dt >= need.div_ceil(inc) {
-                cap
-            } else {
-                level + dt * inc
-            };
-        }
-        ts = now;
-    }
-
-    let mut granted = 0;
-    let mut retry = 0;
-    match op {
-        Op::Lease { want, min } => {
-            let whole = level / scale;
-            if whole >= u128::from(min) {
-                granted = whole.min(u128::from(want));
-                level -= granted * scale;
+    match *op {
+        Op::Lease { node: Some(n), .. } => {
+            if n.id.is_empty() || n.id.len() > MAX_NODE_LEN {
+                return Err(InvalidArgument("node"));
             }
-            let need = u128::from(min) * scale;
-            if need > level {
-                retry = (need - level).div_ceil(inc);
+            if n.held > burst {
+                return Err(InvalidArgument("held"));
+            }
+            if n.demand_mtps > MAX_VALUE {
+                return Err(InvalidArgument("demand"));
+            }
+            if n.horizon_us == 0 || n.horizon_us > MAX_VALUE {
+                return Err(InvalidArgument("horizon_us"));
+            }
+            if n.ttl_us == 0 || n.ttl_us > MAX_VALUE {
+                return Err(InvalidArgument("ttl_us"));
             }
         }
-        Op::Release { tokens } => {
-            level = (level + u128::from(tokens) * scale).min(cap);
+        Op::Release { node: Some(n), .. } => {
+            if n.id.is_empty() || n.id.len() > MAX_NODE_LEN {
+                return Err(InvalidArgument("node"));
+            }
+            if n.seq > MAX_VALUE {
+                return Err(InvalidArgument("seq"));
+            }
         }
+        _ => {}
     }
-
-    let reset = (cap - level).div_ceil(inc);
-    let (state, ttl_ms) = if level >= cap {
-        (None, 0)
-    } else {
-        let state = BucketState {
-            level: narrow(level),
-            scale: narrow(scale),
-            ts_us: narrow(ts),
-        };
-        (Some(state), narrow(reset.div_ceil(1000)) + SLACK_MS)
-    };
-    Ok(Step {
-        state,
-        ttl_ms,
-        reply: StepReply {
-            granted: narrow(granted),
-            remaining: narrow(level / scale),
-            retry_after_us: narrow(retry),
-            reset_after_us: narrow(reset),
-        },
-    })
-}
-
-/// The script's check of stored fields (it reads anything else as a full bucket).
-fn valid(s: &BucketState) -> bool {
-    s.scale >= 1 && s.level <= MAX_VALUE && s.scale <= MAX_VALUE && s.ts_us <= MAX_TIME_US
-}
-
-/// Every value here is bounded by 2^53 (see the module docs).
-fn narrow(v: u128) -> u64 {
-    u64::try_from(v).expect("bucket arithmetic stays below 2^53")
+    Ok(())
 }
 
 #[cfg(test)]
@@ -202,28 +422,68 @@ mod tests {
 
     use super::*;
 
-    fn lease(stored: Option<BucketState>, q: &Quota, want: u64, min: u64, now: u64) -> Step {
-        step(stored, q, Op::Lease { want, min }, now).unwrap()
+    fn lease(st: &mut Stored, q: &Quota, want: u64, min: u64, now: u64) -> StepReply {
+        let op = Op::Lease {
+            want,
+            min,
+            node: None,
+        };
+        step(st, q, op, now).unwrap().0
+    }
+
+    fn node_lease(
+        st: &mut Stored,
+        q: &Quota,
+        id: &str,
+        want: u64,
+        held: u64,
+        demand: u64,
+        now: u64,
+    ) -> StepReply {
+        let node = NodeLease {
+            id,
+            held,
+            demand_mtps: demand,
+            horizon_us: 100_000,
+            ttl_us: 1_000_000,
+        };
+        step(
+            st,
+            q,
+            Op::Lease {
+                want,
+                min: 1,
+                node: Some(node),
+            },
+            now,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn release(st: &mut Stored, q: &Quota, tokens: u64, now: u64) -> StepReply {
+        step(st, q, Op::Release { tokens, node: None }, now)
+            .unwrap()
+            .0
     }
 
     #[test]
     fn new_bucket_is_full_and_grants_up_to_want() {
         let q = Quota::per_second(10).unwrap();
-        let s = lease(None, &q, 4, 1, 0);
-        assert_eq!(s.reply.granted, 4);
-        assert_eq!(s.reply.remaining, 6);
-        assert_eq!(s.reply.retry_after_us, 0);
-        assert_eq!(s.reply.reset_after_us, 400_000);
+        let mut st = Stored::default();
+        let r = lease(&mut st, &q, 4, 1, 0);
+        assert_eq!((r.granted, r.remaining, r.retry_after_us), (4, 6, 0));
+        assert_eq!(r.reset_after_us, 400_000);
     }
 
     #[test]
     fn all_or_nothing_below_min() {
         let q = Quota::per_second(10).unwrap();
-        let s = lease(None, &q, 10, 10, 0);
-        let s = lease(s.state, &q, 3, 3, 150_000); // 1.5 tokens refilled
-        assert_eq!(s.reply.granted, 0);
-        assert_eq!(s.reply.remaining, 1);
-        assert_eq!(s.reply.retry_after_us, 150_000); // 1.5 more tokens at 100 ms each
+        let mut st = Stored::default();
+        lease(&mut st, &q, 10, 10, 0);
+        let r = lease(&mut st, &q, 3, 3, 150_000); // 1.5 tokens refilled
+        assert_eq!((r.granted, r.remaining), (0, 1));
+        assert_eq!(r.retry_after_us, 150_000); // 1.5 more tokens at 100 ms each
     }
 
     #[test]
@@ -231,63 +491,216 @@ mod tests {
         // 3 tokens per 10 ms: one token every 3.33 ms. Ten calls 1 ms apart must refill exactly
         // 3 tokens in total, where per-call flooring would refill none.
         let q = Quota::with_parts(3, Duration::from_millis(10), 3).unwrap();
-        let mut s = lease(None, &q, 3, 3, 0);
+        let mut st = Stored::default();
+        lease(&mut st, &q, 3, 3, 0);
+        let mut r = release(&mut st, &q, 0, 0);
         for t in 1..=10u64 {
-            s = step(s.state, &q, Op::Release { tokens: 0 }, t * 1_000).unwrap();
+            r = release(&mut st, &q, 0, t * 1_000);
         }
-        assert_eq!(s.reply.remaining, 3);
-        assert!(s.state.is_none(), "a full bucket is deleted");
+        assert_eq!(r.remaining, 3);
+        assert!(st.bucket.is_none(), "a full bucket is deleted");
     }
 
     #[test]
     fn release_never_exceeds_capacity() {
         let q = Quota::per_second(10).unwrap();
-        let s = lease(None, &q, 2, 1, 0);
-        let s = step(s.state, &q, Op::Release { tokens: 10 }, 0).unwrap();
-        assert_eq!(s.reply.remaining, 10);
-        assert!(s.state.is_none());
+        let mut st = Stored::default();
+        lease(&mut st, &q, 2, 1, 0);
+        assert_eq!(release(&mut st, &q, 10, 0).remaining, 10);
+        assert!(st.bucket.is_none());
     }
 
     #[test]
     fn clock_going_back_refills_nothing_and_keeps_ts() {
         let q = Quota::per_second(10).unwrap();
-        let s = lease(None, &q, 10, 1, 1_000_000);
-        let back = lease(s.state, &q, 1, 1, 500_000);
-        assert_eq!(back.reply.granted, 0);
-        assert_eq!(back.state.unwrap().ts_us, 1_000_000);
+        let mut st = Stored::default();
+        lease(&mut st, &q, 10, 1, 1_000_000);
+        assert_eq!(lease(&mut st, &q, 1, 1, 500_000).granted, 0);
+        assert_eq!(st.bucket.unwrap().ts_us, 1_000_000);
     }
 
     #[test]
     fn corrupt_state_reads_as_full() {
         let q = Quota::per_second(10).unwrap();
-        let bad = BucketState {
+        let mut st = Stored::default();
+        st.bucket = Some(BucketState {
             level: 5,
             scale: 0,
             ts_us: 0,
-        };
-        assert_eq!(lease(Some(bad), &q, 10, 1, 0).reply.granted, 10);
+            outstanding: 0,
+            demand: 0,
+        });
+        assert_eq!(lease(&mut st, &q, 10, 1, 0).granted, 10);
     }
 
     #[test]
-    fn rejects_bad_arguments() {
+    fn rejects_bad_arguments_without_changing_anything() {
         let q = Quota::per_second(10).unwrap();
-        let e = |op| step(None, &q, op, 0).unwrap_err().0;
-        assert_eq!(e(Op::Lease { want: 0, min: 0 }), "want");
-        assert_eq!(e(Op::Lease { want: 5, min: 6 }), "min");
-        assert_eq!(e(Op::Lease { want: 20, min: 11 }), "min");
-        assert_eq!(e(Op::Release { tokens: 11 }), "tokens");
+        let mut st = Stored::default();
+        lease(&mut st, &q, 3, 1, 0);
+        let before = st.clone();
+        let mut e = |op| step(&mut st, &q, op, 0).unwrap_err().0;
         assert_eq!(
-            step(None, &q, Op::Release { tokens: 1 }, MAX_TIME_US + 1)
-                .unwrap_err()
-                .0,
+            e(Op::Lease {
+                want: 0,
+                min: 0,
+                node: None
+            }),
+            "want"
+        );
+        assert_eq!(
+            e(Op::Lease {
+                want: 5,
+                min: 6,
+                node: None
+            }),
+            "min"
+        );
+        assert_eq!(
+            e(Op::Lease {
+                want: 20,
+                min: 11,
+                node: None
+            }),
+            "min"
+        );
+        assert_eq!(
+            e(Op::Release {
+                tokens: 11,
+                node: None
+            }),
+            "tokens"
+        );
+        let node = NodeLease {
+            id: "n",
+            held: 11,
+            demand_mtps: 0,
+            horizon_us: 1,
+            ttl_us: 1,
+        };
+        assert_eq!(
+            e(Op::Lease {
+                want: 1,
+                min: 1,
+                node: Some(node)
+            }),
+            "held"
+        );
+        let node = NodeLease {
+            id: "n",
+            held: 0,
+            demand_mtps: 0,
+            horizon_us: 0,
+            ttl_us: 1,
+        };
+        assert_eq!(
+            e(Op::Lease {
+                want: 1,
+                min: 1,
+                node: Some(node)
+            }),
+            "horizon_us"
+        );
+        let too_late = Op::Release {
+            tokens: 1,
+            node: None,
+        };
+        assert_eq!(
+            step(&mut st, &q, too_late, MAX_TIME_US + 1).unwrap_err().0,
             "now_us"
         );
+        assert_eq!(st, before);
     }
 
     #[test]
-    fn ttl_outlives_time_to_full() {
+    fn outstanding_tokens_cap_the_refill() {
+        // Capacity 10. A node leases 6 and holds them: the bucket refills to 4, not 10.
         let q = Quota::per_second(10).unwrap();
-        let s = lease(None, &q, 10, 1, 0);
-        assert_eq!(s.ttl_ms, 1_000 + SLACK_MS);
+        let mut st = Stored::default();
+        assert_eq!(node_lease(&mut st, &q, "a", 6, 0, 1_000, 0).granted, 6);
+        assert_eq!(release(&mut st, &q, 0, 500_000).remaining, 4);
+        // At 0.6 s it reports holding 2 (so it spent 4) and leases 1 more: 3 outstanding.
+        node_lease(&mut st, &q, "a", 1, 2, 1_000, 600_000);
+        assert_eq!(st.bucket.unwrap().outstanding, 3, "2 held + 1 just leased");
+        // The store learnt of the spending at 0.6 s (no refill before: no room), then refills
+        // at 10/s: 3 + 3 by 0.9 s, and never above 10 - 3 = 7.
+        assert_eq!(release(&mut st, &q, 0, 900_000).remaining, 6);
+        assert_eq!(release(&mut st, &q, 0, 1_500_000).remaining, 7);
+    }
+
+    #[test]
+    fn expired_leases_free_room_at_their_expiry_time() {
+        let q = Quota::per_second(10).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "a", 10, 0, 1_000, 0); // takes all 10, lease expires at 1 s
+                                                       // At 0.5 s: no room, nothing refilled.
+        assert_eq!(release(&mut st, &q, 0, 500_000).remaining, 0);
+        // At 1.3 s: room from 1.0 s on, so 3 tokens, not 10 and not 13.
+        assert_eq!(release(&mut st, &q, 0, 1_300_000).remaining, 3);
+        assert!(st.leasers.is_empty());
+        assert_eq!(st.bucket.unwrap().outstanding, 0);
+    }
+
+    #[test]
+    fn node_releases_are_idempotent() {
+        let q = Quota::per_minute(100).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "a", 50, 0, 1_000, 0);
+        let give = |st: &mut Stored, seq| {
+            let node = NodeRelease {
+                id: "a",
+                seq,
+                leaving: false,
+            };
+            step(
+                st,
+                &q,
+                Op::Release {
+                    tokens: 20,
+                    node: Some(node),
+                },
+                0,
+            )
+            .unwrap()
+            .0
+        };
+        assert_eq!(give(&mut st, 1).remaining, 70);
+        assert_eq!(
+            give(&mut st, 1).remaining,
+            70,
+            "a retried release counts once"
+        );
+        assert_eq!(give(&mut st, 2).remaining, 90);
+        assert_eq!(st.leasers["a"].outstanding, 10);
+    }
+
+    #[test]
+    fn shares_are_proportional_to_demand() {
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "a", 1, 0, 3_000_000, 0); // 3 000/s
+        let b = node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0); // 1 000/s
+        assert_eq!(b.share_mtps, 250_000, "b gets 1/4 of 1 000/s");
+        let a = node_lease(&mut st, &q, "a", 1, 1, 3_000_000, 0);
+        assert_eq!(a.share_mtps, 750_000);
+    }
+
+    #[test]
+    fn the_reserve_is_handed_out_against_credit_only() {
+        // 1 000/s, burst 100, horizon 100 ms: the reserve is the whole bucket (100 tokens).
+        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let mut st = Stored::default();
+        // Two nodes with equal demand: each may take its credit, 50 tokens, not the bucket.
+        assert_eq!(
+            node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0).granted,
+            100
+        );
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
+        let a = node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0);
+        assert_eq!(a.granted, 50, "half the reserve: a's credit");
+        let again = node_lease(&mut st, &q, "a", 100, 50, 1_000_000, 0);
+        assert_eq!(again.granted, 0, "no credit left");
+        assert!(again.retry_after_us > 0);
     }
 }

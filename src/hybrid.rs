@@ -39,7 +39,7 @@ use crate::local::LocalBucket;
 use crate::policy::{FixedLease, LeaseAsk, LeaseContext, LeasePolicy};
 use crate::quota::Quota;
 use crate::refill::RefillSignal;
-use crate::store::{LeaseStore, RedisStore};
+use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
 
 /// Shortest wait after an over-limit reply.
 const MIN_RETRY: Duration = Duration::from_micros(100);
@@ -472,7 +472,8 @@ async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, seed: u64) {
         };
         let ask = s.clamp(s.policy.ask(&ctx));
         let started = Instant::now();
-        let result = s.store.lease(&s.name, &s.quota, ask.want, ask.min).await;
+        let request = LeaseRequest::new(ask.want, ask.min);
+        let result = s.store.lease(&s.name, &s.quota, &request).await;
         s.observe_rtt(started.elapsed());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
         let pause = match result {
@@ -530,7 +531,8 @@ async fn give_back<S: LeaseStore>(s: &Shared<S>) {
         return;
     }
     s.counters.releases.fetch_add(1, Ordering::Relaxed);
-    match s.store.release(&s.name, &s.quota, tokens).await {
+    let request = ReleaseRequest::new(tokens);
+    match s.store.release(&s.name, &s.quota, &request).await {
         Ok(_) => {
             s.counters
                 .tokens_released

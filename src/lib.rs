@@ -65,6 +65,7 @@ pub use policy::{FixedLease, LeaseAsk, LeaseContext, LeasePolicy};
 pub use pure::RedisLimiter;
 pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{
-    LeaseReply, LeaseStore, MemoryStore, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
+    LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, RedisStore,
+    RedisStoreBuilder, ReleaseRequest, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
-use crate::store::{LeaseStore, RedisStore};
+use crate::store::{LeaseRequest, LeaseStore, RedisStore};
 
 /// A limiter that asks the store for every decision (`min = want = n`).
 ///
@@ -75,7 +75,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
     pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
         check_request(&self.quota, n)?;
-        let reply = self.store.lease(&self.name, &self.quota, n, n).await?;
+        let reply = self
+            .store
+            .lease(&self.name, &self.quota, &LeaseRequest::exact(n))
+            .await?;
         Ok(if reply.granted >= n {
             Decision::Allowed
         } else {

@@ -89,7 +89,11 @@ async fn bad_urls_and_unreachable_servers_are_typed_errors() {
 /// Runs the script with raw arguments.
 fn eval(con: &mut redis::Connection, key: &str, args: &[String]) -> redis::RedisResult<Vec<i64>> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(TOKEN_BUCKET_LUA).arg(1).arg(key);
+    cmd.arg(TOKEN_BUCKET_LUA)
+        .arg(3)
+        .arg(key)
+        .arg(format!("{key}:leasers"))
+        .arg(format!("{key}:expiry"));
     for a in args {
         cmd.arg(a);
     }
@@ -137,7 +141,7 @@ fn arg() -> impl Strategy<Value = String> {
 fn the_script_never_fails_at_runtime_nor_stores_invalid_state() {
     let server = RedisServer::start();
     let con = std::cell::RefCell::new(server.connection());
-    let mut runner = TestRunner::new(ProptestConfig::with_cases(2_000));
+    let mut runner = TestRunner::new(ProptestConfig::with_cases(3_000));
     let ops = prop_oneof![
         4 => Just("lease".to_string()),
         2 => Just("release".to_string()),
@@ -152,35 +156,45 @@ fn the_script_never_fails_at_runtime_nor_stores_invalid_state() {
         2 => arg(),
     ];
     let now = prop_oneof![3 => Just(String::new()), 1 => arg()];
+    let node = prop_oneof![
+        3 => Just(String::new()),
+        3 => "n[0-2]",
+        1 => arg(),
+        1 => Just("x".repeat(129)),
+    ];
     let strategy = (
-        ops,
-        prop::collection::vec(plausible, 5),
-        now,
-        prop_oneof![4 => Just(7usize), 1 => 0usize..7],
+        (ops, prop::collection::vec(plausible.clone(), 5), now),
+        (node, prop::collection::vec(plausible, 4)),
+        prop_oneof![6 => Just(12usize), 1 => 0usize..12],
         0u8..4,
     );
     runner
-        .run(&strategy, |(op, rest, now, len, key)| {
-            let key = format!("fuzz{{{key}}}");
-            let mut args = vec![op];
-            args.extend(rest);
-            args.push(now);
-            args.truncate(len);
-            let con = &mut *con.borrow_mut();
-            match eval(con, &key, &args) {
-                Ok(reply) => {
-                    prop_assert_eq!(reply.len(), 4);
-                    prop_assert!(reply.iter().all(|v| *v >= 0), "{:?}", reply);
-                    served.set(served.get() + 1);
+        .run(
+            &strategy,
+            |((op, rest, now), (node, node_args), len, key)| {
+                let key = format!("fuzz{{{key}}}");
+                let mut args = vec![op];
+                args.extend(rest);
+                args.push(now);
+                args.push(node);
+                args.extend(node_args);
+                args.truncate(len);
+                let con = &mut *con.borrow_mut();
+                match eval(con, &key, &args) {
+                    Ok(reply) => {
+                        prop_assert_eq!(reply.len(), 5);
+                        prop_assert!(reply.iter().all(|v| *v >= 0), "{:?}", reply);
+                        served.set(served.get() + 1);
+                    }
+                    Err(e) => {
+                        prop_assert_eq!(e.code(), Some("RATELEASE"), "{:?} for {:?}", e, args);
+                        rejected.set(rejected.get() + 1);
+                    }
                 }
-                Err(e) => {
-                    prop_assert_eq!(e.code(), Some("RATELEASE"), "{:?} for {:?}", e, args);
-                    rejected.set(rejected.get() + 1);
-                }
-            }
-            prop_assert!(state_is_valid(con, &key), "state after {:?}", args);
-            Ok(())
-        })
+                prop_assert!(state_is_valid(con, &key), "state after {:?}", args);
+                Ok(())
+            },
+        )
         .unwrap();
     let (rejected, served) = (rejected.get(), served.get());
     assert!(

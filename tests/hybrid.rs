@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::{
-    Decision, Error, HybridLimiter, LeaseReply, LeaseStore, MemoryStore, Quota, StoreError,
-    TokioClock,
+    Decision, Error, HybridLimiter, LeaseReply, LeaseRequest, LeaseStore, MemoryStore, Quota,
+    ReleaseRequest, StoreError, TokioClock,
 };
 
 #[derive(Clone)]
@@ -56,19 +56,18 @@ impl LeaseStore for Wrapped {
         &self,
         name: &str,
         quota: &Quota,
-        want: u64,
-        min: u64,
+        req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.call(self.inner.lease(name, quota, want, min)).await
+        self.call(self.inner.lease(name, quota, req)).await
     }
 
     async fn release(
         &self,
         name: &str,
         quota: &Quota,
-        tokens: u64,
+        req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.call(self.inner.release(name, quota, tokens)).await
+        self.call(self.inner.release(name, quota, req)).await
     }
 }
 
@@ -265,7 +264,11 @@ async fn dropping_the_last_clone_gives_tokens_back() {
     assert_eq!(clone.available(), 40, "a clone keeps the limiter alive");
     drop(clone);
     settle().await;
-    let reply = store.inner.lease("d", &quota, 100, 100).await.unwrap();
+    let reply = store
+        .inner
+        .lease("d", &quota, &LeaseRequest::exact(100))
+        .await
+        .unwrap();
     assert_eq!(reply.granted, 100, "the 40 tokens came back");
 }
 

@@ -11,14 +11,15 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelease::{
-    FakeClock, LeaseStore, MemoryStore, Quota, RedisStore, StoreError, TOKEN_BUCKET_LUA,
+    FakeClock, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, Quota, RedisStore,
+    ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
 };
 use support::RedisServer;
 
 #[derive(Debug, Clone)]
 enum Step {
-    Lease { want: u64, min: u64 },
-    Release { tokens: u64 },
+    Lease(LeaseRequest),
+    Release(ReleaseRequest),
     Advance { us: u64 },
 }
 
@@ -31,12 +32,34 @@ fn quota() -> impl Strategy<Value = Quota> {
     })
 }
 
+/// Random operations: anonymous and per-node (three nodes, so shares and expiries interact).
 fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
     let burst = q.burst();
     let period = q.period_us();
+    let node_lease = (
+        0u64..3,
+        0..=burst + 1,
+        0u64..5_000_000,
+        1u64..=period * 2,
+        1u64..=period * 4,
+    )
+        .prop_map(|(id, held, demand_mtps, horizon, ttl)| NodeLease {
+            id,
+            held,
+            demand_mtps,
+            horizon: Duration::from_micros(horizon),
+            ttl: Duration::from_micros(ttl),
+        });
+    let node_release = (0u64..3, 0u64..6, any::<bool>())
+        .prop_map(|(id, seq, leaving)| NodeRelease { id, seq, leaving });
     let step = prop_oneof![
-        4 => (1..=burst * 2, 1..=burst + 1).prop_map(|(want, min)| Step::Lease { want, min }),
-        2 => (0..=burst + 1).prop_map(|tokens| Step::Release { tokens }),
+        2 => (1..=burst * 2, 1..=burst + 1)
+            .prop_map(|(want, min)| Step::Lease(LeaseRequest::new(want, min))),
+        4 => (1..=burst * 2, 1..=burst + 1, node_lease)
+            .prop_map(|(want, min, n)| Step::Lease(LeaseRequest::new(want, min).by(n))),
+        1 => (0..=burst + 1).prop_map(|tokens| Step::Release(ReleaseRequest::new(tokens))),
+        2 => (0..=burst + 1, node_release)
+            .prop_map(|(tokens, n)| Step::Release(ReleaseRequest::new(tokens).by(n))),
         3 => (0..=period.saturating_mul(2)).prop_map(|us| Step::Advance { us }),
     ];
     prop::collection::vec(step, 1..40)
@@ -86,13 +109,13 @@ fn memory_store_and_lua_script_agree() {
                                 clock.advance(Duration::from_micros(us));
                                 continue;
                             }
-                            Step::Lease { want, min } => (
-                                memory.lease(&name, &q, want, min).await,
-                                redis.lease(&name, &q, want, min).await,
+                            Step::Lease(ref req) => (
+                                memory.lease(&name, &q, req).await,
+                                redis.lease(&name, &q, req).await,
                             ),
-                            Step::Release { tokens } => (
-                                memory.release(&name, &q, tokens).await,
-                                redis.release(&name, &q, tokens).await,
+                            Step::Release(ref req) => (
+                                memory.release(&name, &q, req).await,
+                                redis.release(&name, &q, req).await,
                             ),
                         };
                         prop_assert!(
@@ -121,7 +144,10 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
         .unwrap();
     // 3 tokens per 10 ms: scale = 10_000 / gcd(3, 10_000) = 10_000 units per token.
     let q = Quota::with_parts(3, Duration::from_millis(10), 3).unwrap();
-    let r = store.lease("exact", &q, 3, 1).await.unwrap();
+    let r = store
+        .lease("exact", &q, &LeaseRequest::new(3, 1))
+        .await
+        .unwrap();
     assert_eq!(r.granted, 3);
     let key = store.key("exact");
     let (v, s, t): (u64, u64, u64) = {
@@ -137,7 +163,10 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
     // Ten 1 ms steps refill exactly 3 tokens, and the full bucket is deleted.
     for _ in 0..10 {
         clock.advance(Duration::from_millis(1));
-        store.release("exact", &q, 0).await.unwrap();
+        store
+            .release("exact", &q, &ReleaseRequest::new(0))
+            .await
+            .unwrap();
     }
     let exists: i64 = server.cmd(&["EXISTS", &key]);
     assert_eq!(exists, 0, "a full bucket is not stored");
@@ -148,14 +177,20 @@ async fn noscript_after_script_flush_is_recovered() {
     let server = RedisServer::start();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let q = Quota::per_second(100).unwrap();
-    store.lease("flush", &q, 1, 1).await.unwrap();
+    store
+        .lease("flush", &q, &LeaseRequest::exact(1))
+        .await
+        .unwrap();
     let sha = redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_owned();
     let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
     assert_eq!(loaded, vec![1]);
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
     let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
     assert_eq!(loaded, vec![0], "flush really emptied the script cache");
-    let r = store.lease("flush", &q, 1, 1).await.unwrap();
+    let r = store
+        .lease("flush", &q, &LeaseRequest::exact(1))
+        .await
+        .unwrap();
     assert_eq!(r.granted, 1);
     let loaded: Vec<i64> = server.cmd(&["SCRIPT", "EXISTS", &sha]);
     assert_eq!(loaded, vec![1], "the store reloaded the script");
@@ -170,7 +205,10 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
         .await
         .unwrap();
     let q = Quota::per_second(10).unwrap();
-    store.lease("user}{x", &q, 1, 1).await.unwrap();
+    store
+        .lease("user}{x", &q, &LeaseRequest::exact(1))
+        .await
+        .unwrap();
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert_eq!(keys, vec!["app:{user%7D%7Bx}".to_string()]);
     let err = RedisStore::builder(server.url())

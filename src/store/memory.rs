@@ -1,7 +1,8 @@
 //! [`MemoryStore`]: the shared bucket in process memory.
 //!
 //! It runs the same [`bucket::step`] the Lua script mirrors, one key at a time under the
-//! key's `dashmap` shard lock, reading time from an injectable [`Clock`]. Expiry is modelled
+//! key's `dashmap` shard lock, reading time from an injectable [`Clock`]. Like the script, a
+//! step that rejects its arguments changes nothing. Expiry is modelled
 //! like Redis's TTL (an expired entry reads as absent, that is, full), so replies match the
 //! script's even for keys that went idle. Futures it returns are ready at once.
 
@@ -10,8 +11,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{LeaseReply, LeaseStore};
-use crate::bucket::{self, BucketState, Op};
+use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
+use crate::bucket::{self, NodeLease, NodeRelease, Op, Stored};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::StoreError;
 use crate::quota::Quota;
@@ -25,12 +26,12 @@ const SWEEP_EVERY: u64 = 4096;
 ///
 /// ```
 /// # tokio_test_block_on(async {
-/// use ratelease::{FakeClock, LeaseStore, MemoryStore, Quota};
+/// use ratelease::{FakeClock, LeaseRequest, LeaseStore, MemoryStore, Quota};
 ///
 /// let clock = FakeClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let quota = Quota::per_second(10)?;
-/// let reply = store.lease("api", &quota, 4, 1).await?;
+/// let reply = store.lease("api", &quota, &LeaseRequest::new(4, 1)).await?;
 /// assert_eq!((reply.granted, reply.remaining), (4, 6));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
@@ -49,9 +50,8 @@ struct Inner {
     calls: AtomicU64,
 }
 
-#[derive(Clone, Copy)]
 struct Entry {
-    state: BucketState,
+    stored: Stored,
     expires_at_us: u64,
 }
 
@@ -112,41 +112,49 @@ impl MemoryStore {
     }
 
     /// One atomic step on `name`.
-    pub(crate) fn run(&self, name: &str, quota: &Quota, op: Op) -> Result<LeaseReply, StoreError> {
+    pub(crate) fn run(
+        &self,
+        name: &str,
+        quota: &Quota,
+        op: Op<'_>,
+    ) -> Result<LeaseReply, StoreError> {
         let now = self.now_us();
         let calls = self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
         if calls.is_multiple_of(SWEEP_EVERY) {
             self.inner.buckets.retain(|_, e| e.expires_at_us > now);
         }
         let reject = |e: bucket::InvalidArgument| StoreError::Rejected(e.to_string());
-        let step = match self.inner.buckets.entry(name.to_owned()) {
-            dashmap::Entry::Occupied(mut slot) => {
-                let live = Some(slot.get()).filter(|e| e.expires_at_us > now);
-                let step = bucket::step(live.map(|e| e.state), quota, op, now).map_err(reject)?;
-                match step.state {
-                    Some(state) => *slot.get_mut() = entry(state, now, step.ttl_ms),
-                    None => {
-                        slot.remove();
-                    }
+        let mut slot = self
+            .inner
+            .buckets
+            .entry(name.to_owned())
+            .or_insert_with(|| Entry {
+                stored: Stored::default(),
+                expires_at_us: 0,
+            });
+        if slot.expires_at_us <= now {
+            slot.stored = Stored::default();
+        }
+        // `step` checks its arguments before it changes anything.
+        let (reply, keep_ms) = match bucket::step(&mut slot.stored, quota, op, now) {
+            Ok(ok) => ok,
+            Err(e) => {
+                let empty = slot.stored.bucket.is_none() && slot.stored.leasers.is_empty();
+                drop(slot);
+                if empty {
+                    self.inner.buckets.remove(name);
                 }
-                step
-            }
-            dashmap::Entry::Vacant(slot) => {
-                let step = bucket::step(None, quota, op, now).map_err(reject)?;
-                if let Some(state) = step.state {
-                    slot.insert(entry(state, now, step.ttl_ms));
-                }
-                step
+                return Err(reject(e));
             }
         };
-        Ok(step.reply.into())
-    }
-}
-
-fn entry(state: BucketState, now_us: u64, ttl_ms: u64) -> Entry {
-    Entry {
-        state,
-        expires_at_us: now_us.saturating_add(ttl_ms.saturating_mul(1_000)),
+        match keep_ms {
+            Some(ms) => slot.expires_at_us = now.saturating_add(ms.saturating_mul(1_000)),
+            None => {
+                drop(slot);
+                self.inner.buckets.remove(name);
+            }
+        }
+        Ok(reply.into())
     }
 }
 
@@ -155,19 +163,47 @@ impl LeaseStore for MemoryStore {
         &self,
         name: &str,
         quota: &Quota,
-        want: u64,
-        min: u64,
+        req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.run(name, quota, Op::Lease { want, min })
+        let id = req.node.map(|n| node_key(n.id));
+        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeLease {
+            id,
+            held: n.held,
+            demand_mtps: n.demand_mtps,
+            horizon_us: micros(n.horizon),
+            ttl_us: micros(n.ttl),
+        });
+        self.run(
+            name,
+            quota,
+            Op::Lease {
+                want: req.want,
+                min: req.min,
+                node,
+            },
+        )
     }
 
     async fn release(
         &self,
         name: &str,
         quota: &Quota,
-        tokens: u64,
+        req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.run(name, quota, Op::Release { tokens })
+        let id = req.node.map(|n| node_key(n.id));
+        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeRelease {
+            id,
+            seq: n.seq,
+            leaving: n.leaving,
+        });
+        self.run(
+            name,
+            quota,
+            Op::Release {
+                tokens: req.tokens,
+                node,
+            },
+        )
     }
 }
 
@@ -178,20 +214,35 @@ mod tests {
     use super::*;
     use crate::clock::FakeClock;
 
+    fn lease(want: u64, min: u64) -> Op<'static> {
+        Op::Lease {
+            want,
+            min,
+            node: None,
+        }
+    }
+
     #[test]
     fn expired_entries_read_as_full_and_are_swept() {
         let clock = FakeClock::new();
         let store = MemoryStore::with_clock(clock.clone());
         let q = Quota::per_second(10).unwrap();
-        let r = store.run("k", &q, Op::Lease { want: 10, min: 1 }).unwrap();
+        let r = store.run("k", &q, lease(10, 1)).unwrap();
         assert_eq!(r.granted, 10);
         assert_eq!(store.len(), 1);
         clock.advance(Duration::from_secs(1));
-        let r = store.run("k", &q, Op::Lease { want: 10, min: 10 }).unwrap();
+        let r = store.run("k", &q, lease(10, 10)).unwrap();
         assert_eq!(r.granted, 10, "refilled after one period");
         clock.advance(Duration::from_secs(12));
         for i in 0..SWEEP_EVERY {
-            let _ = store.run(&format!("other{i}"), &q, Op::Release { tokens: 0 });
+            let _ = store.run(
+                &format!("other{i}"),
+                &q,
+                Op::Release {
+                    tokens: 0,
+                    node: None,
+                },
+            );
         }
         assert_eq!(
             store.len(),
@@ -205,9 +256,7 @@ mod tests {
     fn rejects_invalid_arguments_without_writing() {
         let store = MemoryStore::with_clock(FakeClock::new());
         let q = Quota::per_second(10).unwrap();
-        let err = store
-            .run("k", &q, Op::Lease { want: 5, min: 11 })
-            .unwrap_err();
+        let err = store.run("k", &q, lease(5, 11)).unwrap_err();
         assert!(matches!(err, StoreError::Rejected(ref m) if m == "invalid argument min"));
         assert!(store.is_empty());
     }

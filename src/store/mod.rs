@@ -17,6 +17,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use memory::MemoryStore;
+
 pub use redis_store::{
     RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
@@ -26,17 +27,104 @@ use crate::bucket::StepReply;
 use crate::error::StoreError;
 use crate::quota::Quota;
 
+/// A node's side of a lease (hybrid mode): who it is, what it holds, what it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLease {
+    /// The node's id (unique per limiter instance).
+    pub id: u64,
+    /// Tokens it still holds unspent.
+    pub held: u64,
+    /// Its demand estimate, millitokens per second.
+    pub demand_mtps: u64,
+    /// How long one lease should last; sets the size of fair-share grants.
+    pub horizon: Duration,
+    /// How long the lease is valid; the node must stop spending its tokens before then.
+    pub ttl: Duration,
+}
+
+/// A node's side of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRelease {
+    /// The node's id.
+    pub id: u64,
+    /// Strictly increasing per node: a repeated sequence number is ignored.
+    pub seq: u64,
+    /// Whether the node stops leasing (its record is removed).
+    pub leaving: bool,
+}
+
+/// A lease request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// Most tokens to take.
+    pub want: u64,
+    /// Fewest acceptable.
+    pub min: u64,
+    /// The leasing node, or `None` for an anonymous (pure-mode) call.
+    pub node: Option<NodeLease>,
+}
+
+impl LeaseRequest {
+    /// Exactly `n` tokens or none (pure mode).
+    pub fn exact(n: u64) -> Self {
+        LeaseRequest {
+            want: n,
+            min: n,
+            node: None,
+        }
+    }
+
+    /// Between `min` and `want` tokens, anonymously.
+    pub fn new(want: u64, min: u64) -> Self {
+        LeaseRequest {
+            want,
+            min,
+            node: None,
+        }
+    }
+
+    /// The same request made by `node`.
+    pub fn by(mut self, node: NodeLease) -> Self {
+        self.node = Some(node);
+        self
+    }
+}
+
+/// A release request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    /// Tokens given back.
+    pub tokens: u64,
+    /// The releasing node, or `None`.
+    pub node: Option<NodeRelease>,
+}
+
+impl ReleaseRequest {
+    /// Gives `tokens` back anonymously.
+    pub fn new(tokens: u64) -> Self {
+        ReleaseRequest { tokens, node: None }
+    }
+
+    /// The same release made by `node`.
+    pub fn by(mut self, node: NodeRelease) -> Self {
+        self.node = Some(node);
+        self
+    }
+}
+
 /// The reply to a lease or release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseReply {
-    /// Tokens granted (0 for a release, and for a lease that could not reach `min`).
+    /// Tokens granted (0 for a release, and for a lease that could not reach its minimum).
     pub granted: u64,
     /// Whole tokens left in the shared bucket.
     pub remaining: u64,
-    /// How long until `min` tokens are available (zero if they are now).
+    /// How long until the lease could succeed (zero if it did, or could now).
     pub retry_after: Duration,
-    /// How long until the shared bucket is full again.
+    /// How long until the shared bucket stops refilling.
     pub reset_after: Duration,
+    /// The node's fair share of the rate, millitokens per second (0 for anonymous calls).
+    pub share_mtps: u64,
 }
 
 impl From<StepReply> for LeaseReply {
@@ -46,15 +134,26 @@ impl From<StepReply> for LeaseReply {
             remaining: r.remaining,
             retry_after: Duration::from_micros(r.retry_after_us),
             reset_after: Duration::from_micros(r.reset_after_us),
+            share_mtps: r.share_mtps,
         }
     }
+}
+
+/// Formats a node id as stored (16 hex digits).
+pub(crate) fn node_key(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+/// Microseconds of a duration, saturating.
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A shared token bucket, addressed by limiter name.
 ///
 /// Implementations must be atomic per name: concurrent calls behave as if run one at a time.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Takes up to `want` tokens from `name`'s bucket if at least `min` are there.
+    /// Takes between `min` and `want` tokens from `name`'s bucket, or none.
     ///
     /// Requires `1 ≤ min ≤ want` and `min ≤ quota.burst()`; the store rejects anything else
     /// with [`StoreError::Rejected`].
@@ -62,15 +161,14 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         name: &str,
         quota: &Quota,
-        want: u64,
-        min: u64,
+        req: &LeaseRequest,
     ) -> impl Future<Output = Result<LeaseReply, StoreError>> + Send;
 
-    /// Returns `tokens` unused tokens to `name`'s bucket, capped at capacity.
+    /// Returns unused tokens to `name`'s bucket, capped at capacity.
     fn release(
         &self,
         name: &str,
         quota: &Quota,
-        tokens: u64,
+        req: &ReleaseRequest,
     ) -> impl Future<Output = Result<LeaseReply, StoreError>> + Send;
 }

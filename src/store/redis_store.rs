@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{LeaseReply, LeaseStore};
-use crate::bucket::Op;
+use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 use crate::clock::Clock;
 use crate::error::{Error, StoreError};
 use crate::key;
@@ -146,29 +145,30 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// The Redis key holding `name`'s bucket.
+    /// The Redis key holding `name`'s bucket (its leasers live at `…:leasers` and
+    /// `…:expiry`, under the same hash tag).
     pub fn key(&self, name: &str) -> String {
         key::bucket_key(&self.prefix, name)
     }
 
-    async fn run(&self, name: &str, quota: &Quota, op: Op) -> Result<LeaseReply, StoreError> {
-        let (op_name, a, b) = match op {
-            Op::Lease { want, min } => ("lease", want, min),
-            Op::Release { tokens } => ("release", tokens, 0),
-        };
-        let now = match &self.clock {
-            Some(c) => c.now().as_micros().to_string(),
-            None => String::new(),
-        };
-        let mut invocation = SCRIPT.key(self.key(name));
+    /// Runs the script: `op`, then the arguments after `burst`.
+    async fn run(
+        &self,
+        name: &str,
+        quota: &Quota,
+        op: &str,
+        args: [String; 9],
+    ) -> Result<LeaseReply, StoreError> {
+        let bucket = self.key(name);
+        let mut invocation = SCRIPT.key(&bucket);
         invocation
-            .arg(op_name)
+            .key(format!("{bucket}:leasers"))
+            .key(format!("{bucket}:expiry"))
+            .arg(op)
             .arg(quota.rate())
             .arg(quota.period_us())
             .arg(quota.burst())
-            .arg(a)
-            .arg(b)
-            .arg(now);
+            .arg(&args[..]);
         let mut conn = self.conn.clone();
         let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.map_err(|e| {
             if e.is_timeout() {
@@ -178,15 +178,23 @@ impl RedisStore {
             }
         })?;
         match reply[..] {
-            [granted, remaining, retry_us, reset_us] => Ok(LeaseReply {
+            [granted, remaining, retry_us, reset_us, share_mtps] => Ok(LeaseReply {
                 granted,
                 remaining,
                 retry_after: Duration::from_micros(retry_us),
                 reset_after: Duration::from_micros(reset_us),
+                share_mtps,
             }),
             _ => Err(StoreError::BadReply(format!(
-                "expected 4 integers, got {reply:?}"
+                "expected 5 integers, got {reply:?}"
             ))),
+        }
+    }
+
+    fn now_arg(&self) -> String {
+        match &self.clock {
+            Some(c) => c.now().as_micros().to_string(),
+            None => String::new(),
         }
     }
 }
@@ -196,18 +204,58 @@ impl LeaseStore for RedisStore {
         &self,
         name: &str,
         quota: &Quota,
-        want: u64,
-        min: u64,
+        req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.run(name, quota, Op::Lease { want, min }).await
+        let node = match req.node {
+            Some(n) => [
+                node_key(n.id),
+                n.held.to_string(),
+                n.demand_mtps.to_string(),
+                micros(n.horizon).to_string(),
+                micros(n.ttl).to_string(),
+            ],
+            None => Default::default(),
+        };
+        let [id, held, demand, horizon, ttl] = node;
+        let args = [
+            req.want.to_string(),
+            req.min.to_string(),
+            self.now_arg(),
+            id,
+            held,
+            demand,
+            horizon,
+            ttl,
+            String::new(),
+        ];
+        self.run(name, quota, "lease", args).await
     }
 
     async fn release(
         &self,
         name: &str,
         quota: &Quota,
-        tokens: u64,
+        req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.run(name, quota, Op::Release { tokens }).await
+        let (id, seq, leaving) = match req.node {
+            Some(n) => (
+                node_key(n.id),
+                n.seq.to_string(),
+                u8::from(n.leaving).to_string(),
+            ),
+            None => Default::default(),
+        };
+        let args = [
+            req.tokens.to_string(),
+            "0".to_owned(),
+            self.now_arg(),
+            id,
+            seq,
+            leaving,
+            String::new(),
+            String::new(),
+            String::new(),
+        ];
+        self.run(name, quota, "release", args).await
     }
 }
