@@ -32,7 +32,8 @@
 --   granted        tokens taken by this call (0 for release, and for a lease that could not
 --                  reach its minimum)
 --   remaining      whole tokens left in the bucket after the call
---   retry_after_us how long until the lease could succeed (0 if it did or could now)
+--   retry_after_us how long until a lease like this one could succeed (0 if it could now);
+--                  also sent with a grant, so a node can pace itself instead of asking in vain
 --   reset_after_us how long until the bucket stops refilling (capacity − outstanding)
 --   share_mtps     the node's fair share of the rate, millitokens per second (0 if anonymous)
 --
@@ -43,10 +44,11 @@
 --
 -- Fairness. A node's share of the rate is proportional to its reported demand (rate × d / D),
 -- which gives every node the same acceptance ratio, as one shared bucket would. Each node has a
--- credit that accrues at its share (capped at one horizon's worth). Tokens above a reserve of
+-- credit that accrues at its share (capped at one horizon's worth, or `min` if larger). Tokens above a reserve of
 -- one horizon of the fleet rate are first come, first served; the reserve itself is handed out
--- only against credit. A node is served only when it can get at least half a horizon of its
--- share (or its min), so a starved node comes back about twice per horizon, not per token.
+-- only against credit. A node is served only when it can get a horizon of its share (or its
+-- min, or its want if smaller), and every reply says when that will be, so a busy node makes
+-- about one call per horizon, not one per token.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -249,7 +251,8 @@ elseif op == 'lease' then
   local rho = 0
   if demand > 0 then rho = inc * demand / dsum end
   share = math.min(math.floor(rho * 1e9 / scale), MAX)
-  local ccap = math.min(math.floor(rho * horizon), cap)
+  -- At least `min`, so a request larger than a horizon of share waits longer, not forever.
+  local ccap = math.min(math.max(math.floor(rho * horizon), min * scale), cap)
   if fresh then
     r.c = ccap
   elseif now > r.tc then
@@ -263,7 +266,7 @@ elseif op == 'lease' then
   local reserve = math.min(math.floor(rate * horizon / period), burst)
   local free = math.max(0, whole - reserve)
   local avail = free + math.min(whole - free, floor_div(r.c, scale))
-  local floor_tokens = math.min(math.floor(rho * horizon / 2 / scale), want, burst)
+  local floor_tokens = math.min(math.floor(rho * horizon / scale), want, burst)
   local need = math.max(min, floor_tokens)
   if avail >= need then
     granted = math.min(want, avail)
@@ -271,17 +274,31 @@ elseif op == 'lease' then
     out = out + granted
     r.o = r.o + granted
     r.c = math.max(0, r.c - math.max(0, granted - free) * scale)
-  else
-    local short = need * scale - level
-    if short > 0 then retry = ceil_div(short, inc) end
-    if free < need then
-      local credit_short = (need - free) * scale - r.c
-      if credit_short > 0 then
-        local wait = horizon
-        if rho > 0 then wait = math.ceil(credit_short / rho) end
-        if wait > retry then retry = math.min(wait, MAX_TIME) end
-      end
+    free = math.max(0, floor_div(level, scale) - reserve)
+    -- The next ask will be for about the node's whole target (what it held plus what it
+    -- wanted), not for what was left of this one: pace it for that.
+    need = math.max(min, math.min(math.floor(rho * horizon / scale), want + held, burst))
+  end
+  -- When the next lease of `need` could succeed (0 if it could now), after this grant too, so
+  -- a node paces itself instead of asking in vain: against credit once the bucket holds
+  -- `need`; or, if the bucket is already above the reserve (the fleet is not keeping up with
+  -- the refill), first come first served once it holds `need` above it. Below the reserve
+  -- that second way is a mirage: other nodes drain the bucket long before it gets there.
+  local short = need * scale - level
+  if short > 0 then retry = ceil_div(short, inc) end
+  if free < need then
+    local credit_short = (need - free) * scale - r.c
+    if credit_short > 0 then
+      local wait = horizon
+      if rho > 0 then wait = math.ceil(credit_short / rho) end
+      if wait > retry then retry = math.min(wait, MAX_TIME) end
     end
+  end
+  local above = (reserve + need) * scale
+  if floor_div(level, scale) >= reserve and above <= cap - out * scale then
+    local by_free = 0
+    if above > level then by_free = ceil_div(above - level, inc) end
+    if by_free < retry then retry = by_free end
   end
   r.exp = math.min(now + ttl, MAX_TIME)
   redis.call('HSET', KEYS[2], node, encode(r))

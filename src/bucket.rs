@@ -129,7 +129,8 @@ pub struct StepReply {
     pub granted: u64,
     /// Whole tokens left.
     pub remaining: u64,
-    /// Microseconds until the lease could succeed (0 if it did, or could now).
+    /// Microseconds until a lease like this one could succeed (0 if it could now); also sent
+    /// with a grant, so a node can pace itself.
     pub retry_after_us: u64,
     /// Microseconds until the bucket stops refilling.
     pub reset_after_us: u64,
@@ -260,7 +261,11 @@ pub fn step(
             };
             share = (rho * 1e9 / scale as f64).floor().min(max as f64) as u64;
             let horizon = n.horizon_us as f64;
-            let ccap = (rho * horizon).floor().min(cap as f64);
+            // At least `min`, so a request larger than a horizon of share waits, not forever.
+            let ccap = (rho * horizon)
+                .floor()
+                .max((min * scale) as f64)
+                .min(cap as f64);
             r.credit = if fresh {
                 ccap as u64
             } else if now > r.credit_ts {
@@ -275,11 +280,12 @@ pub fn step(
                 ((rate as f64 * horizon / period as f64).floor()).min(burst as f64) as u64;
             let free = whole.saturating_sub(reserve);
             let avail = free + (whole - free).min(r.credit / scale);
-            let floor_tokens = (rho * horizon / 2.0 / scale as f64)
+            let floor_tokens = (rho * horizon / scale as f64)
                 .floor()
                 .min(want as f64)
                 .min(burst as f64) as u64;
-            let need = min.max(floor_tokens);
+            let mut need = min.max(floor_tokens);
+            let mut free = free;
             if avail >= need {
                 granted = want.min(avail);
                 level -= granted * scale;
@@ -288,25 +294,41 @@ pub fn step(
                 r.credit = r
                     .credit
                     .saturating_sub(granted.saturating_sub(free) * scale);
-            } else {
-                let short = need * scale;
-                if short > level {
-                    retry = (short - level).div_ceil(inc);
-                }
-                if free < need {
-                    let credit_need = (need - free) * scale;
-                    if credit_need > r.credit {
-                        let credit_short = credit_need - r.credit;
-                        let wait = if rho > 0.0 {
-                            (credit_short as f64 / rho).ceil()
-                        } else {
-                            horizon
-                        };
-                        if wait > retry as f64 {
-                            retry = wait.min(MAX_TIME_US as f64) as u64;
-                        }
+                free = (level / scale).saturating_sub(reserve);
+                // The next ask will be for about the node's whole target (what it held plus
+                // what it wanted), not for what was left of this one: pace it for that.
+                let target = (rho * horizon / scale as f64)
+                    .floor()
+                    .min((want + held) as f64)
+                    .min(burst as f64) as u64;
+                need = min.max(target);
+            }
+            // When the next lease of `need` could succeed (0 if it could now), after a grant
+            // too, so a node paces itself instead of asking in vain: against credit once the
+            // bucket holds `need`; or, if the bucket is already above the reserve, first come
+            // first served once it holds `need` above it (below the reserve that is a mirage:
+            // other nodes drain the bucket long before it gets there).
+            let short = need * scale;
+            if short > level {
+                retry = (short - level).div_ceil(inc);
+            }
+            if free < need {
+                let credit_need = (need - free) * scale;
+                if credit_need > r.credit {
+                    let credit_short = credit_need - r.credit;
+                    let wait = if rho > 0.0 {
+                        (credit_short as f64 / rho).ceil()
+                    } else {
+                        horizon
+                    };
+                    if wait > retry as f64 {
+                        retry = wait.min(MAX_TIME_US as f64) as u64;
                     }
                 }
+            }
+            let above = (reserve + need) * scale;
+            if level / scale >= reserve && above <= cap - out * scale {
+                retry = retry.min(above.saturating_sub(level).div_ceil(inc));
             }
             r.expires_us = (now + n.ttl_us).min(MAX_TIME_US);
             stored.leasers.insert(n.id.to_owned(), r);
@@ -522,14 +544,16 @@ mod tests {
     #[test]
     fn corrupt_state_reads_as_full() {
         let q = Quota::per_second(10).unwrap();
-        let mut st = Stored::default();
-        st.bucket = Some(BucketState {
-            level: 5,
-            scale: 0,
-            ts_us: 0,
-            outstanding: 0,
-            demand: 0,
-        });
+        let mut st = Stored {
+            bucket: Some(BucketState {
+                level: 5,
+                scale: 0,
+                ts_us: 0,
+                outstanding: 0,
+                demand: 0,
+            }),
+            leasers: BTreeMap::new(),
+        };
         assert_eq!(lease(&mut st, &q, 10, 1, 0).granted, 10);
     }
 

@@ -32,14 +32,15 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::local::LocalBucket;
-use crate::policy::{FixedLease, LeaseAsk, LeaseContext, LeasePolicy};
-use crate::quota::Quota;
-use crate::refill::RefillSignal;
-use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
+use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
+use crate::quota::{Quota, MAX_VALUE};
+use crate::refill::{RefillSignal, Wake};
+use crate::store::{LeaseRequest, LeaseStore, NodeLease, NodeRelease, RedisStore, ReleaseRequest};
 
 /// Shortest wait after an over-limit reply.
 const MIN_RETRY: Duration = Duration::from_micros(100);
@@ -105,6 +106,14 @@ pub struct HybridStats {
     pub tokens_released: u64,
     /// Store calls that failed.
     pub store_errors: u64,
+    /// Tokens dropped unspent when their lease expired.
+    pub tokens_expired: u64,
+    /// Tokens denied to callers.
+    pub tokens_denied: u64,
+    /// Measured demand, millitokens per second (admitted and denied).
+    pub demand_mtps: u64,
+    /// Fair share last reported by the store, millitokens per second (0 if none).
+    pub share_mtps: u64,
     /// Tokens in the local bucket now.
     pub local_tokens: u64,
 }
@@ -125,11 +134,12 @@ pub struct HybridBuilder<S> {
     policy: Box<dyn LeasePolicy>,
     prefetch: bool,
     seed: Option<u64>,
+    node_id: Option<u64>,
     runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<S: LeaseStore> HybridBuilder<S> {
-    /// Sizes leases with `policy` (default: [`FixedLease::for_quota`]).
+    /// Sizes leases with `policy` (default: [`AdaptiveLease`]).
     pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
         self.policy = Box::new(policy);
         self
@@ -147,9 +157,17 @@ impl<S: LeaseStore> HybridBuilder<S> {
         self
     }
 
-    /// Seeds the jitter of retries (default: random). Set it for reproducible simulations.
+    /// Seeds the jitter of retries and the node id (default: random). Set it for reproducible
+    /// simulations.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+
+    /// This node's id in the store's lease records (default: random). Ids must be unique among
+    /// the instances sharing a limiter name; the id of a restarted process may be reused.
+    pub fn node_id(mut self, id: u64) -> Self {
+        self.node_id = Some(id);
         self
     }
 
@@ -169,15 +187,33 @@ impl<S: LeaseStore> HybridBuilder<S> {
             Some(rt) => rt,
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
         };
-        let low_water = self.policy.low_water(&self.quota).min(self.quota.burst());
+        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let node_id = self.node_id.unwrap_or_else(|| rng.u64(..));
+        let low_water = self
+            .policy
+            .ask(&LeaseContext {
+                quota: self.quota,
+                local: 0,
+                denied: 0,
+                demand: 0.0,
+                share: None,
+                rtt: DEFAULT_RTT,
+            })
+            .low_water
+            .min(self.quota.burst());
+        let terms = self.policy.terms(&self.quota);
         let shared = Arc::new(Shared {
             local: LocalBucket::default(),
             signal: RefillSignal::new(self.prefetch),
-            low_water,
+            low_water: AtomicU64::new(low_water),
             quota: self.quota,
             name: self.name,
             store: self.store,
             policy: self.policy,
+            terms,
+            node_id,
+            denied_total: AtomicU64::new(0),
             origin: Instant::now(),
             blocked_until_ns: AtomicU64::new(0),
             rtt_ns: AtomicU64::new(0),
@@ -186,8 +222,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             error_seq: AtomicU64::new(0),
             counters: Counters::default(),
         });
-        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
-        let task = runtime.spawn(refill_loop(shared.clone(), seed));
+        let task = runtime.spawn(refill_loop(shared.clone(), rng));
         Ok(HybridLimiter {
             handle: Arc::new(Handle {
                 shared,
@@ -213,11 +248,16 @@ impl<S: LeaseStore> Drop for Handle<S> {
 struct Shared<S> {
     local: LocalBucket,
     signal: RefillSignal,
-    low_water: u64,
+    /// Refill below this many local tokens; set by the policy after each lease.
+    low_water: AtomicU64,
     quota: Quota,
     name: String,
     store: S,
     policy: Box<dyn LeasePolicy>,
+    terms: Option<LeaseTerms>,
+    node_id: u64,
+    /// Tokens denied to callers, ever (demand that was not served).
+    denied_total: AtomicU64,
     /// Origin of the nanosecond timestamps below.
     origin: Instant,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
@@ -239,6 +279,9 @@ struct Counters {
     releases: AtomicU64,
     tokens_released: AtomicU64,
     store_errors: AtomicU64,
+    tokens_expired: AtomicU64,
+    demand_mtps: AtomicU64,
+    share_mtps: AtomicU64,
 }
 
 impl<S: LeaseStore> HybridLimiter<S> {
@@ -248,9 +291,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
             name: name.into(),
             quota,
             store,
-            policy: Box::new(FixedLease::for_quota()),
+            policy: Box::new(AdaptiveLease::default()),
             prefetch: true,
             seed: None,
+            node_id: None,
             runtime: None,
         }
     }
@@ -276,7 +320,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
         check_request(&s.quota, n)?;
         match s.local.try_take(n) {
             Ok(left) => {
-                if left < s.low_water {
+                // Relaxed: a threshold, not a publication; a stale value only moves the refill
+                // by one call.
+                if left < s.low_water.load(Ordering::Relaxed) {
                     s.signal.request();
                 }
                 Ok(Decision::Allowed)
@@ -356,6 +402,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
             releases: get(&c.releases),
             tokens_released: get(&c.tokens_released),
             store_errors: get(&c.store_errors),
+            tokens_expired: get(&c.tokens_expired),
+            tokens_denied: get(&self.handle.shared.denied_total),
+            demand_mtps: get(&c.demand_mtps),
+            share_mtps: get(&c.share_mtps),
             local_tokens: self.available(),
         }
     }
@@ -372,7 +422,12 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// The low-water mark in effect.
     pub fn low_water(&self) -> u64 {
-        self.handle.shared.low_water
+        self.handle.shared.low_water.load(Ordering::Relaxed)
+    }
+
+    /// This node's id in the store's lease records.
+    pub fn node_id(&self) -> u64 {
+        self.handle.shared.node_id
     }
 
     /// Stops the background task and gives the local tokens back to the store. Later calls
@@ -404,6 +459,8 @@ impl<S: LeaseStore> Shared<S> {
         if self.signal.is_closed() {
             return Err(Error::Closed);
         }
+        // Relaxed: a statistic read by the background task to estimate demand.
+        self.denied_total.fetch_add(n, Ordering::Relaxed);
         self.signal.denied(n);
         Ok(Decision::Denied {
             retry_after: self.retry_hint(),
@@ -432,6 +489,13 @@ impl<S: LeaseStore> Shared<S> {
         }
     }
 
+    fn rtt(&self) -> Duration {
+        match self.rtt_ns.load(Ordering::Relaxed) {
+            0 => DEFAULT_RTT,
+            ns => Duration::from_nanos(ns),
+        }
+    }
+
     fn observe_rtt(&self, rtt: Duration) {
         let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
         let old = self.rtt_ns.load(Ordering::Relaxed);
@@ -456,26 +520,192 @@ impl<S: LeaseStore> Shared<S> {
         LeaseAsk {
             want: ask.want.max(min),
             min,
+            ..ask
         }
     }
 }
 
 /// The background task: one lease at a time, for as long as the limiter lives.
-async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, seed: u64) {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut backoff = ERROR_BACKOFF_MIN;
-    while s.signal.wait().await {
-        let ctx = LeaseContext {
+async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, rng: fastrand::Rng) {
+    let mut task = Task {
+        rng,
+        backoff: ERROR_BACKOFF_MIN,
+        demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
+        share: None,
+        release_seq: 0,
+        expires: None,
+    };
+    loop {
+        match s.signal.wait_until(task.next_timer(&s)).await {
+            Wake::Closed => break,
+            Wake::Requested | Wake::Timer => {}
+        }
+        let now = Instant::now();
+        task.observe(&s, now);
+        task.expire(&s, now).await;
+        if !s.signal.is_requested() {
+            task.give_back_if_idle(&s, now).await;
+            continue;
+        }
+        if !task.lease(&s).await {
+            break;
+        }
+    }
+    task.give_back(&s, true).await;
+}
+
+/// Time constant of the demand estimate.
+const DEMAND_TAU: Duration = Duration::from_millis(300);
+
+/// The background task's own state.
+struct Task {
+    rng: fastrand::Rng,
+    backoff: Duration,
+    demand: DemandEstimator,
+    /// Fair share the store last reported, tokens per second.
+    share: Option<f64>,
+    release_seq: u64,
+    /// When the local tokens must be dropped (a little before the store forgets the lease).
+    expires: Option<Instant>,
+}
+
+impl Task {
+    /// Tokens spent so far: everything leased, less what was returned, dropped, or is still
+    /// held. Callers only ever take from the local bucket, so this needs no counter of its own
+    /// on the hot path.
+    fn consumed<S>(s: &Shared<S>) -> u64 {
+        let c = &s.counters;
+        let got = c.tokens_leased.load(Ordering::Relaxed);
+        let gone =
+            c.tokens_released.load(Ordering::Relaxed) + c.tokens_expired.load(Ordering::Relaxed);
+        got.saturating_sub(gone).saturating_sub(s.local.available())
+    }
+
+    fn observe<S>(&mut self, s: &Shared<S>, now: Instant) {
+        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let rate = self.demand.observe(now, demanded);
+        s.counters
+            .demand_mtps
+            .store((rate * 1_000.0) as u64, Ordering::Relaxed);
+    }
+
+    /// Give-back time for an idle node: `idle_after` without demand, and never sooner than four
+    /// expected gaps between its requests.
+    fn idle_at(&self, terms: &LeaseTerms) -> Instant {
+        let rate = self.demand.rate();
+        let gaps = if rate > 0.0 {
+            Duration::from_secs_f64((4.0 / rate).min(60.0))
+        } else {
+            Duration::ZERO
+        };
+        self.demand.last_change() + terms.idle_after.max(gaps)
+    }
+
+    fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
+        if s.local.available() == 0 {
+            return None;
+        }
+        let idle = s.terms.as_ref().map(|t| self.idle_at(t));
+        match (self.expires, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
+    /// them at expiry, so spending them later could exceed the fleet's bound. They are taken
+    /// from the local bucket before the call, so none is spent meanwhile; if the call fails
+    /// they count as expired.
+    async fn expire<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if self.expires.is_some_and(|at| now >= at) {
+            self.give_back(s, true).await;
+        }
+    }
+
+    async fn give_back_if_idle<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if let Some(terms) = s.terms {
+            if now >= self.idle_at(&terms) && s.local.available() > 0 {
+                self.give_back(s, true).await;
+            }
+        }
+    }
+
+    /// Returns the local tokens to the store; `leaving` also removes this node's record (and
+    /// its demand) from the store.
+    async fn give_back<S: LeaseStore>(&mut self, s: &Shared<S>, leaving: bool) {
+        let tokens = s.local.take_all();
+        if tokens == 0 && (s.terms.is_none() || self.expires.is_none()) {
+            return;
+        }
+        let mut request = ReleaseRequest::new(tokens);
+        if s.terms.is_some() {
+            self.release_seq += 1;
+            request = request.by(NodeRelease {
+                id: s.node_id,
+                seq: self.release_seq,
+                leaving,
+            });
+        }
+        self.expires = None;
+        self.share = None;
+        s.counters.releases.fetch_add(1, Ordering::Relaxed);
+        match s.store.release(&s.name, &s.quota, &request).await {
+            Ok(_) => {
+                s.counters
+                    .tokens_released
+                    .fetch_add(tokens, Ordering::Relaxed);
+            }
+            Err(error) => {
+                // The tokens are lost to the fleet until the lease expires; never re-admitted.
+                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                s.counters
+                    .tokens_expired
+                    .fetch_add(tokens, Ordering::Relaxed);
+                tracing::warn!(limiter = %s.name, %error, tokens, "could not return tokens");
+            }
+        }
+        s.finished.notify_waiters();
+    }
+
+    fn context<S: LeaseStore>(&self, s: &Shared<S>, denied: u64) -> LeaseContext {
+        LeaseContext {
             quota: s.quota,
             local: s.local.available(),
-            denied: s.signal.take_denied(),
-        };
+            denied,
+            demand: self.demand.rate(),
+            share: self.share,
+            rtt: s.rtt(),
+        }
+    }
+
+    /// One lease, and the pause after an empty or failed one. Returns false if the limiter
+    /// closed meanwhile.
+    async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
+        let ctx = self.context(s, s.signal.take_denied());
         let ask = s.clamp(s.policy.ask(&ctx));
-        let started = Instant::now();
-        let request = LeaseRequest::new(ask.want, ask.min);
+        let mut request = LeaseRequest::new(ask.want, ask.min);
+        if let Some(terms) = s.terms {
+            request = request.by(NodeLease {
+                id: s.node_id,
+                held: ctx.local,
+                demand_mtps: reported_demand(self.demand.rate(), ask.min, terms.horizon),
+                horizon: terms.horizon,
+                ttl: terms.ttl,
+            });
+        }
+        let sent = Instant::now();
         let result = s.store.lease(&s.name, &s.quota, &request).await;
-        s.observe_rtt(started.elapsed());
+        s.observe_rtt(sent.elapsed());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
+        if let (Ok(reply), Some(terms)) = (&result, s.terms) {
+            // The store extended this node's lease from when it ran the script, which was after
+            // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
+            self.expires = Some(sent + terms.ttl.mul_f64(0.9));
+            self.share = Some(reply.share_mtps as f64 / 1_000.0);
+            s.counters
+                .share_mtps
+                .store(reply.share_mtps, Ordering::Relaxed);
+        }
         let pause = match result {
             Ok(reply) if reply.granted > 0 => {
                 s.local.add(reply.granted);
@@ -483,67 +713,59 @@ async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, seed: u64) {
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
                 s.blocked_until_ns.store(0, Ordering::Relaxed);
-                backoff = ERROR_BACKOFF_MIN;
-                None
+                self.backoff = ERROR_BACKOFF_MIN;
+                // On terms, the store says when this node's next batch will be ready (its
+                // share refills its credit); asking sooner would only come back empty.
+                (s.terms.is_some() && !reply.retry_after.is_zero())
+                    .then(|| Instant::now() + reply.retry_after)
             }
             Ok(reply) => {
                 s.counters.over_limit.fetch_add(1, Ordering::Relaxed);
                 let wait = reply.retry_after.max(MIN_RETRY);
-                Some(Instant::now() + wait + jitter(&mut rng, wait / 8))
+                Some(Instant::now() + wait + jitter(&mut self.rng, wait / 8))
             }
             Err(error) => {
                 tracing::warn!(limiter = %s.name, %error, "lease failed; backing off");
                 s.fail(error);
-                let wait = backoff / 2 + jitter(&mut rng, backoff / 2);
-                backoff = (backoff * 2).min(ERROR_BACKOFF_MAX);
+                let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
+                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
                 Some(Instant::now() + wait)
             }
         };
+        let next = s.policy.ask(&self.context(s, 0));
+        s.low_water
+            .store(next.low_water.min(s.quota.burst()), Ordering::Relaxed);
         if let Some(deadline) = pause {
             s.block_until(deadline);
         }
         s.finished.notify_waiters();
         let after = s.local.available();
         if let Some(deadline) = pause {
-            if s.signal
+            let slept = s
+                .signal
                 .unless_closed(tokio::time::sleep_until(deadline))
-                .await
-                .is_none()
-            {
-                break;
+                .await;
+            if slept.is_none() {
+                return false;
             }
         }
         s.signal.done();
         // Demand that arrived while the flag was still up (see `refill`): a denial, or
         // consumption below the mark since the grant.
         let now = s.local.available();
-        if s.signal.was_denied() || (now < s.low_water && now < after) {
+        if s.signal.was_denied() || (now < s.low_water.load(Ordering::Relaxed) && now < after) {
             s.signal.request();
         }
+        true
     }
-    give_back(&s).await;
 }
 
-/// Returns the local tokens to the store when the limiter closes.
-async fn give_back<S: LeaseStore>(s: &Shared<S>) {
-    let tokens = s.local.take_all();
-    if tokens == 0 {
-        return;
-    }
-    s.counters.releases.fetch_add(1, Ordering::Relaxed);
-    let request = ReleaseRequest::new(tokens);
-    match s.store.release(&s.name, &s.quota, &request).await {
-        Ok(_) => {
-            s.counters
-                .tokens_released
-                .fetch_add(tokens, Ordering::Relaxed);
-        }
-        Err(error) => {
-            s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(limiter = %s.name, %error, tokens, "could not return tokens on shutdown");
-        }
-    }
-    s.finished.notify_waiters();
+/// The demand a node reports, millitokens per second: its estimate, but at least the request
+/// in hand per horizon, so a node that has measured nothing yet (a new or quiet node) still
+/// gets a share.
+fn reported_demand(estimate: f64, min: u64, horizon: Duration) -> u64 {
+    let floor = min as f64 / horizon.as_secs_f64();
+    (estimate.max(floor) * 1_000.0).min(MAX_VALUE as f64) as u64
 }
 
 /// A uniformly random duration in `[0, max]`.

@@ -45,6 +45,7 @@
 
 pub mod bucket;
 mod clock;
+mod demand;
 mod error;
 mod hybrid;
 mod key;
@@ -61,7 +62,10 @@ pub use error::{Error, StoreError};
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
 pub use limiter::{Decision, Limiter};
-pub use policy::{FixedLease, LeaseAsk, LeaseContext, LeasePolicy};
+pub use policy::{
+    AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
+    MIN_AUTO_HORIZON,
+};
 pub use pure::RedisLimiter;
 pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{

@@ -1,16 +1,24 @@
-//! Lease sizing: how many tokens a node asks for, and when.
+//! Lease policies: how many tokens a node asks for, when, and on what terms.
 //!
-//! The hybrid limiter asks its [`LeasePolicy`] two things: the low-water mark (refill when the
-//! local bucket falls below it, so the next batch arrives before the bucket runs dry) and, at
-//! each refill, how many tokens to ask for (`want`) and the fewest worth taking (`min`). The
-//! policy is one replaceable piece so that sizing can evolve without touching the hot path.
+//! The hybrid limiter's background task asks its [`LeasePolicy`], at each refill, how many
+//! tokens to ask for (`want`), the fewest worth taking (`min`), and the low-water mark to refill
+//! at next (so the next batch arrives before the local bucket runs dry). The policy also says
+//! whether leases are made on **terms** ([`LeaseTerms`]): a node that leases on terms tells the
+//! store who it is, what it holds and what it needs, and the store then keeps its tokens counted
+//! as outstanding (conservation) and sizes grants by fair share. The policy is one replaceable
+//! piece so that sizing can evolve without touching the hot path.
 //!
-//! [`FixedLease`] is the documents' option 3 as written: a fixed batch.
+//! - [`AdaptiveLease`] (the default): leases on terms, sized to the node's measured demand over
+//!   a target horizon, capped by the fair share the store reports.
+//! - [`FixedLease`]: the source documents' option 3 as written — fixed, anonymous batches,
+//!   first come first served. Kept as the baseline the simulator compares against.
+
+use std::time::Duration;
 
 use crate::quota::Quota;
 
 /// What the node knows when it asks for a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct LeaseContext {
     /// The limiter's quota.
@@ -19,40 +27,191 @@ pub struct LeaseContext {
     pub local: u64,
     /// Largest request denied locally since the previous lease (0 if none).
     pub denied: u64,
+    /// Measured demand, tokens per second (admitted and denied requests).
+    pub demand: f64,
+    /// The fair share the store last reported, tokens per second (`None` before the first
+    /// reply, and for anonymous leases).
+    pub share: Option<f64>,
+    /// Smoothed store round trip.
+    pub rtt: Duration,
 }
 
-/// A lease request: up to `want` tokens, at least `min`.
+/// A lease request and the low-water mark to use next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseAsk {
     /// Most tokens to take.
     pub want: u64,
     /// Fewest acceptable (all or nothing below it).
     pub min: u64,
+    /// Refill when the local bucket falls below this many tokens.
+    pub low_water: u64,
+}
+
+/// The terms of a lease made on a node's behalf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    /// How long one lease should last; the store grants about a horizon of the node's share
+    /// and keeps a reserve of one horizon of the fleet rate for fair sharing.
+    pub horizon: Duration,
+    /// How long a lease is valid. The node stops spending its tokens before then (at 90 %);
+    /// the store forgets them at expiry, so a crashed node's tokens are never re-admitted.
+    pub ttl: Duration,
+    /// Give all tokens back after this long without demand.
+    pub idle_after: Duration,
 }
 
 /// Decides lease sizes for a [`HybridLimiter`](crate::HybridLimiter).
 pub trait LeasePolicy: Send + Sync + 'static {
-    /// Refill when the local bucket falls below this many tokens.
-    fn low_water(&self, quota: &Quota) -> u64;
-
     /// The next lease to ask for. The limiter clamps the answer to `1 ≤ min ≤ want` and
     /// `min ≤ burst`.
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk;
+
+    /// Lease terms, or `None` for anonymous leases (no conservation, no fair share).
+    fn terms(&self, quota: &Quota) -> Option<LeaseTerms>;
 }
 
-/// A fixed batch size (the documents' option 3): each lease is all or nothing, `min = want =
-/// size`. Taking a whole batch or none matters under overload: with `min = 1` a starved node
-/// would wake for every single token the bucket earns (two store calls per token); with
-/// `min = size` the store's `retry_after` is the time until a whole batch is there, so store
-/// calls stay near `rate / size` however high the demand. A denied request larger than the
-/// batch raises the next ask, so any request up to the burst can be served.
+/// Shortest automatic horizon of [`AdaptiveLease`].
+pub const MIN_AUTO_HORIZON: Duration = Duration::from_millis(10);
+/// Longest automatic horizon of [`AdaptiveLease`].
+pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
+
+/// Demand-aware leasing with conservation and fair shares (the default policy).
+///
+/// Each node measures its demand `d` (admitted and denied tokens per second, see
+/// `demand.rs`). It asks for `rate × horizon × headroom − held` tokens, where `rate` is `d`, or
+/// the store's fair share if that is smaller (asking beyond the share is pointless: the store
+/// caps grants at it). It refills below `rate × max(2 × rtt, horizon / 4)`, so the next batch
+/// lands before the bucket runs dry. Leases are made on [`LeaseTerms`], so the store counts held
+/// tokens as outstanding and splits the rate in proportion to demand — which gives every node
+/// the acceptance ratio of one shared bucket, as pure-Redis mode does.
+///
+/// Knobs (all have defaults that meet the simulator's targets, see `SIMULATIONS.md`):
+/// - `horizon` (automatic): how long a lease lasts. Store calls per busy node ≈ 1 / horizon.
+///   Longer means fewer calls but more tokens in flight, and tokens in flight (about
+///   `rate × horizon` across the fleet) count against the burst: while they are out, the
+///   shared bucket refills only up to `burst − outstanding`. The automatic horizon is a quarter
+///   of the time the bucket takes to fill (`burst / rate / 4`), between 10 ms and 250 ms: with
+///   `burst = rate` (one second of burst), 250 ms.
+/// - `ttl` (10 × horizon, at least 1 s): lease validity. Tokens of a crashed node are lost
+///   for at most this long.
+/// - `idle_after` (500 ms): give everything back after this long without demand (but never
+///   sooner than four expected gaps between requests). Tokens still held when a lease is
+///   about to expire are given back then too.
+/// - `headroom` (1.25): how much more than a horizon of demand to ask for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveLease {
+    horizon: Option<Duration>,
+    ttl: Option<Duration>,
+    idle_after: Duration,
+    headroom: f64,
+}
+
+impl Default for AdaptiveLease {
+    fn default() -> Self {
+        AdaptiveLease {
+            horizon: None,
+            ttl: None,
+            idle_after: Duration::from_millis(500),
+            headroom: 1.25,
+        }
+    }
+}
+
+impl AdaptiveLease {
+    /// The default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long one lease should last (default: automatic, see above; at least 1 ms).
+    pub fn horizon(mut self, horizon: Duration) -> Self {
+        self.horizon = Some(horizon.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// The horizon used for `quota`.
+    pub fn horizon_for(&self, quota: &Quota) -> Duration {
+        self.horizon.unwrap_or_else(|| {
+            let fill = quota.burst() as f64 / quota.per_second_f64();
+            Duration::from_secs_f64(fill / 4.0).clamp(MIN_AUTO_HORIZON, MAX_AUTO_HORIZON)
+        })
+    }
+
+    /// Lease validity (default 10 × horizon, at least 1 s; never below 2 × horizon).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Give tokens back after this long without demand (default 500 ms).
+    pub fn idle_after(mut self, idle: Duration) -> Self {
+        self.idle_after = idle;
+        self
+    }
+
+    /// Ask for this multiple of a horizon of demand (default 1.25, at least 1).
+    pub fn headroom(mut self, headroom: f64) -> Self {
+        self.headroom = if headroom.is_finite() {
+            headroom.max(1.0)
+        } else {
+            1.0
+        };
+        self
+    }
+}
+
+impl LeasePolicy for AdaptiveLease {
+    fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
+        let burst = ctx.quota.burst();
+        let horizon = self.horizon_for(&ctx.quota).as_secs_f64();
+        // Before anything is measured, a tenth of a horizon of the whole rate.
+        let demand = if ctx.demand > 0.0 {
+            ctx.demand
+        } else {
+            ctx.quota.per_second_f64() / 10.0
+        };
+        let rate = match ctx.share {
+            Some(share) if share > 0.0 => demand.min(share),
+            _ => demand,
+        };
+        let target = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
+        let want = (target.ceil() as u64).saturating_sub(ctx.local);
+        let want = want.max(ctx.denied).clamp(1, burst);
+        let lead = (2.0 * ctx.rtt.as_secs_f64()).max(horizon / 4.0);
+        LeaseAsk {
+            want,
+            min: ctx.denied.clamp(1, want),
+            low_water: ((rate * lead).ceil() as u64).min(burst),
+        }
+    }
+
+    fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
+        let horizon = self.horizon_for(quota);
+        let ttl = self
+            .ttl
+            .unwrap_or((horizon * 10).max(Duration::from_secs(1)))
+            .max(horizon * 2);
+        Some(LeaseTerms {
+            horizon,
+            ttl,
+            idle_after: self.idle_after,
+        })
+    }
+}
+
+/// A fixed batch size (the documents' option 3): each lease is anonymous and all or nothing,
+/// `min = want = size`. Taking a whole batch or none matters under overload: with `min = 1` a
+/// starved node would wake for every single token the bucket earns (two store calls per token);
+/// with `min = size` the store's `retry_after` is the time until a whole batch is there. A
+/// denied request larger than the batch raises the next ask, so any request up to the burst
+/// can be served. No conservation: tokens a node holds are invisible to the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedLease {
     size: Option<u64>,
     low_water: Option<u64>,
 }
 
-/// Default target: a batch lasts about this long at the full rate.
+/// Default target of [`FixedLease::for_quota`]: a batch lasts about this long at the full rate.
 const DEFAULT_BATCH_SECS: f64 = 0.05;
 
 impl FixedLease {
@@ -94,60 +253,104 @@ impl Default for FixedLease {
 }
 
 impl LeasePolicy for FixedLease {
-    fn low_water(&self, quota: &Quota) -> u64 {
-        self.low_water.unwrap_or(self.size(quota) / 2)
-    }
-
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
         let size = self.size(&ctx.quota).max(ctx.denied);
         LeaseAsk {
             want: size,
             min: size,
+            low_water: self.low_water.unwrap_or(self.size(&ctx.quota) / 2),
         }
+    }
+
+    fn terms(&self, _quota: &Quota) -> Option<LeaseTerms> {
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
+    fn ctx(q: Quota, local: u64, denied: u64, demand: f64, share: Option<f64>) -> LeaseContext {
+        LeaseContext {
+            quota: q,
+            local,
+            denied,
+            demand,
+            share,
+            rtt: Duration::from_micros(100),
+        }
+    }
+
     #[test]
-    fn default_batch_is_fifty_ms_of_rate_within_burst() {
+    fn fixed_batches_are_all_or_nothing_and_grow_for_big_requests() {
         let q = Quota::per_second(1_000).unwrap();
         assert_eq!(FixedLease::for_quota().size(&q), 50);
-        assert_eq!(LeasePolicy::low_water(&FixedLease::for_quota(), &q), 25);
-        let tiny = Quota::new(1, Duration::from_secs(60)).unwrap();
-        assert_eq!(FixedLease::for_quota().size(&tiny), 1);
+        let ask = FixedLease::new(50).ask(&ctx(q, 3, 1, 0.0, None));
+        assert_eq!(
+            ask,
+            LeaseAsk {
+                want: 50,
+                min: 50,
+                low_water: 25
+            }
+        );
+        let ask = FixedLease::new(50).ask(&ctx(q, 0, 80, 0.0, None));
+        assert_eq!((ask.want, ask.min), (80, 80));
         assert_eq!(FixedLease::new(5_000).size(&q), 1_000, "clamped to burst");
+        assert!(FixedLease::new(5).terms(&q).is_none());
     }
 
     #[test]
-    fn batches_are_all_or_nothing() {
+    fn automatic_horizon_is_a_quarter_of_the_fill_time() {
+        let p = AdaptiveLease::new();
         let q = Quota::per_second(1_000).unwrap();
-        let ctx = LeaseContext {
-            quota: q,
-            local: 3,
-            denied: 1,
-        };
         assert_eq!(
-            FixedLease::new(50).ask(&ctx),
-            LeaseAsk { want: 50, min: 50 }
+            p.horizon_for(&q),
+            MAX_AUTO_HORIZON,
+            "1 s of burst: capped at 250 ms"
         );
+        let q = q.with_burst(200).unwrap();
+        assert_eq!(p.horizon_for(&q), Duration::from_millis(50));
+        let q = q.with_burst(1).unwrap();
+        assert_eq!(p.horizon_for(&q), MIN_AUTO_HORIZON);
+        let fixed = p.horizon(Duration::from_millis(70));
+        assert_eq!(fixed.horizon_for(&q), Duration::from_millis(70));
     }
 
     #[test]
-    fn denied_requests_raise_the_ask() {
-        let q = Quota::per_second(1_000).unwrap();
-        let ctx = LeaseContext {
-            quota: q,
-            local: 0,
-            denied: 80,
-        };
+    fn adaptive_asks_for_a_horizon_of_demand_capped_by_share() {
+        let q = Quota::per_second(10_000)
+            .unwrap()
+            .with_burst(4_000)
+            .unwrap();
+        let p = AdaptiveLease::new();
+        // 2 000/s demand, no share yet: 2 000 × (0.125 + 0.0001) = 250.2 → 251, minus 51 held.
+        let ask = p.ask(&ctx(q, 51, 0, 2_000.0, None));
+        assert_eq!(ask.want, 200);
+        assert_eq!(ask.min, 1);
+        assert_eq!(ask.low_water, 50, "a quarter horizon of demand");
+        // The store says our share is 800/s: ask for that, not for the demand.
+        let ask = p.ask(&ctx(q, 0, 0, 2_000.0, Some(800.0)));
+        assert_eq!(ask.want, 101);
+    }
+
+    #[test]
+    fn adaptive_terms_default_and_bounds() {
+        let q = Quota::per_second(10).unwrap().with_burst(4).unwrap();
+        let t = AdaptiveLease::new().terms(&q).unwrap();
+        assert_eq!(t.horizon, Duration::from_millis(100));
+        assert_eq!(t.ttl, Duration::from_secs(1));
+        let t = AdaptiveLease::new()
+            .horizon(Duration::from_secs(1))
+            .ttl(Duration::from_millis(10))
+            .terms(&q)
+            .unwrap();
         assert_eq!(
-            FixedLease::new(50).ask(&ctx),
-            LeaseAsk { want: 80, min: 80 }
+            t.ttl,
+            Duration::from_secs(2),
+            "ttl is at least two horizons"
         );
+        assert_eq!(AdaptiveLease::new().headroom(f64::NAN).headroom, 1.0);
     }
 }

@@ -16,6 +16,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
+use tokio::time::Instant;
+
+/// Why [`RefillSignal::wait_until`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A refill was requested.
+    Requested,
+    /// The deadline passed.
+    Timer,
+    /// The limiter is closing.
+    Closed,
+}
 
 /// The flag, the wake-up, and what denied callers asked for.
 #[derive(Debug, Default)]
@@ -79,24 +91,27 @@ impl RefillSignal {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Waits until a refill is requested (true) or the signal is closed (false).
-    pub(crate) async fn wait(&self) -> bool {
+    /// Whether a refill is requested.
+    pub(crate) fn is_requested(&self) -> bool {
+        self.requested.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a refill is requested, the signal is closed, or `deadline` passes.
+    pub(crate) async fn wait_until(&self, deadline: Option<Instant>) -> Wake {
+        let sleep = deadline.map(tokio::time::sleep_until);
+        let mut sleep = pin!(sleep);
         poll_fn(|cx| {
-            if self.is_closed() {
-                return Poll::Ready(false);
-            }
-            if self.requested.load(Ordering::SeqCst) {
-                return Poll::Ready(true);
-            }
             self.waker.register(cx.waker());
-            // Re-check after registering: a wake between the check and the registration
-            // would otherwise be lost.
+            // Checked after registering, so a wake in between is not lost.
             if self.is_closed() {
-                Poll::Ready(false)
-            } else if self.requested.load(Ordering::SeqCst) {
-                Poll::Ready(true)
-            } else {
-                Poll::Pending
+                return Poll::Ready(Wake::Closed);
+            }
+            if self.is_requested() {
+                return Poll::Ready(Wake::Requested);
+            }
+            match sleep.as_mut().as_pin_mut().map(|sleep| sleep.poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Wake::Timer),
+                _ => Poll::Pending,
             }
         })
         .await
@@ -130,7 +145,7 @@ mod tests {
             let s = s.clone();
             async move {
                 let mut refills = 0;
-                while s.wait().await {
+                while s.wait_until(None).await == Wake::Requested {
                     refills += 1;
                     s.done();
                 }
@@ -143,6 +158,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         s.close();
         assert_eq!(task.await.unwrap(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_until_wakes_at_the_deadline() {
+        let s = RefillSignal::new(false);
+        let at = Instant::now() + Duration::from_millis(30);
+        assert_eq!(s.wait_until(Some(at)).await, Wake::Timer);
+        assert!(Instant::now() >= at);
     }
 
     #[test]

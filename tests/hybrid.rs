@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::{
-    Decision, Error, HybridLimiter, LeaseReply, LeaseRequest, LeaseStore, MemoryStore, Quota,
-    ReleaseRequest, StoreError, TokioClock,
+    AdaptiveLease, Decision, Error, HybridLimiter, LeaseReply, LeaseRequest, LeaseStore,
+    MemoryStore, Quota, ReleaseRequest, StoreError, TokioClock,
 };
 
 #[derive(Clone)]
@@ -324,4 +324,109 @@ fn building_outside_a_runtime_is_an_error() {
     let quota = Quota::per_second(10).unwrap();
     let err = HybridLimiter::new("x", quota, MemoryStore::new()).unwrap_err();
     assert!(matches!(err, Error::NoRuntime));
+}
+
+/// Two nodes with 3:1 demand, together 4× the rate: each gets about the same acceptance ratio
+/// (as with one shared bucket), and the fleet uses nearly all of the rate.
+#[tokio::test(start_paused = true)]
+async fn adaptive_nodes_share_in_proportion_to_demand() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000).unwrap();
+    let nodes: Vec<_> = (0..2)
+        .map(|i| {
+            HybridLimiter::builder("fair", quota, store.clone())
+                .seed(i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let demand = [3u64, 1]; // requests per millisecond: 3 000/s and 1 000/s
+    let mut asked = [0u64; 2];
+    let mut got = [0u64; 2];
+    for ms in 0..5_000 {
+        for (i, node) in nodes.iter().enumerate() {
+            for _ in 0..demand[i] {
+                asked[i] += 1;
+                got[i] += u64::from(node.try_acquire(1).unwrap().is_allowed());
+            }
+        }
+        if ms % 1_000 == 999 {
+            println!("{ms} ms: got {got:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let ratio = [
+        got[0] as f64 / asked[0] as f64,
+        got[1] as f64 / asked[1] as f64,
+    ];
+    let total = got[0] + got[1];
+    assert!(total <= 1_000 + 5_000 + 10, "bound: {total}");
+    assert!(total >= 4_500, "utilization: {total} of ~6 000");
+    assert!(
+        (ratio[0] / ratio[1] - 1.0).abs() < 0.15,
+        "acceptance ratios {ratio:?} should match"
+    );
+    for n in &nodes {
+        let calls_per_s = n.stats().store_calls() as f64 / 5.0;
+        assert!(
+            calls_per_s <= 30.0,
+            "{calls_per_s} store calls/s: {:?}",
+            n.stats()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_node_gives_its_tokens_back() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_minute(6_000).unwrap(); // 100/s, slow refill
+    let node = HybridLimiter::builder("idle", quota, store.clone())
+        .build()
+        .unwrap();
+    for _ in 0..200 {
+        let _ = node.try_acquire(1).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let held = node.available();
+    assert!(held > 0, "it holds a lease");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = node.stats();
+    assert_eq!(node.available(), 0);
+    assert_eq!(stats.tokens_released, held, "{stats:?}");
+    assert_eq!(stats.tokens_expired, 0);
+    // The store has them back: another node can lease them.
+    let reply = store
+        .inner
+        .lease("idle", &quota, &LeaseRequest::new(6_000, 1))
+        .await
+        .unwrap();
+    assert!(reply.granted >= 6_000 - 200, "{reply:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_are_dropped_before_their_lease_expires() {
+    // A store that answers the first lease and then fails: the node cannot renew, so it must
+    // stop spending before the store forgets its lease (ttl 1 s).
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_minute(6_000).unwrap();
+    let node = HybridLimiter::builder("expire", quota, store.clone())
+        .policy(
+            AdaptiveLease::new()
+                .horizon(Duration::from_millis(100)) // so the ttl is 1 s
+                .idle_after(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        let _ = node.try_acquire(1).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    store.failing.store(true, Ordering::SeqCst);
+    let held = node.available();
+    assert!(held > 0);
+    tokio::time::sleep(Duration::from_millis(850)).await;
+    assert_eq!(node.available(), held, "still valid at 0.95 s of the lease");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(node.available(), 0, "dropped before the store's expiry");
+    assert_eq!(node.stats().tokens_expired, held);
 }

@@ -119,7 +119,8 @@ pub struct LeaseReply {
     pub granted: u64,
     /// Whole tokens left in the shared bucket.
     pub remaining: u64,
-    /// How long until the lease could succeed (zero if it did, or could now).
+    /// How long until a lease like this one could succeed (zero if it could now). Sent with
+    /// grants too: a node leasing on terms uses it to pace itself.
     pub retry_after: Duration,
     /// How long until the shared bucket stops refilling.
     pub reset_after: Duration,
