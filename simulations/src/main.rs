@@ -1,1 +1,177 @@
-fn main() {}
+//! `simulate`: compare ratelease's limiter modes on a simulated (or live) fleet.
+//!
+//! ```text
+//! simulate [OPTIONS] <SCENARIO.toml>                     virtual time, in-memory store
+//! simulate live --redis URL [OPTIONS] <SCENARIO.toml>    real time, real Redis
+//! ```
+//!
+//! Prints the seed, a progress bar (on a terminal), and the comparison table; writes the
+//! report directory (`--out`, default `target/sim/<scenario>/`, `…-live/` for live runs).
+//! See the library docs (`simulations/src/lib.rs`) for how the simulation works.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use simulations::live::DEFAULT_LIVE_DURATION_S;
+use simulations::{live, plots, sim, Mode, Scenario};
+
+/// Fleet simulator for ratelease: fairness, accuracy and store load of each limiter mode
+/// under uneven traffic.
+#[derive(Debug, Parser)]
+#[command(name = "simulate", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// The scenario file (TOML), e.g. simulations/scenarios/skewed.toml.
+    scenario: Option<PathBuf>,
+    #[command(flatten)]
+    opts: RunOpts,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the scenario in real time against a real Redis (short runs: default at most 5 s).
+    Live(LiveArgs),
+}
+
+#[derive(Debug, Args)]
+struct LiveArgs {
+    /// Redis URL, e.g. redis://127.0.0.1:6380/. Use a Redis nobody else is using: store calls
+    /// are counted from its INFO commandstats.
+    #[arg(long)]
+    redis: String,
+    /// The scenario file (TOML).
+    scenario: PathBuf,
+    #[command(flatten)]
+    opts: RunOpts,
+}
+
+#[derive(Debug, Args)]
+struct RunOpts {
+    /// Seed of every random choice (overrides the scenario's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Report directory (default: target/sim/NAME/, NAME being the scenario's name).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Modes to run, comma-separated: pure-redis,hybrid,hybrid-fixed,static-share.
+    #[arg(long, value_delimiter = ',')]
+    modes: Option<Vec<Mode>>,
+    /// Simulated seconds (overrides the scenario's; events past the end are dropped).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// The command line as typed, runnable from the workspace root.
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            if a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect();
+    format!("cargo run --release -p simulations -- {}", args.join(" "))
+}
+
+fn progress_bar(sc: &Scenario, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let per_mode = sc.duration_ns() / 1_000_000;
+    let bar = ProgressBar::new(per_mode * sc.modes.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>14} [{bar:40}] {percent:>3}% {elapsed_precise}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
+    let scenario = Scenario::load(path)?;
+    let duration = match (opts.duration_s, live_url) {
+        (Some(d), _) => Some(d),
+        (None, Some(_)) => Some(scenario.duration_s.min(DEFAULT_LIVE_DURATION_S)),
+        (None, None) => None,
+    };
+    let sc = scenario
+        .with_overrides(opts.seed, duration, opts.modes)?
+        .resolved();
+    let kind = if live_url.is_some() {
+        "live"
+    } else {
+        "simulated"
+    };
+    println!(
+        "scenario {} ({kind}): seed {}, {} s, {} nodes, rate {}/s, burst {}, modes {}",
+        sc.name,
+        sc.seed,
+        sc.duration_s,
+        sc.nodes,
+        sc.rate,
+        sc.burst(),
+        sc.modes
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let bar = progress_bar(&sc, opts.quiet);
+    let per_mode = sc.duration_ns() / 1_000_000;
+    let modes = sc.modes.clone();
+    let progress = |i: usize, ns: u64| {
+        bar.set_message(modes[i].as_str());
+        bar.set_position(i as u64 * per_mode + ns / 1_000_000);
+    };
+    let started = Instant::now();
+    let report = match live_url {
+        None => sim::run_all(&sc, command_line(), &progress)?,
+        Some(url) => live::run_all(&sc, url, command_line(), &progress)?,
+    };
+    bar.finish_and_clear();
+    let out = opts.out.unwrap_or_else(|| {
+        let dir = match live_url {
+            None => sc.name.clone(),
+            Some(_) => format!("{}-live", sc.name),
+        };
+        Path::new("target").join("sim").join(dir)
+    });
+    report.write(&out)?;
+    plots::write_all(&report, &out)?;
+    print!("{}", report.table());
+    println!(
+        "{} requests, {:.1} s wall; report in {}",
+        report.requests,
+        started.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Live(args)) => run(&args.scenario, args.opts, Some(&args.redis)),
+        None => {
+            let Some(path) = cli.scenario else {
+                use clap::CommandFactory;
+                Cli::command().print_help()?;
+                std::process::exit(2);
+            };
+            run(&path, cli.opts, None)
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! Metrics: pure functions of a run's records.
+//!
+//! Definitions (the field names are those of `report.json`):
+//!
+//! - `demand`, `admitted`, `rejected`: requests, and how many were allowed or not (errors and
+//!   undecided requests count as rejected, so `admitted + rejected = demand`).
+//! - `max_window_overshoot`: the most any window of length `window_ms` admitted beyond what the
+//!   bucket allows, `burst + rate × W`, floored at 0. Windows are anchored at **every** admission
+//!   (the window `[t, t + W)` for each admission time `t`, two pointers over the sorted times),
+//!   not just aligned buckets: the worst window always starts at some admission.
+//! - `utilization`: `admitted / min(demand, burst + rate × duration)`: how much of what could
+//!   have been admitted was.
+//! - `jain_acceptance`: Jain's fairness index `(Σx)² / (n Σx²)` over the per-node acceptance
+//!   ratios `admitted_i / demand_i` (nodes without demand left out): 1 when every node is
+//!   served in the same proportion, `1/n` when one node gets everything.
+//! - `min_max_acceptance_ratio`: the lowest per-node acceptance ratio over the highest.
+//! - `store_calls`; `store_calls_per_s_per_node_max`: the most calls one node made in one
+//!   window, per second.
+//! - `tokens_stranded`: tokens the store granted that never served a request (held by a
+//!   crashed node, or granted to a call whose reply never arrived).
+//! - `latency_us`: p50 / p99 / p999 of the time a caller waited for its decision (nearest rank).
+//! - `rejected_while_tokens_idle`: denials while another live node held unused tokens.
+//! - `recovery_s` (moving hot spot only): after each move, the time until the first
+//!   100 ms bin whose utilization (`admitted / min(demand, rate × bin)`) reaches 0.95; the
+//!   maximum over all moves (a move never recovered from counts its whole interval).
+
+use serde::{Deserialize, Serialize};
+
+use crate::demand::hot_moves;
+use crate::record::{Outcome, RunLog};
+use crate::scenario::Scenario;
+
+/// Bin length of the recovery metric.
+pub const RECOVERY_BIN_NS: u64 = 100_000_000;
+/// Utilization a bin must reach to count as recovered.
+pub const RECOVERY_TARGET: f64 = 0.95;
+
+/// Jain's fairness index of `xs`; 1 for an empty or all-zero input (nothing to be unfair about).
+pub fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if xs.is_empty() || sq == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (xs.len() as f64 * sq)
+}
+
+/// `min / max` of `xs`; 1 for an empty or all-zero input.
+pub fn min_max_ratio(xs: &[f64]) -> f64 {
+    let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    if xs.is_empty() || max <= 0.0 {
+        return 1.0;
+    }
+    min / max
+}
+
+/// The most admissions in any window `[t, t + window_ns)` anchored at an admission time `t`,
+/// beyond `allowed`, floored at 0. `sorted_ns` must be sorted.
+pub fn max_window_overshoot(sorted_ns: &[u64], window_ns: u64, allowed: f64) -> u64 {
+    debug_assert!(sorted_ns.is_sorted());
+    let mut most = 0;
+    let mut j = 0;
+    for (i, &t) in sorted_ns.iter().enumerate() {
+        let end = t.saturating_add(window_ns);
+        while j < sorted_ns.len() && sorted_ns[j] < end {
+            j += 1;
+        }
+        most = most.max(j - i);
+    }
+    // A whole count exceeds `allowed` exactly when it exceeds its floor.
+    (most as u64).saturating_sub(allowed.floor() as u64)
+}
+
+/// `admitted / min(demand, allowed)`; 1 when there was nothing to admit.
+pub fn utilization(admitted: u64, demand: u64, allowed: f64) -> f64 {
+    let possible = (demand as f64).min(allowed);
+    if possible <= 0.0 {
+        return 1.0;
+    }
+    admitted as f64 / possible
+}
+
+/// The `q`-quantile of `sorted` by nearest rank (0 for an empty input).
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Recovery after each move (see the module docs). `admitted` and `demand` are per bin of
+/// `bin_s` seconds; `per_bin` is `rate × bin_s`. `None` without moves.
+pub fn recovery_s(
+    admitted: &[u64],
+    demand: &[u64],
+    bin_s: f64,
+    per_bin: f64,
+    moves: &[f64],
+    end_s: f64,
+) -> Option<f64> {
+    let mut worst: Option<f64> = None;
+    for (k, &m) in moves.iter().enumerate() {
+        let next = moves.get(k + 1).copied().unwrap_or(end_s);
+        let mut b = (m / bin_s - 1e-9).ceil().max(0.0) as usize;
+        let mut rec = next - m;
+        while b < admitted.len() && (b as f64) * bin_s < next {
+            let possible = (demand[b] as f64).min(per_bin);
+            if possible <= 0.0 || admitted[b] as f64 / possible >= RECOVERY_TARGET {
+                rec = ((b as f64) * bin_s - m).max(0.0);
+                break;
+            }
+            b += 1;
+        }
+        worst = Some(worst.map_or(rec, |w: f64| w.max(rec)));
+    }
+    worst
+}
+
+/// Latency quantiles, µs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LatencyUs {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+}
+
+/// One mode's results, as written to `report.json` under `modes.<name>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModeMetrics {
+    /// Requests allowed.
+    pub admitted: u64,
+    /// Requests not allowed (denied, failed or undecided).
+    pub rejected: u64,
+    /// Requests.
+    pub demand: u64,
+    /// Worst window excess over `burst + rate × W`.
+    pub max_window_overshoot: u64,
+    /// `admitted / min(demand, allowed)`.
+    pub utilization: f64,
+    /// Jain's index over per-node acceptance ratios.
+    pub jain_acceptance: f64,
+    /// Lowest over highest per-node acceptance ratio.
+    pub min_max_acceptance_ratio: f64,
+    /// Store calls.
+    pub store_calls: u64,
+    /// Peak calls per second of one node in one window.
+    pub store_calls_per_s_per_node_max: f64,
+    /// Tokens granted that never served a request.
+    pub tokens_stranded: u64,
+    /// Decision latency quantiles.
+    pub latency_us: LatencyUs,
+    /// Denials while another live node held unused tokens.
+    pub rejected_while_tokens_idle: u64,
+    /// Worst recovery after a hot-spot move, s (`moving_hotspot` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_s: Option<f64>,
+    /// Store calls that failed.
+    pub store_errors: u64,
+    /// Hex FNV-1a hash of the run's event log.
+    pub trace_hash: String,
+    /// Wall-clock time of the run, ms.
+    pub wall_ms: u64,
+}
+
+/// Per-node acceptance ratios (nodes without demand left out).
+pub fn acceptance_ratios(nodes: usize, log: &RunLog) -> Vec<f64> {
+    let mut demand = vec![0u64; nodes];
+    let mut admitted = vec![0u64; nodes];
+    for r in &log.requests {
+        demand[r.node as usize] += 1;
+        admitted[r.node as usize] += u64::from(r.outcome == Outcome::Admitted);
+    }
+    demand
+        .iter()
+        .zip(&admitted)
+        .filter(|(&d, _)| d > 0)
+        .map(|(&d, &a)| a as f64 / d as f64)
+        .collect()
+}
+
+/// Sorted admission times (ns).
+pub fn admission_times(log: &RunLog) -> Vec<u64> {
+    let mut t: Vec<u64> = log
+        .requests
+        .iter()
+        .filter(|r| r.outcome == Outcome::Admitted)
+        .map(|r| r.decided_ns)
+        .collect();
+    t.sort_unstable();
+    t
+}
+
+/// Counts per bin of `bin_ns` over `bins` bins; times past the end go to the last bin.
+fn bin_counts(times: impl Iterator<Item = u64>, bin_ns: u64, bins: usize) -> Vec<u64> {
+    let mut c = vec![0u64; bins.max(1)];
+    let last = c.len() - 1;
+    for t in times {
+        c[((t / bin_ns) as usize).min(last)] += 1;
+    }
+    c
+}
+
+/// Every metric of one run.
+pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
+    let demand = log.requests.len() as u64;
+    let admitted_at = admission_times(log);
+    let admitted = admitted_at.len() as u64;
+    let ratios = acceptance_ratios(sc.nodes, log);
+    let window_ns = sc.window_ns();
+    let windows = sc.duration_ns().div_ceil(window_ns) as usize;
+
+    let mut per_node_window = vec![0u64; sc.nodes * windows.max(1)];
+    for c in &log.calls {
+        let w = ((c.t_ns / window_ns) as usize).min(windows.max(1) - 1);
+        per_node_window[c.node as usize * windows.max(1) + w] += 1;
+    }
+    let peak_calls = per_node_window.iter().copied().max().unwrap_or(0);
+
+    let mut latencies: Vec<u64> = log
+        .requests
+        .iter()
+        .filter(|r| r.outcome != Outcome::Undecided)
+        .map(|r| r.latency_ns)
+        .collect();
+    latencies.sort_unstable();
+    let us = |q| percentile(&latencies, q) as f64 / 1e3;
+
+    let moves = hot_moves(sc);
+    let recovery = if moves.is_empty() {
+        None
+    } else {
+        let bins = sc.duration_ns().div_ceil(RECOVERY_BIN_NS) as usize;
+        let adm = bin_counts(admitted_at.iter().copied(), RECOVERY_BIN_NS, bins);
+        let dem = bin_counts(
+            log.requests.iter().map(|r| r.arrival_ns),
+            RECOVERY_BIN_NS,
+            bins,
+        );
+        let bin_s = RECOVERY_BIN_NS as f64 / 1e9;
+        recovery_s(
+            &adm,
+            &dem,
+            bin_s,
+            sc.rate as f64 * bin_s,
+            &moves,
+            sc.duration_s,
+        )
+    };
+
+    ModeMetrics {
+        admitted,
+        rejected: demand - admitted,
+        demand,
+        max_window_overshoot: max_window_overshoot(
+            &admitted_at,
+            window_ns,
+            sc.allowed_in(window_ns),
+        ),
+        utilization: utilization(admitted, demand, sc.allowed_in(sc.duration_ns())),
+        jain_acceptance: jain(&ratios),
+        min_max_acceptance_ratio: min_max_ratio(&ratios),
+        store_calls: log.store_calls,
+        store_calls_per_s_per_node_max: peak_calls as f64 / (window_ns as f64 / 1e9),
+        tokens_stranded: log.tokens_stranded,
+        latency_us: LatencyUs {
+            p50: us(0.5),
+            p99: us(0.99),
+            p999: us(0.999),
+        },
+        rejected_while_tokens_idle: log.rejected_while_tokens_idle,
+        recovery_s: recovery,
+        store_errors: log.store_errors,
+        trace_hash: format!("{:016x}", log.trace_hash()),
+        wall_ms: u64::try_from(log.wall.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// One metric window of one mode (a row of `windows.csv`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    /// Start of the window, s.
+    pub start_s: f64,
+    /// Admissions in the window (by the time they took effect).
+    pub admitted: u64,
+    /// Requests that arrived in the window.
+    pub demand: u64,
+    /// Store calls sent in the window.
+    pub store_calls: u64,
+    /// Per node: the share of its requests arriving in the window that were admitted (`None`
+    /// without demand).
+    pub node_acceptance: Vec<Option<f64>>,
+}
+
+/// The run cut into `window_ms` windows.
+pub fn windows(sc: &Scenario, log: &RunLog) -> Vec<Window> {
+    let w = sc.window_ns();
+    let count = sc.duration_ns().div_ceil(w).max(1) as usize;
+    let admitted = bin_counts(admission_times(log).into_iter(), w, count);
+    let demand = bin_counts(log.requests.iter().map(|r| r.arrival_ns), w, count);
+    let calls = bin_counts(log.calls.iter().map(|c| c.t_ns), w, count);
+    let mut node_demand = vec![vec![0u64; sc.nodes]; count];
+    let mut node_admitted = vec![vec![0u64; sc.nodes]; count];
+    for r in &log.requests {
+        let i = ((r.arrival_ns / w) as usize).min(count - 1);
+        node_demand[i][r.node as usize] += 1;
+        node_admitted[i][r.node as usize] += u64::from(r.outcome == Outcome::Admitted);
+    }
+    (0..count)
+        .map(|i| Window {
+            start_s: (i as u64 * w) as f64 / 1e9,
+            admitted: admitted[i],
+            demand: demand[i],
+            store_calls: calls[i],
+            node_acceptance: node_demand[i]
+                .iter()
+                .zip(&node_admitted[i])
+                .map(|(&d, &a)| (d > 0).then(|| a as f64 / d as f64))
+                .collect(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_of_equal_ratios_is_one_and_of_one_hot_is_one_over_n() {
+        assert!((jain(&[0.5, 0.5, 0.5, 0.5]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0]) - 0.5).abs() < 1e-12);
+        // (1 + 0.5)² / (2 × 1.25) = 0.9
+        assert!((jain(&[1.0, 0.5]) - 0.9).abs() < 1e-12);
+        assert_eq!(jain(&[]), 1.0);
+        assert_eq!(jain(&[0.0, 0.0]), 1.0);
+    }
+
+    #[test]
+    fn min_max_ratio_of_known_inputs() {
+        assert_eq!(min_max_ratio(&[0.2, 0.8, 0.4]), 0.25);
+        assert_eq!(min_max_ratio(&[0.0, 0.0]), 1.0);
+        assert_eq!(min_max_ratio(&[0.0, 1.0]), 0.0);
+    }
+
+    #[test]
+    fn overshoot_counts_sliding_windows_not_just_aligned_ones() {
+        let s = 1_000_000_000;
+        // Three admissions in [0.9 s, 1.1 s]: aligned 1 s buckets see 1 and 2, a sliding
+        // window anchored at 0.9 s sees all three.
+        let t = [s * 9 / 10, s, s * 11 / 10];
+        assert_eq!(max_window_overshoot(&t, s, 2.0), 1);
+        assert_eq!(max_window_overshoot(&t, s, 3.0), 0);
+        assert_eq!(max_window_overshoot(&t, s, 2.5), 1, "3 > 2.5");
+        // The window is half-open: an admission exactly W later is in the next window.
+        assert_eq!(max_window_overshoot(&[0, s], s, 1.0), 0);
+        assert_eq!(max_window_overshoot(&[], s, 0.0), 0);
+        // Five at the same instant against an allowance of 2.
+        assert_eq!(max_window_overshoot(&[7; 5], s, 2.0), 3);
+    }
+
+    #[test]
+    fn utilization_is_relative_to_what_was_possible() {
+        assert_eq!(utilization(50, 100, 1000.0), 0.5, "demand-bound");
+        assert_eq!(utilization(500, 2000, 1000.0), 0.5, "limit-bound");
+        assert_eq!(utilization(1000, 2000, 1000.0), 1.0);
+        assert_eq!(utilization(0, 0, 1000.0), 1.0);
+    }
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let v: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 0.5), 500);
+        assert_eq!(percentile(&v, 0.99), 990);
+        assert_eq!(percentile(&v, 0.999), 999);
+        assert_eq!(percentile(&[5], 0.999), 5);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn recovery_finds_the_first_good_bin_after_each_move() {
+        // Bins of 1 s, 10 per bin allowed, demand 20 everywhere. Move at 2 s: bins 2, 3 bad,
+        // bin 4 good → 2 s. Move at 6 s: bin 6 good → 0 s.
+        let adm = [10, 10, 3, 5, 10, 10, 10, 10];
+        let dem = [20; 8];
+        let r = recovery_s(&adm, &dem, 1.0, 10.0, &[2.0, 6.0], 8.0).unwrap();
+        assert!((r - 2.0).abs() < 1e-9, "{r}");
+        // Never recovered before the next move: the whole interval.
+        let bad = [10, 1, 1, 1, 10];
+        let r = recovery_s(&bad, &[20; 5], 1.0, 10.0, &[1.0, 4.0], 5.0).unwrap();
+        assert!((r - 3.0).abs() < 1e-9, "{r}");
+        assert_eq!(recovery_s(&adm, &dem, 1.0, 10.0, &[], 8.0), None);
+    }
+}

@@ -1,0 +1,345 @@
+//! The modes: what each node of the fleet runs, and what happens to each request.
+//!
+//! A [`Fleet`] holds one limiter per node, built from the real library types:
+//!
+//! - `pure-redis`: a [`RedisLimiter`] per node over the node's store handle. Every request is
+//!   a `try_acquire(1).await`, i.e. one store call. Requests are **open-loop and concurrent**:
+//!   each one runs in its own tokio task, started at its arrival time, as a server handling
+//!   requests concurrently over a multiplexed connection would. So requests overlap, queue at
+//!   the Redis service model, and their decision latency is the virtual time they waited.
+//! - `hybrid`: a [`HybridLimiter`] per node with the builder's defaults (whatever lease policy
+//!   the library ships) and a seed derived from the master seed. Requests call the synchronous
+//!   `try_acquire(1)` from the driver itself, as a request handler would: no task, no waiting,
+//!   decision latency zero.
+//! - `hybrid-fixed`: the same with `FixedLease::new(batch)`.
+//! - `static-share`: a [`RedisLimiter`] per node over a private, zero-latency [`MemoryStore`]
+//!   with quota `rate / N` per second and burst `burst / N`: an exact local token bucket with no
+//!   coordination and no store calls.
+//!
+//! Fleet changes: a `node_crash` calls [`HybridLimiter::abort`] (the tokens it held are lost and
+//! counted as stranded), a `node_join` builds the node's hybrid limiter only then (so a new
+//! process leases its first batch when it starts). Pure-Redis and static-share nodes need no
+//! action: their traffic simply stops or starts.
+//!
+//! `rejected_while_tokens_idle` counts denials while another live node held unused tokens: for
+//! the hybrid modes, another limiter's `available() ≥ 1`; for static-share, another node's
+//! private bucket holding a whole token; never for pure-Redis, which holds nothing locally.
+//!
+//! The fleet is generic over the store, so live mode runs exactly this code against Redis.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use ratelease::{
+    Decision, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota, RedisLimiter,
+    ReleaseRequest, TokioClock,
+};
+
+use crate::demand::Arrival;
+use crate::record::{Outcome, RequestRecord};
+use crate::rng::derive_seed;
+use crate::scenario::{Mode, Scenario};
+
+/// The limiter name every node uses (one shared bucket).
+pub const LIMITER_NAME: &str = "sim";
+
+tokio::task_local! {
+    /// The index (in the demand trace) of the request a pure-Redis store call is made for.
+    pub static REQUEST: usize;
+}
+
+/// A reading of the run's clock, ns since its start.
+pub type NowFn = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Polls a future that must be ready at once (every `MemoryStore` future is).
+pub(crate) fn ready<F: Future>(f: F) -> F::Output {
+    match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("MemoryStore futures complete on their first poll"),
+    }
+}
+
+enum Nodes<S: LeaseStore> {
+    Pure(Vec<RedisLimiter<S>>),
+    Hybrid {
+        /// `None` before the node joins.
+        live: Vec<Option<HybridLimiter<S>>>,
+        /// The store handles of nodes that have not joined yet.
+        waiting: Vec<Option<S>>,
+        /// Aborted limiters, kept for their counters.
+        dead: Vec<HybridLimiter<S>>,
+    },
+    Static {
+        limiters: Vec<RedisLimiter<MemoryStore>>,
+        share: Quota,
+    },
+}
+
+/// One mode's nodes, and the records of the requests they served.
+pub struct Fleet<S: LeaseStore + Clone> {
+    mode: Mode,
+    quota: Quota,
+    seed: u64,
+    batch: u64,
+    nodes: Nodes<S>,
+    up: Vec<bool>,
+    records: Arc<Mutex<Vec<RequestRecord>>>,
+    in_flight: Arc<AtomicUsize>,
+    now: NowFn,
+    stranded: u64,
+    idle_denials: u64,
+}
+
+/// What a fleet reports when the run ends.
+#[derive(Debug)]
+pub struct FleetResult {
+    /// One record per request, in trace order.
+    pub requests: Vec<RequestRecord>,
+    /// Tokens held by nodes when they crashed.
+    pub stranded_local: u64,
+    /// See the module docs.
+    pub rejected_while_tokens_idle: u64,
+    /// Store errors the hybrid limiters saw (0 for other modes).
+    pub limiter_store_errors: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<S: LeaseStore + Clone> Fleet<S> {
+    /// Builds `mode`'s nodes over `stores` (one per node). Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// If a limiter cannot be built (invalid quota share).
+    pub fn new(
+        mode: Mode,
+        sc: &Scenario,
+        seed: u64,
+        stores: Vec<S>,
+        trace: &[Arrival],
+        now: NowFn,
+    ) -> Result<Self> {
+        let n = sc.nodes;
+        assert_eq!(stores.len(), n, "one store per node");
+        let quota = sc.quota()?;
+        let mut fleet = Fleet {
+            mode,
+            quota,
+            seed,
+            batch: sc.batch(),
+            nodes: Nodes::Pure(Vec::new()),
+            up: (0..n).map(|i| sc.join_s(i).is_none()).collect(),
+            records: Arc::new(Mutex::new(
+                trace
+                    .iter()
+                    .map(|a| RequestRecord::pending(a.t_ns, a.node))
+                    .collect(),
+            )),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            now,
+            stranded: 0,
+            idle_denials: 0,
+        };
+        fleet.nodes = match mode {
+            Mode::PureRedis => Nodes::Pure(
+                stores
+                    .into_iter()
+                    .map(|s| RedisLimiter::new(LIMITER_NAME, quota, s))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Mode::Hybrid | Mode::HybridFixed => {
+                let mut live = Vec::with_capacity(n);
+                let mut waiting = Vec::with_capacity(n);
+                for (i, store) in stores.into_iter().enumerate() {
+                    if fleet.up[i] {
+                        live.push(Some(fleet.build_hybrid(i, store)?));
+                        waiting.push(None);
+                    } else {
+                        live.push(None);
+                        waiting.push(Some(store));
+                    }
+                }
+                Nodes::Hybrid {
+                    live,
+                    waiting,
+                    dead: Vec::new(),
+                }
+            }
+            Mode::StaticShare => {
+                // rate/N per second is `rate` tokens per N seconds: exact, no rounding.
+                let share = Quota::with_parts(
+                    quota.rate(),
+                    quota.period() * u32::try_from(n)?,
+                    (quota.burst() / n as u64).max(1),
+                )
+                .context("static share of the quota")?;
+                let limiters = (0..n)
+                    .map(|_| {
+                        RedisLimiter::new(
+                            LIMITER_NAME,
+                            share,
+                            MemoryStore::with_clock(TokioClock::new()),
+                        )
+                    })
+                    .collect::<Result<_, _>>()?;
+                Nodes::Static { limiters, share }
+            }
+        };
+        Ok(fleet)
+    }
+
+    fn build_hybrid(&self, node: usize, store: S) -> Result<HybridLimiter<S>> {
+        let builder = HybridLimiter::builder(LIMITER_NAME, self.quota, store).seed(derive_seed(
+            self.seed,
+            "hybrid",
+            node as u64,
+        ));
+        let builder = match self.mode {
+            Mode::HybridFixed => builder.policy(FixedLease::new(self.batch)),
+            _ => builder,
+        };
+        Ok(builder.build()?)
+    }
+
+    /// Serves request `index` of the trace, arriving now.
+    pub fn arrival(&mut self, index: usize, a: Arrival) {
+        let node = a.node as usize;
+        // Latency is measured from when the request is handled: in the simulation that is its
+        // arrival time exactly; live, it leaves out how late the driver was.
+        let started = (self.now)();
+        let outcome = match &self.nodes {
+            Nodes::Pure(limiters) => {
+                let limiter = limiters[node].clone();
+                let records = self.records.clone();
+                let in_flight = self.in_flight.clone();
+                let clock = self.now.clone();
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(REQUEST.scope(index, async move {
+                    let result = limiter.try_acquire(1).await;
+                    let t = clock();
+                    let outcome = match result {
+                        Ok(Decision::Allowed) => Outcome::Admitted,
+                        Ok(Decision::Denied { .. }) => Outcome::Rejected,
+                        Err(_) => Outcome::Error,
+                    };
+                    lock(&records)[index] = RequestRecord {
+                        arrival_ns: a.t_ns,
+                        node: a.node,
+                        outcome,
+                        decided_ns: t,
+                        latency_ns: t.saturating_sub(started),
+                    };
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                }));
+                return;
+            }
+            Nodes::Hybrid { live, .. } => match live[node].as_ref().map(|l| l.try_acquire(1)) {
+                Some(Ok(Decision::Allowed)) => Outcome::Admitted,
+                Some(Ok(Decision::Denied { .. })) => {
+                    let idle = live.iter().enumerate().any(|(j, l)| {
+                        j != node && self.up[j] && l.as_ref().is_some_and(|l| l.available() >= 1)
+                    });
+                    self.idle_denials += u64::from(idle);
+                    Outcome::Rejected
+                }
+                Some(Err(_)) | None => Outcome::Error,
+            },
+            Nodes::Static { limiters, share } => match ready(limiters[node].try_acquire(1)) {
+                Ok(Decision::Allowed) => Outcome::Admitted,
+                Ok(Decision::Denied { .. }) => {
+                    let idle = limiters.iter().enumerate().any(|(j, l)| {
+                        // A release of zero tokens only reads the (refilled) level.
+                        j != node
+                            && self.up[j]
+                            && ready(l.store().release(
+                                LIMITER_NAME,
+                                share,
+                                &ReleaseRequest::new(0),
+                            ))
+                            .is_ok_and(|r| r.remaining >= 1)
+                    });
+                    self.idle_denials += u64::from(idle);
+                    Outcome::Rejected
+                }
+                Err(_) => Outcome::Error,
+            },
+        };
+        let decided = (self.now)();
+        lock(&self.records)[index] = RequestRecord {
+            arrival_ns: a.t_ns,
+            node: a.node,
+            outcome,
+            decided_ns: decided,
+            latency_ns: decided.saturating_sub(started),
+        };
+    }
+
+    /// Node `node` crashes now.
+    pub fn crash(&mut self, node: usize) {
+        self.up[node] = false;
+        if let Nodes::Hybrid { live, dead, .. } = &mut self.nodes {
+            if let Some(limiter) = live[node].take() {
+                self.stranded += limiter.available();
+                limiter.abort();
+                dead.push(limiter);
+            }
+        }
+    }
+
+    /// Node `node` starts now.
+    ///
+    /// # Errors
+    /// If its hybrid limiter cannot be built.
+    pub fn join(&mut self, node: usize) -> Result<()> {
+        self.up[node] = true;
+        if let Nodes::Hybrid { waiting, .. } = &mut self.nodes {
+            if let Some(store) = waiting[node].take() {
+                let limiter = self.build_hybrid(node, store)?;
+                if let Nodes::Hybrid { live, .. } = &mut self.nodes {
+                    live[node] = Some(limiter);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests whose decision is still awaited (pure-Redis only).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Stops every limiter at once (as `abort`, without giving tokens back: the run is over
+    /// and what happens after it is not measured) and returns the records.
+    pub fn finish(self) -> FleetResult {
+        let mut limiter_store_errors = 0;
+        if let Nodes::Hybrid { live, dead, .. } = &self.nodes {
+            for l in live.iter().flatten().chain(dead) {
+                limiter_store_errors += l.stats().store_errors;
+                l.abort();
+            }
+        }
+        let requests = std::mem::take(&mut *lock(&self.records));
+        FleetResult {
+            requests,
+            stranded_local: self.stranded,
+            rejected_while_tokens_idle: self.idle_denials,
+            limiter_store_errors,
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+/// How long a run may go on after its end to let in-flight pure-Redis requests finish.
+pub fn drain_limit(sc: &Scenario) -> Duration {
+    Duration::from_secs_f64(sc.timeout_ms / 1e3) + Duration::from_secs(1)
+}

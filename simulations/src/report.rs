@@ -1,0 +1,293 @@
+//! Reports: the comparison table, `report.json`, `windows.csv` and `summary.md`.
+//!
+//! One [`ModeResult`] per mode (its metrics and its per-window series) goes into a [`Report`],
+//! which writes everything except the plots ([`crate::plots`]) into the report directory.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::metrics::{ModeMetrics, Window};
+use crate::scenario::{Mode, Scenario};
+
+/// One mode's results.
+#[derive(Debug, Clone)]
+pub struct ModeResult {
+    /// The mode.
+    pub mode: Mode,
+    /// Its metrics.
+    pub metrics: ModeMetrics,
+    /// Its per-window series.
+    pub windows: Vec<Window>,
+}
+
+/// A whole run: the scenario as run, and every mode's results.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The scenario, with command-line overrides applied.
+    pub scenario: Scenario,
+    /// The command that produced the report.
+    pub command: String,
+    /// "simulated" or "live".
+    pub kind: &'static str,
+    /// Requests in the demand trace.
+    pub requests: usize,
+    /// Results, in the order the modes ran.
+    pub modes: Vec<ModeResult>,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    scenario: &'a Scenario,
+    seed: u64,
+    kind: &'static str,
+    command: &'a str,
+    requests: usize,
+    mode_order: Vec<&'static str>,
+    modes: BTreeMap<&'static str, &'a ModeMetrics>,
+}
+
+const COLUMNS: [&str; 15] = [
+    "mode",
+    "admitted",
+    "rejected",
+    "util",
+    "jain",
+    "min/max",
+    "overshoot",
+    "store calls",
+    "calls/s/node",
+    "stranded",
+    "idle denials",
+    "p50 µs",
+    "p99 µs",
+    "p999 µs",
+    "trace hash",
+];
+
+impl Report {
+    fn has_recovery(&self) -> bool {
+        self.modes.iter().any(|m| m.metrics.recovery_s.is_some())
+    }
+
+    fn header(&self) -> Vec<String> {
+        let mut h: Vec<String> = COLUMNS.iter().map(|s| s.to_string()).collect();
+        if self.has_recovery() {
+            h.insert(COLUMNS.len() - 1, "recovery s".into());
+        }
+        h
+    }
+
+    fn rows(&self) -> Vec<Vec<String>> {
+        self.modes
+            .iter()
+            .map(|r| {
+                let m = &r.metrics;
+                let mut row = vec![
+                    r.mode.to_string(),
+                    m.admitted.to_string(),
+                    m.rejected.to_string(),
+                    format!("{:.4}", m.utilization),
+                    format!("{:.4}", m.jain_acceptance),
+                    format!("{:.3}", m.min_max_acceptance_ratio),
+                    m.max_window_overshoot.to_string(),
+                    m.store_calls.to_string(),
+                    format!("{:.0}", m.store_calls_per_s_per_node_max),
+                    m.tokens_stranded.to_string(),
+                    m.rejected_while_tokens_idle.to_string(),
+                    format!("{:.1}", m.latency_us.p50),
+                    format!("{:.1}", m.latency_us.p99),
+                    format!("{:.1}", m.latency_us.p999),
+                    m.trace_hash.clone(),
+                ];
+                if self.has_recovery() {
+                    let rec = m.recovery_s.map_or("-".into(), |r| format!("{r:.1}"));
+                    row.insert(COLUMNS.len() - 1, rec);
+                }
+                row
+            })
+            .collect()
+    }
+
+    /// The comparison table as aligned plain text.
+    pub fn table(&self) -> String {
+        let header = self.header();
+        let rows = self.rows();
+        let widths: Vec<usize> = (0..header.len())
+            .map(|i| {
+                rows.iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([header[i].chars().count()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| -> String {
+            let mut s = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                let pad = widths[i] - c.chars().count();
+                if i == 0 {
+                    let _ = write!(s, "{c}{}", " ".repeat(pad));
+                } else {
+                    let _ = write!(s, "  {}{c}", " ".repeat(pad));
+                }
+            }
+            s.push('\n');
+            s
+        };
+        let mut out = line(&header);
+        let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+        out.push_str(&"-".repeat(total));
+        out.push('\n');
+        for r in &rows {
+            out.push_str(&line(r));
+        }
+        out
+    }
+
+    /// The comparison table in Markdown.
+    pub fn markdown_table(&self) -> String {
+        let header = self.header();
+        let mut out = format!("| {} |\n", header.join(" | "));
+        let align: Vec<&str> = (0..header.len())
+            .map(|i| if i == 0 { "---" } else { "---:" })
+            .collect();
+        let _ = writeln!(out, "| {} |", align.join(" | "));
+        for r in self.rows() {
+            let mut r = r;
+            let last = r.len() - 1;
+            r[last] = format!("`{}`", r[last]);
+            let _ = writeln!(out, "| {} |", r.join(" | "));
+        }
+        out
+    }
+
+    /// `report.json`.
+    pub fn json(&self) -> Result<String> {
+        let report = JsonReport {
+            scenario: &self.scenario,
+            seed: self.scenario.seed,
+            kind: self.kind,
+            command: &self.command,
+            requests: self.requests,
+            mode_order: self.modes.iter().map(|m| m.mode.as_str()).collect(),
+            modes: self
+                .modes
+                .iter()
+                .map(|m| (m.mode.as_str(), &m.metrics))
+                .collect(),
+        };
+        Ok(serde_json::to_string_pretty(&report)? + "\n")
+    }
+
+    /// `windows.csv`: one row per window per mode.
+    pub fn csv(&self) -> String {
+        let sc = &self.scenario;
+        let w = sc.window_ns();
+        let mut out = String::from(
+            "mode,window,start_s,admitted,limit,sustained,demand,store_calls,accept_min,accept_max",
+        );
+        for i in 0..sc.nodes {
+            let _ = write!(out, ",accept_node_{i}");
+        }
+        out.push('\n');
+        let limit = sc.allowed_in(w);
+        let sustained = sc.rate as f64 * w as f64 / 1e9;
+        let fmt = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.4}"));
+        for m in &self.modes {
+            for (i, win) in m.windows.iter().enumerate() {
+                let present: Vec<f64> = win.node_acceptance.iter().flatten().copied().collect();
+                let min = present.iter().copied().reduce(f64::min);
+                let max = present.iter().copied().reduce(f64::max);
+                let _ = write!(
+                    out,
+                    "{},{i},{:.3},{},{limit},{sustained},{},{},{},{}",
+                    m.mode,
+                    win.start_s,
+                    win.admitted,
+                    win.demand,
+                    win.store_calls,
+                    fmt(min),
+                    fmt(max)
+                );
+                for a in &win.node_acceptance {
+                    let _ = write!(out, ",{}", fmt(*a));
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// `summary.md`.
+    pub fn summary(&self) -> Result<String> {
+        let sc = &self.scenario;
+        let mut out = format!("# Simulation `{}` ({})\n\n", sc.name, self.kind);
+        if !sc.description.is_empty() {
+            let _ = writeln!(out, "{}\n", sc.description);
+        }
+        let _ = writeln!(out, "Command:\n\n```sh\n{}\n```\n", self.command);
+        let _ = writeln!(
+            out,
+            "Seed **{}** · {} requests · {} s · rate {}/s · burst {} · {} nodes · window {} ms · \
+             demand `{}` at {} req/s\n",
+            sc.seed,
+            self.requests,
+            sc.duration_s,
+            sc.rate,
+            sc.burst(),
+            sc.nodes,
+            sc.window_ms,
+            sc.demand.pattern.as_str(),
+            sc.demand.total_rps,
+        );
+        let _ = writeln!(
+            out,
+            "Modes: `pure-redis` = one script call per request; `hybrid` = `HybridLimiter` with \
+             the library's default lease policy; `hybrid-fixed` = `FixedLease::new({})`; \
+             `static-share` = a private bucket of rate/{n} and burst/{n} per node.\n",
+            sc.batch(),
+            n = sc.nodes,
+        );
+        out.push_str("## Results\n\n");
+        out.push_str(&self.markdown_table());
+        out.push_str(
+            "\nutil = admitted / min(demand, burst + rate × duration); jain = Jain's index of \
+             per-node acceptance; overshoot = worst sliding window's excess over \
+             burst + rate × W; calls/s/node = busiest node's peak window; idle denials = \
+             denials while another node held unused tokens. Definitions: `simulations/src/metrics.rs`.\n",
+        );
+        out.push_str(
+            "\n## Plots\n\n\
+             ![admitted per window](admitted.svg)\n\n\
+             ![per-node acceptance](acceptance.svg)\n\n\
+             ![store calls per window](store_calls.svg)\n",
+        );
+        let _ = writeln!(
+            out,
+            "\n## Scenario as run\n\n```toml\n{}```",
+            toml::to_string(sc).context("cannot render the scenario as TOML")?
+        );
+        Ok(out)
+    }
+
+    /// Writes `report.json`, `windows.csv` and `summary.md` into `dir` (created if needed).
+    ///
+    /// # Errors
+    /// On I/O errors.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let put = |name: &str, text: String| {
+            let path = dir.join(name);
+            fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        };
+        put("report.json", self.json()?)?;
+        put("windows.csv", self.csv())?;
+        put("summary.md", self.summary()?)?;
+        Ok(())
+    }
+}

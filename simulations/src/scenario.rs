@@ -1,0 +1,556 @@
+//! Scenario files: what fleet to simulate, under what traffic, with which faults.
+//!
+//! A scenario is a TOML file (see `simulations/scenarios/`). Every key has a documented default
+//! except `name`, `duration_s`, `rate`, `nodes` and `[demand] total_rps`; unknown keys are
+//! rejected so a typo cannot silently fall back to a default.
+//!
+//! ```toml
+//! name = "skewed"
+//! seed = 42
+//! duration_s = 60
+//! rate = 2000          # tokens per second, fleet-wide
+//! burst = 200          # bucket capacity
+//! nodes = 10
+//! window_ms = 1000     # metric window
+//! modes = ["pure-redis", "hybrid", "hybrid-fixed", "static-share"]
+//!
+//! [demand]
+//! pattern = "zipf"     # uniform | zipf | hot_node | moving_hotspot | on_off
+//! total_rps = 4000
+//! zipf_s = 1.2
+//!
+//! [[events]]
+//! at_s = 20
+//! kind = "node_crash"  # node_crash | node_join | store_outage | latency_spike
+//! node = 0
+//! ```
+//!
+//! Store-model extensions: `rtt_us` (mean round trip, default 90), `rtt_min_us` (its floor,
+//! default two thirds of the mean; the rest is an exponential tail), `service_us` (Redis server
+//! time per script call, default 6), `timeout_ms` (client response timeout, default 50) and
+//! `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use ratelease::Quota;
+use serde::{Deserialize, Serialize};
+
+/// One simulated fleet and its traffic, as read from a scenario file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name; also the default report directory `target/sim/<name>/`.
+    pub name: String,
+    /// One line shown in the summary.
+    #[serde(default)]
+    pub description: String,
+    /// Master seed of every random choice (overridden by `--seed`).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Simulated time, in seconds.
+    pub duration_s: f64,
+    /// Fleet-wide rate, tokens per second.
+    pub rate: u64,
+    /// Bucket capacity (default: `rate / 10`, a tenth of a second of traffic, at least 1).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// Number of nodes (processes sharing the limit), including nodes that join later.
+    pub nodes: usize,
+    /// Metric window, in milliseconds.
+    #[serde(default = "default_window_ms")]
+    pub window_ms: u64,
+    /// Traffic pattern.
+    pub demand: Demand,
+    /// Faults and fleet changes.
+    #[serde(default)]
+    pub events: Vec<Event>,
+    /// Modes compared, in this order.
+    #[serde(default = "Mode::all")]
+    pub modes: Vec<Mode>,
+    /// Mean store round trip, µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+    /// Shortest store round trip, µs (default two thirds of `rtt_us`).
+    #[serde(default)]
+    pub rtt_min_us: Option<f64>,
+    /// Redis server time per script call, µs.
+    #[serde(default = "default_service_us")]
+    pub service_us: f64,
+    /// Client response timeout of a store call, ms.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: f64,
+    /// Lease size of `hybrid-fixed` (default `burst / nodes`, at least 1).
+    #[serde(default)]
+    pub batch: Option<u64>,
+}
+
+/// How traffic is spread over nodes and time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Demand {
+    /// The spread.
+    pub pattern: Pattern,
+    /// Fleet-wide requests per second (the long-run mean for `on_off`).
+    pub total_rps: f64,
+    /// Zipf exponent: node `k` (1-based) gets weight `1 / k^s`.
+    #[serde(default = "default_zipf_s")]
+    pub zipf_s: f64,
+    /// Share of all traffic on the hot node (`hot_node`, `moving_hotspot`).
+    #[serde(default = "default_hot_share")]
+    pub hot_share: f64,
+    /// Seconds between hot-node moves (`moving_hotspot`).
+    #[serde(default = "default_move_every_s")]
+    pub move_every_s: f64,
+    /// Seconds each node is on (`on_off`).
+    #[serde(default = "default_on_s")]
+    pub on_s: f64,
+    /// Seconds each node is off (`on_off`).
+    #[serde(default = "default_off_s")]
+    pub off_s: f64,
+}
+
+/// Traffic patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// Every node gets the same share.
+    Uniform,
+    /// Node `k` gets a share proportional to `1 / k^zipf_s`.
+    Zipf,
+    /// Node 0 gets `hot_share`, the others split the rest evenly.
+    HotNode,
+    /// Like `hot_node`, but the hot node changes every `move_every_s` (0, 1, 2, …).
+    MovingHotspot,
+    /// Each node alternates `on_s` on and `off_s` off, phases spread evenly over the fleet.
+    OnOff,
+}
+
+impl Pattern {
+    /// The pattern's name in scenario files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::Uniform => "uniform",
+            Pattern::Zipf => "zipf",
+            Pattern::HotNode => "hot_node",
+            Pattern::MovingHotspot => "moving_hotspot",
+            Pattern::OnOff => "on_off",
+        }
+    }
+}
+
+/// A timed fault or fleet change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// When, in seconds from the start.
+    pub at_s: f64,
+    /// What.
+    pub kind: EventKind,
+    /// The node (`node_crash`, `node_join`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<usize>,
+    /// How long (`store_outage`, `latency_spike`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
+    /// Milliseconds added to every round trip (`latency_spike`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_ms: Option<f64>,
+}
+
+/// Kinds of [`Event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The node's process dies: its limiter is aborted (leased tokens are lost) and its traffic
+    /// moves to the surviving nodes.
+    NodeCrash,
+    /// The node starts at `at_s`: no limiter and no traffic before.
+    NodeJoin,
+    /// Store calls arriving during the outage get no answer; clients time out.
+    StoreOutage,
+    /// `extra_ms` is added to every round trip during the spike.
+    LatencySpike,
+}
+
+/// The limiter modes compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// `RedisLimiter`: one store call per request.
+    PureRedis,
+    /// `HybridLimiter` with the library's default lease policy.
+    Hybrid,
+    /// `HybridLimiter` with `FixedLease::new(batch)`: the documents' option 3 as written.
+    HybridFixed,
+    /// Each node has a private bucket of `rate / N`, `burst / N`; no coordination.
+    StaticShare,
+}
+
+impl Mode {
+    /// Every mode, in report order.
+    pub fn all() -> Vec<Mode> {
+        vec![
+            Mode::PureRedis,
+            Mode::Hybrid,
+            Mode::HybridFixed,
+            Mode::StaticShare,
+        ]
+    }
+
+    /// The mode's name in files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::PureRedis => "pure-redis",
+            Mode::Hybrid => "hybrid",
+            Mode::HybridFixed => "hybrid-fixed",
+            Mode::StaticShare => "static-share",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Mode::all()
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-fixed or static-share"
+                )
+            })
+    }
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_window_ms() -> u64 {
+    1000
+}
+fn default_rtt_us() -> f64 {
+    90.0
+}
+fn default_service_us() -> f64 {
+    6.0
+}
+fn default_timeout_ms() -> f64 {
+    50.0
+}
+fn default_zipf_s() -> f64 {
+    1.0
+}
+fn default_hot_share() -> f64 {
+    0.5
+}
+fn default_move_every_s() -> f64 {
+    10.0
+}
+fn default_on_s() -> f64 {
+    1.0
+}
+fn default_off_s() -> f64 {
+    1.0
+}
+
+/// Nanoseconds in a second, as a float.
+const NS_PER_S: f64 = 1e9;
+
+/// Seconds (a scenario value) to whole nanoseconds.
+pub fn s_to_ns(s: f64) -> u64 {
+    (s * NS_PER_S).round() as u64
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    ///
+    /// # Errors
+    /// If the file cannot be read, is not valid TOML for a scenario, or fails [`validate`](Self::validate).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read scenario {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("invalid scenario {}", path.display()))
+    }
+
+    /// Parses and validates a scenario from TOML text.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn parse(text: &str) -> Result<Self> {
+        let scenario: Scenario = toml::from_str(text)?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    /// Checks every value, so the simulation can rely on them.
+    ///
+    /// # Errors
+    /// Names the first invalid key.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(!self.name.is_empty(), "name must not be empty");
+        ensure!(
+            self.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "name {:?} must be ASCII letters, digits, '-' or '_' (it names the report directory)",
+            self.name
+        );
+        ensure!(
+            self.duration_s.is_finite() && self.duration_s > 0.0 && self.duration_s <= 3600.0,
+            "duration_s must be in (0, 3600]"
+        );
+        ensure!(
+            self.nodes >= 1 && self.nodes <= 1000,
+            "nodes must be in 1..=1000"
+        );
+        ensure!(self.window_ms >= 1, "window_ms must be at least 1");
+        ensure!(!self.modes.is_empty(), "modes must not be empty");
+        for (i, m) in self.modes.iter().enumerate() {
+            ensure!(!self.modes[..i].contains(m), "mode {m} is listed twice");
+        }
+        self.quota()?;
+        ensure!(
+            self.rtt_us.is_finite() && self.rtt_us >= 0.0,
+            "rtt_us must be ≥ 0"
+        );
+        let min = self.rtt_min_us();
+        ensure!(
+            min.is_finite() && min >= 0.0 && min <= self.rtt_us,
+            "rtt_min_us must be in [0, rtt_us]"
+        );
+        ensure!(
+            self.service_us.is_finite() && self.service_us >= 0.0,
+            "service_us must be ≥ 0"
+        );
+        ensure!(
+            self.timeout_ms.is_finite() && self.timeout_ms > 0.0,
+            "timeout_ms must be > 0"
+        );
+        if let Some(b) = self.batch {
+            ensure!(b >= 1, "batch must be at least 1");
+        }
+        let d = &self.demand;
+        ensure!(
+            d.total_rps.is_finite() && d.total_rps >= 0.0 && d.total_rps <= 10_000_000.0,
+            "demand.total_rps must be in [0, 1e7]"
+        );
+        ensure!(
+            d.zipf_s.is_finite() && d.zipf_s >= 0.0,
+            "demand.zipf_s must be ≥ 0"
+        );
+        ensure!(
+            (0.0..=1.0).contains(&d.hot_share),
+            "demand.hot_share must be in [0, 1]"
+        );
+        ensure!(
+            d.move_every_s.is_finite() && d.move_every_s > 0.0,
+            "demand.move_every_s must be > 0"
+        );
+        ensure!(
+            d.on_s.is_finite() && d.on_s > 0.0 && d.off_s.is_finite() && d.off_s >= 0.0,
+            "demand.on_s must be > 0 and demand.off_s ≥ 0"
+        );
+        for (i, e) in self.events.iter().enumerate() {
+            self.validate_event(e)
+                .with_context(|| format!("events[{i}] ({:?} at {} s)", e.kind, e.at_s))?;
+        }
+        Ok(())
+    }
+
+    fn validate_event(&self, e: &Event) -> Result<()> {
+        ensure!(
+            e.at_s.is_finite() && e.at_s >= 0.0 && e.at_s < self.duration_s,
+            "at_s must be in [0, duration_s)"
+        );
+        match e.kind {
+            EventKind::NodeCrash | EventKind::NodeJoin => {
+                let Some(node) = e.node else {
+                    bail!("needs `node`");
+                };
+                ensure!(
+                    node < self.nodes,
+                    "node {node} does not exist (nodes = {})",
+                    self.nodes
+                );
+                let same = self
+                    .events
+                    .iter()
+                    .filter(|o| o.kind == e.kind && o.node == e.node)
+                    .count();
+                ensure!(same == 1, "node {node} has more than one {:?}", e.kind);
+                if e.kind == EventKind::NodeCrash {
+                    if let Some(join) = self.join_s(node) {
+                        ensure!(join < e.at_s, "node {node} crashes before it joins");
+                    }
+                }
+            }
+            EventKind::StoreOutage | EventKind::LatencySpike => {
+                let Some(d) = e.duration_s else {
+                    bail!("needs `duration_s`");
+                };
+                ensure!(d.is_finite() && d > 0.0, "duration_s must be > 0");
+                if e.kind == EventKind::LatencySpike {
+                    let Some(x) = e.extra_ms else {
+                        bail!("needs `extra_ms`");
+                    };
+                    ensure!(x.is_finite() && x >= 0.0, "extra_ms must be ≥ 0");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bucket capacity in effect.
+    pub fn burst(&self) -> u64 {
+        self.burst.unwrap_or((self.rate / 10).max(1))
+    }
+
+    /// The fleet-wide quota.
+    ///
+    /// # Errors
+    /// If `rate` or `burst` do not make a valid [`Quota`].
+    pub fn quota(&self) -> Result<Quota> {
+        Quota::with_parts(self.rate, Duration::from_secs(1), self.burst())
+            .context("rate and burst do not make a valid quota")
+    }
+
+    /// The lease size of `hybrid-fixed`.
+    pub fn batch(&self) -> u64 {
+        self.batch
+            .unwrap_or(self.burst() / self.nodes as u64)
+            .max(1)
+    }
+
+    /// Shortest round trip, µs.
+    pub fn rtt_min_us(&self) -> f64 {
+        self.rtt_min_us.unwrap_or(self.rtt_us * 2.0 / 3.0)
+    }
+
+    /// Simulated time, ns.
+    pub fn duration_ns(&self) -> u64 {
+        s_to_ns(self.duration_s)
+    }
+
+    /// Metric window, ns.
+    pub fn window_ns(&self) -> u64 {
+        self.window_ms * 1_000_000
+    }
+
+    /// Most tokens the bucket allows in `ns` nanoseconds: `burst + rate × W`.
+    pub fn allowed_in(&self, ns: u64) -> f64 {
+        self.burst() as f64 + self.rate as f64 * ns as f64 / NS_PER_S
+    }
+
+    /// When `node` joins, if it has a `node_join` event.
+    pub fn join_s(&self, node: usize) -> Option<f64> {
+        self.events
+            .iter()
+            .find(|e| e.kind == EventKind::NodeJoin && e.node == Some(node))
+            .map(|e| e.at_s)
+    }
+
+    /// When `node` crashes, if it has a `node_crash` event.
+    pub fn crash_s(&self, node: usize) -> Option<f64> {
+        self.events
+            .iter()
+            .find(|e| e.kind == EventKind::NodeCrash && e.node == Some(node))
+            .map(|e| e.at_s)
+    }
+
+    /// The same scenario with every defaulted value written out (`burst`, `rtt_min_us`,
+    /// `batch`), as reports show it.
+    pub fn resolved(mut self) -> Self {
+        self.burst = Some(self.burst());
+        self.rtt_min_us = Some(self.rtt_min_us());
+        self.batch = Some(self.batch());
+        self
+    }
+
+    /// Applies command-line overrides and re-validates.
+    ///
+    /// # Errors
+    /// If the result is invalid (e.g. an event now lies beyond the shortened duration).
+    pub fn with_overrides(
+        mut self,
+        seed: Option<u64>,
+        duration_s: Option<f64>,
+        modes: Option<Vec<Mode>>,
+    ) -> Result<Self> {
+        if let Some(seed) = seed {
+            self.seed = seed;
+        }
+        if let Some(d) = duration_s {
+            self.duration_s = d;
+            // Events past the new end cannot happen; drop them rather than fail.
+            self.events.retain(|e| e.at_s < d);
+        }
+        if let Some(modes) = modes {
+            self.modes = modes;
+        }
+        self.validate()?;
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        name = "t"
+        duration_s = 2
+        rate = 100
+        nodes = 3
+        [demand]
+        pattern = "uniform"
+        total_rps = 50
+    "#;
+
+    #[test]
+    fn defaults_fill_in() {
+        let s = Scenario::parse(MINIMAL).unwrap();
+        assert_eq!(s.burst(), 10);
+        assert_eq!(s.window_ms, 1000);
+        assert_eq!(s.modes, Mode::all());
+        assert_eq!(s.batch(), 3);
+        assert!((s.rtt_min_us() - 60.0).abs() < 1e-9);
+        assert_eq!(s.allowed_in(1_000_000_000), 110.0);
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_events() {
+        let typo = MINIMAL.replace("nodes = 3", "nodes = 3\nnode = 3");
+        assert!(Scenario::parse(&typo).is_err());
+        let bad = format!("{MINIMAL}\n[[events]]\nat_s = 1\nkind = \"node_crash\"\nnode = 7\n");
+        let err = format!("{:#}", Scenario::parse(&bad).unwrap_err());
+        assert!(err.contains("node 7 does not exist"), "{err}");
+    }
+
+    #[test]
+    fn modes_parse_from_cli_names() {
+        assert_eq!("hybrid-fixed".parse::<Mode>(), Ok(Mode::HybridFixed));
+        assert!("redis".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn overrides_drop_events_past_the_end() {
+        let with_event =
+            format!("{MINIMAL}\n[[events]]\nat_s = 1.5\nkind = \"node_crash\"\nnode = 0\n");
+        let s = Scenario::parse(&with_event)
+            .unwrap()
+            .with_overrides(Some(9), Some(1.0), Some(vec![Mode::Hybrid]))
+            .unwrap();
+        assert_eq!((s.seed, s.events.len(), s.modes.len()), (9, 0, 1));
+    }
+}

@@ -1,0 +1,391 @@
+//! The simulated Redis: a network, a single-threaded server, and the library's `MemoryStore`.
+//!
+//! # Model
+//!
+//! All nodes share one [`StoreModel`]; each node talks to it through its own [`SimStore`]
+//! handle (a [`LeaseStore`]), which carries the node id and the node's network RNG. A call
+//! goes through these steps, each a callback on the [`Scheduler`]:
+//!
+//! 1. **Send.** The client samples a round trip: `rtt_min` plus an exponential tail (mean
+//!    `rtt_us − rtt_min_us`), plus `extra_ms` while a `latency_spike` is on. Half of it is the
+//!    request's way out, half the reply's way back.
+//! 2. **Arrive and queue.** Redis runs scripts one at a time: the call starts at
+//!    `max(arrival, busy_until)` and occupies the server for `service_us`. This is where
+//!    pure-Redis mode saturates when the fleet asks more than `1 / service_us` calls a second.
+//!    During a `store_outage` arriving calls are dropped unanswered.
+//! 3. **Execute.** At the end of its service time the call runs on the shared `MemoryStore`,
+//!    whose clock ([`TokioClock`]) reads the virtual time exactly: the same bucket arithmetic as
+//!    the Lua script, at the instant Redis would run it.
+//! 4. **Reply.** After the way back, the reply completes the client's future, unless the client
+//!    already gave up: every call also arms a timeout (`timeout_ms`) that fails it with
+//!    [`StoreError::Timeout`]. Tokens granted to a call whose reply is never consumed (timed
+//!    out, or its caller crashed meanwhile) are counted as stranded: the bucket gave them away
+//!    and no request used them.
+//!
+//! Calls are counted when the client sends them, per node, including failed ones.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use ratelease::{
+    LeaseReply, LeaseRequest, LeaseStore, MemoryStore, Quota, ReleaseRequest, StoreError,
+    TokioClock,
+};
+
+use crate::modes::{ready, REQUEST};
+use crate::record::{CallKind, CallRecord};
+use crate::rng::{exponential, rng_for, SimRng};
+use crate::scenario::{s_to_ns, EventKind, Scenario};
+use crate::scheduler::Scheduler;
+
+/// Network and server parameters, with fault windows in ns.
+#[derive(Debug, Clone)]
+pub struct NetModel {
+    rtt_min_ns: f64,
+    rtt_tail_ns: f64,
+    service_ns: u64,
+    timeout: Duration,
+    outages: Vec<(u64, u64)>,
+    spikes: Vec<(u64, u64, u64)>,
+}
+
+impl NetModel {
+    /// The model a scenario describes.
+    pub fn from_scenario(sc: &Scenario) -> Self {
+        let mut outages = Vec::new();
+        let mut spikes = Vec::new();
+        for e in &sc.events {
+            let start = s_to_ns(e.at_s);
+            let end = start + s_to_ns(e.duration_s.unwrap_or(0.0));
+            match e.kind {
+                EventKind::StoreOutage => outages.push((start, end)),
+                EventKind::LatencySpike => {
+                    spikes.push((start, end, (e.extra_ms.unwrap_or(0.0) * 1e6).round() as u64))
+                }
+                EventKind::NodeCrash | EventKind::NodeJoin => {}
+            }
+        }
+        let rtt_min_ns = sc.rtt_min_us() * 1e3;
+        NetModel {
+            rtt_min_ns,
+            rtt_tail_ns: sc.rtt_us * 1e3 - rtt_min_ns,
+            service_ns: (sc.service_us * 1e3).round() as u64,
+            timeout: Duration::from_secs_f64(sc.timeout_ms / 1e3),
+            outages,
+            spikes,
+        }
+    }
+
+    /// Whether the store is down at `t_ns`.
+    pub fn in_outage(&self, t_ns: u64) -> bool {
+        self.outages.iter().any(|&(s, e)| (s..e).contains(&t_ns))
+    }
+
+    /// Extra round-trip time at `t_ns`.
+    pub fn extra_ns(&self, t_ns: u64) -> u64 {
+        self.spikes
+            .iter()
+            .filter(|&&(s, e, _)| (s..e).contains(&t_ns))
+            .map(|&(_, _, x)| x)
+            .sum()
+    }
+
+    /// The client response timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn sample_rtt_ns(&self, rng: &mut SimRng) -> u64 {
+        let tail = if self.rtt_tail_ns > 0.0 {
+            exponential(rng, self.rtt_tail_ns)
+        } else {
+            0.0
+        };
+        (self.rtt_min_ns + tail).round() as u64
+    }
+}
+
+/// What a call asks the store to do (the library's request, passed through unchanged).
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Lease(LeaseRequest),
+    Release(ReleaseRequest),
+}
+
+#[derive(Debug, Default)]
+struct ModelState {
+    busy_until_ns: u64,
+    calls: Vec<CallRecord>,
+    stranded: u64,
+    timeouts: u64,
+    /// Per request index: when the script ran for it (`u64::MAX`: never).
+    executed_at: Vec<u64>,
+}
+
+/// The shared store of a simulated fleet.
+pub struct StoreModel {
+    sched: Arc<Scheduler>,
+    memory: MemoryStore,
+    net: NetModel,
+    state: Mutex<ModelState>,
+}
+
+impl std::fmt::Debug for StoreModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreModel")
+            .field("net", &self.net)
+            .field("memory", &self.memory)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreModel {
+    /// A store on `sched`'s virtual time. Call inside the simulation's runtime.
+    pub fn new(sched: Arc<Scheduler>, net: NetModel) -> Arc<Self> {
+        Arc::new(StoreModel {
+            sched,
+            memory: MemoryStore::with_clock(TokioClock::new()),
+            net,
+            state: Mutex::new(ModelState::default()),
+        })
+    }
+
+    /// The handle node `node` uses, with its own network RNG `("net", node)` under `seed`.
+    pub fn handle(self: &Arc<Self>, node: u32, seed: u64) -> SimStore {
+        SimStore {
+            model: self.clone(),
+            node,
+            rng: Arc::new(Mutex::new(rng_for(seed, "net", u64::from(node)))),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ModelState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Store calls so far, in issue order.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.state().calls.clone()
+    }
+
+    /// Tokens granted to calls whose reply was never consumed.
+    pub fn stranded(&self) -> u64 {
+        self.state().stranded
+    }
+
+    /// Calls that timed out.
+    pub fn timeouts(&self) -> u64 {
+        self.state().timeouts
+    }
+
+    /// When the script ran for request `index` (pure-Redis mode), if it did.
+    pub fn executed_at(&self, index: usize) -> Option<u64> {
+        self.state()
+            .executed_at
+            .get(index)
+            .copied()
+            .filter(|&t| t != u64::MAX)
+    }
+
+    /// Step 2: the call reaches the server.
+    fn arrive(self: Arc<Self>, call: Call) {
+        let now = self.sched.now_ns();
+        if self.net.in_outage(now) {
+            return; // unanswered; the client's timeout fires
+        }
+        let done = {
+            let mut st = self.state();
+            let start = now.max(st.busy_until_ns);
+            st.busy_until_ns = start + self.net.service_ns;
+            st.busy_until_ns
+        };
+        let sched = self.sched.clone();
+        sched.at(done, move || self.execute(call));
+    }
+
+    /// Step 3: the script runs.
+    fn execute(self: Arc<Self>, call: Call) {
+        let now = self.sched.now_ns();
+        let reply = match &call.op {
+            Op::Lease(req) => ready(self.memory.lease(&call.name, &call.quota, req)),
+            Op::Release(req) => ready(self.memory.release(&call.name, &call.quota, req)),
+        };
+        let granted = match (&reply, call.op) {
+            (Ok(r), Op::Lease(_)) => r.granted,
+            _ => 0,
+        };
+        if let Some(tag) = call.request {
+            let mut st = self.state();
+            if st.executed_at.len() <= tag {
+                st.executed_at.resize(tag + 1, u64::MAX);
+            }
+            st.executed_at[tag] = now;
+        }
+        let sched = self.sched.clone();
+        sched.at(now + call.back_ns, move || {
+            // Step 4: the reply arrives, or finds nobody waiting.
+            if !call.slot.complete(reply) && granted > 0 {
+                self.state().stranded += granted;
+            }
+        });
+    }
+}
+
+/// A call in flight.
+struct Call {
+    name: String,
+    quota: Quota,
+    op: Op,
+    back_ns: u64,
+    slot: Arc<Slot>,
+    request: Option<usize>,
+}
+
+/// One node's connection to the [`StoreModel`]. Clones share the node's RNG.
+#[derive(Clone)]
+pub struct SimStore {
+    model: Arc<StoreModel>,
+    node: u32,
+    rng: Arc<Mutex<SimRng>>,
+}
+
+impl std::fmt::Debug for SimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStore")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl SimStore {
+    /// The node this handle belongs to.
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// Step 1: send the call, then wait for the reply or the timeout.
+    async fn call(&self, name: &str, quota: &Quota, op: Op) -> Result<LeaseReply, StoreError> {
+        let m = &self.model;
+        let t0 = m.sched.now_ns();
+        let rtt = {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            m.net.sample_rtt_ns(&mut rng)
+        } + m.net.extra_ns(t0);
+        let out = rtt / 2;
+        m.state().calls.push(CallRecord {
+            t_ns: t0,
+            node: self.node,
+            kind: match op {
+                Op::Lease(_) => CallKind::Lease,
+                Op::Release(_) => CallKind::Release,
+            },
+        });
+        let slot = Arc::new(Slot::default());
+        let timeout = m.net.timeout;
+        let deadline = t0 + u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        let timed_out = slot.clone();
+        let model = m.clone();
+        m.sched.at_unless(deadline, slot.done.clone(), move || {
+            if timed_out.complete(Err(StoreError::Timeout(timeout))) {
+                model.state().timeouts += 1;
+            }
+        });
+        let call = Call {
+            name: name.to_owned(),
+            quota: *quota,
+            op,
+            back_ns: rtt - out,
+            slot: slot.clone(),
+            request: REQUEST.try_with(|r| *r).ok(),
+        };
+        let model = m.clone();
+        m.sched.at(t0 + out, move || model.arrive(call));
+        Wait(slot).await
+    }
+}
+
+impl LeaseStore for SimStore {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(name, quota, Op::Lease(*req)).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(name, quota, Op::Release(*req)).await
+    }
+}
+
+/// Where a reply (or the timeout) meets the waiting client.
+#[derive(Default)]
+struct Slot {
+    /// Set once: completed, or abandoned by a dropped client. Also cancels the timeout.
+    done: Arc<AtomicBool>,
+    inner: Mutex<SlotInner>,
+}
+
+#[derive(Default)]
+struct SlotInner {
+    result: Option<Result<LeaseReply, StoreError>>,
+    waker: Option<Waker>,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, SlotInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Delivers `result` unless the slot is already done; returns whether it was delivered.
+    fn complete(&self, result: Result<LeaseReply, StoreError>) -> bool {
+        if self.done.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        let waker = {
+            let mut inner = self.lock();
+            inner.result = Some(result);
+            inner.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+}
+
+/// The client's side of a [`Slot`].
+struct Wait(Arc<Slot>);
+
+impl Future for Wait {
+    type Output = Result<LeaseReply, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut inner = self.0.lock();
+        match inner.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                inner.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Wait {
+    /// A client that stops waiting (its task was aborted) abandons the slot: a reply that
+    /// arrives later is stranded.
+    fn drop(&mut self) {
+        self.0.done.store(true, Ordering::Relaxed);
+    }
+}

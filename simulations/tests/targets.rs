@@ -1,0 +1,69 @@
+//! Regression test for the leasing policy's targets (issue 4), on short runs so it fits CI in
+//! debug builds. A change that breaks fairness, exactness or store load fails here.
+//!
+//! The full-length numbers are in SIMULATIONS.md.
+
+use std::path::Path;
+
+use simulations::metrics::{self, ModeMetrics};
+use simulations::{demand, sim, Mode, Scenario};
+
+fn shipped(name: &str, duration_s: f64) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(format!("{name}.toml"));
+    Scenario::load(&path)
+        .unwrap()
+        .with_overrides(None, Some(duration_s), None)
+        .unwrap()
+}
+
+fn run(sc: &Scenario, mode: Mode) -> ModeMetrics {
+    let trace = demand::generate(sc, sc.seed);
+    let log = sim::run_mode(sc, &trace, mode, &|_| {}).unwrap();
+    metrics::compute(sc, &log)
+}
+
+#[test]
+fn skewed_hybrid_is_as_fair_and_exact_as_pure_redis_at_a_fiftieth_of_the_calls() {
+    let sc = shipped("skewed", 12.0);
+    let pure = run(&sc, Mode::PureRedis);
+    let hybrid = run(&sc, Mode::Hybrid);
+    assert_eq!(hybrid.max_window_overshoot, 0, "{hybrid:?}");
+    assert!(hybrid.jain_acceptance >= 0.98, "{hybrid:?}");
+    assert!(
+        hybrid.jain_acceptance >= pure.jain_acceptance - 0.02,
+        "hybrid {hybrid:?}\npure {pure:?}"
+    );
+    assert!(hybrid.utilization >= 0.97, "{hybrid:?}");
+    assert!(
+        hybrid.store_calls as f64 <= 0.02 * pure.store_calls as f64,
+        "{} calls vs pure's {}",
+        hybrid.store_calls,
+        pure.store_calls
+    );
+    assert!(hybrid.store_calls_per_s_per_node_max <= 20.0, "{hybrid:?}");
+}
+
+#[test]
+fn hybrid_never_overshoots_in_any_shipped_scenario() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let sc = Scenario::load(&path).unwrap();
+        // Keep each scenario's events: run up to just past the last one.
+        let last_event = sc.events.iter().map(|e| e.at_s).fold(0.0, f64::max);
+        let sc = sc
+            .with_overrides(None, Some((last_event + 3.0).max(5.0)), None)
+            .unwrap();
+        let m = run(&sc, Mode::Hybrid);
+        assert_eq!(m.max_window_overshoot, 0, "{}: {m:?}", sc.name);
+        assert!(m.admitted > 0, "{}: {m:?}", sc.name);
+        checked += 1;
+    }
+    assert!(checked >= 7, "only {checked} scenarios found");
+}
