@@ -318,16 +318,20 @@ impl<S: LeaseStore + Clone> Fleet<S> {
     /// and what happens after it is not measured) and returns the records.
     pub fn finish(self) -> FleetResult {
         let mut limiter_store_errors = 0;
+        let mut expired = 0;
         if let Nodes::Hybrid { live, dead, .. } = &self.nodes {
             for l in live.iter().flatten().chain(dead) {
-                limiter_store_errors += l.stats().store_errors;
+                let stats = l.stats();
+                limiter_store_errors += stats.store_errors;
+                // Leased tokens dropped unspent at lease expiry are stranded too.
+                expired += stats.tokens_expired;
                 l.abort();
             }
         }
         let requests = std::mem::take(&mut *lock(&self.records));
         FleetResult {
             requests,
-            stranded_local: self.stranded,
+            stranded_local: self.stranded + expired,
             rejected_while_tokens_idle: self.idle_denials,
             limiter_store_errors,
         }
