@@ -27,9 +27,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run<S: LeaseStore>(quota: Quota, store: S) -> Result<(), Box<dyn std::error::Error>> {
-    let limiter = HybridLimiter::builder("quickstart", quota, store)
-        .lease_size(50)
-        .build()?;
+    // The default policy (AdaptiveLease) sizes leases to this process's demand.
+    let limiter = HybridLimiter::new("quickstart", quota, store)?;
 
     // The hot path: a synchronous check against the local bucket.
     let start = Instant::now();
