@@ -33,6 +33,24 @@ fn centres(report: &Report, m: &ModeResult) -> Vec<f64> {
     m.windows.iter().map(|w| w.start_s + half).collect()
 }
 
+/// Draws a chart's legend (one line per mode) and writes the file.
+fn legend_and_present<'a, CT>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+) -> Result<()>
+where
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("plotting failed: {e}")
 }
@@ -103,15 +121,7 @@ fn admitted(report: &Report, path: &Path) -> Result<()> {
             .label(m.mode.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    legend_and_present(&mut chart, &root)
 }
 
 fn acceptance(report: &Report, path: &Path) -> Result<()> {
@@ -218,13 +228,5 @@ fn store_calls(report: &Report, path: &Path) -> Result<()> {
             .label(m.mode.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    legend_and_present(&mut chart, &root)
 }
