@@ -1,0 +1,191 @@
+//! The hot path allocates nothing: a counting global allocator watches
+//! `HybridLimiter::try_acquire` on the calling thread.
+//!
+//! Only allocations made *by the measuring thread* while a region is open are counted (a
+//! thread-local switch), so the limiter's background task, the tokio workers and tests running
+//! in parallel cannot add to — or hide behind — the count. A control region that allocates one
+//! `Vec` proves the counter works, so the zero-allocation assertions cannot pass vacuously.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use ratelease::{Decision, HybridLimiter, MemoryStore, Quota};
+
+struct CountingAlloc;
+
+thread_local! {
+    /// Allocations seen on this thread while `COUNTING` is on. `const` and without a
+    /// destructor, so touching them from inside the allocator never allocates itself.
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note_allocation() {
+    // `try_with`: the allocator can run while thread-locals are being torn down.
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counting touches only
+// const thread-locals, which neither allocate nor re-enter the allocator.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+/// Runs `f` and returns its result and the number of allocations it made on this thread.
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|on| on.set(true));
+    let result = f();
+    COUNTING.with(|on| on.set(false));
+    (result, COUNT.with(Cell::get))
+}
+
+/// A limiter whose first lease of `lease` tokens has arrived and whose refill flag is down
+/// again, with its background task on a multi-thread runtime (so a refill request from this
+/// thread really wakes another thread).
+fn ready_limiter(lease: u64) -> (tokio::runtime::Runtime, HybridLimiter<MemoryStore>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let limiter = HybridLimiter::builder("alloc", quota, MemoryStore::new())
+        .lease_size(lease)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    rt.block_on(limiter.acquire(1)).unwrap();
+    // `acquire` returns once the grant is in; the task lowers the flag right after.
+    wait_for(|| limiter.stats().leases == 1, "the first lease");
+    std::thread::sleep(Duration::from_millis(20));
+    (rt, limiter)
+}
+
+fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    let (v, n) = allocations(|| Vec::<u8>::with_capacity(1));
+    drop(v);
+    assert_eq!(
+        n, 1,
+        "the control allocation was not counted: the other tests prove nothing"
+    );
+}
+
+/// Lease sizes that exercise both modes of the local bucket: 1 000 tokens stay in one word,
+/// 100 000 are sharded into per-thread slots (chunks of 3 125, so the run below also moves
+/// chunks from the reserve into the caller's slot, on the out-of-line path).
+const LEASES: [u64; 2] = [1_000, 100_000];
+
+#[test]
+fn local_hit_without_refill_allocates_nothing() {
+    for lease in LEASES {
+        let (_rt, limiter) = ready_limiter(lease);
+        let low_water = limiter.low_water();
+        assert_eq!(limiter.available(), lease - 1);
+        // Stay above the low-water mark: no refill is requested.
+        let calls = lease - 1 - low_water - 1;
+        let (allowed, n) = allocations(|| {
+            (0..calls)
+                .filter(|_| matches!(limiter.try_acquire(1), Ok(Decision::Allowed)))
+                .count() as u64
+        });
+        assert_eq!(allowed, calls, "lease {lease}: every call was a local hit");
+        assert_eq!(
+            n, 0,
+            "lease {lease}: {calls} local hits allocated {n} times"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            limiter.stats().leases,
+            1,
+            "lease {lease}: no refill was triggered"
+        );
+        // The control, in the same kind of region, on the same thread.
+        let (v, n) = allocations(|| Vec::<u8>::with_capacity(1));
+        drop(v);
+        assert_eq!(n, 1);
+    }
+}
+
+/// The call that crosses the low-water mark raises the refill flag and wakes the background
+/// task on another thread: that allocates nothing either (tokio's wake-up queue is intrusive).
+#[test]
+fn local_hit_that_requests_a_refill_allocates_nothing() {
+    for lease in LEASES {
+        let (_rt, limiter) = ready_limiter(lease);
+        let low_water = limiter.low_water();
+        // Down to exactly the mark: the next call leaves `low_water - 1` and requests a refill.
+        while limiter.available() > low_water {
+            assert!(limiter.try_acquire(1).unwrap().is_allowed());
+        }
+        assert_eq!(limiter.stats().leases, 1, "lease {lease}: no refill yet");
+        let (decision, n) = allocations(|| limiter.try_acquire(1));
+        assert!(
+            matches!(decision, Ok(Decision::Allowed)),
+            "lease {lease}: expected a hit, got {decision:?}"
+        );
+        assert_eq!(
+            n, 0,
+            "lease {lease}: the refill-requesting hit allocated {n} times"
+        );
+        wait_for(|| limiter.stats().leases == 2, "the requested refill");
+    }
+}
+
+/// For completeness: a denial (empty bucket) asks for a refill and computes a retry hint,
+/// still without allocating.
+#[test]
+fn local_denial_allocates_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // One token per hour: after the first lease the store cannot serve another.
+    let quota = Quota::new(1, Duration::from_secs(3_600)).unwrap();
+    let limiter = HybridLimiter::builder("alloc-denied", quota, MemoryStore::new())
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    rt.block_on(limiter.acquire(1)).unwrap();
+    let (decision, n) = allocations(|| limiter.try_acquire(1));
+    assert!(
+        matches!(decision, Ok(Decision::Denied { .. })),
+        "expected a denial, got {decision:?}"
+    );
+    assert_eq!(n, 0, "a local denial allocated {n} times");
+}
