@@ -2,7 +2,8 @@
 //!
 //! # Implementation details
 //!
-//! Each `HybridLimiter` owns a [`LocalBucket`] (one atomic word) and one background task on the
+//! Each `HybridLimiter` owns a [`LocalBucket`] (per-thread slots of atomic words, see
+//! [`crate::local`]) and one background task on the
 //! tokio runtime it was built on. The caller's path, [`HybridLimiter::try_acquire`], is a CAS
 //! loop on the local word and nothing else: no lock, no allocation, no I/O, no clock read.
 //!
@@ -309,7 +310,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// Takes `n` tokens from the local bucket, or says when to retry. Never waits.
     ///
-    /// This is the hot path: one CAS loop on one atomic word. Falling below the low-water mark,
+    /// This is the hot path: one CAS loop on this thread's slot of the local bucket. Falling below the low-water mark,
     /// or being denied, wakes the background task to lease more (at most one lease in flight).
     ///
     /// # Errors

@@ -5,8 +5,8 @@
 //! A token bucket lives in Redis and is stepped by one atomic Lua script
 //! (`lua/token_bucket.lua`). Each process **leases a batch of tokens** from it and hands them out
 //! from an **in-memory lock-free bucket**, fetching the next batch before the current one runs
-//! dry. A check on the hot path is a compare-and-swap on one atomic word — nanoseconds, not a
-//! Redis round trip.
+//! dry. A check on the hot path is a compare-and-swap on an atomic word of this thread's own —
+//! nanoseconds, not a Redis round trip.
 //!
 //! The same script called once per request is **pure-Redis mode**, the exact reference every
 //! other mode is compared against.

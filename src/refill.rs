@@ -58,21 +58,23 @@ impl RefillSignal {
 
     /// Records that a caller was denied `n` tokens, and asks for a refill.
     pub(crate) fn denied(&self, n: u64) {
-        // Relaxed: the value is a hint for sizing the next lease; the flag carries the ordering.
-        if self.denied_max.load(Ordering::Relaxed) < n {
-            self.denied_max.fetch_max(n, Ordering::Relaxed);
+        // SeqCst: after lowering the flag the task checks `was_denied` (another store-buffer
+        // pattern with the flag): a denial recorded before the caller saw the flag still up
+        // must be visible to that check, on any architecture. This is the denial path only.
+        if self.denied_max.load(Ordering::SeqCst) < n {
+            self.denied_max.fetch_max(n, Ordering::SeqCst);
         }
         self.request();
     }
 
     /// The largest denied request since the last call (0 if none), resetting it.
     pub(crate) fn take_denied(&self) -> u64 {
-        self.denied_max.swap(0, Ordering::Relaxed)
+        self.denied_max.swap(0, Ordering::SeqCst)
     }
 
     /// Whether a caller was denied since the last [`take_denied`](Self::take_denied).
     pub(crate) fn was_denied(&self) -> bool {
-        self.denied_max.load(Ordering::Relaxed) > 0
+        self.denied_max.load(Ordering::SeqCst) > 0
     }
 
     /// Lowers the flag after a refill.
