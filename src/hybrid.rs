@@ -24,7 +24,7 @@
 //! When the last clone of a limiter is dropped (or [`shutdown`](HybridLimiter::shutdown) is
 //! called), the task takes the local tokens and gives them back to the store.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
+use crate::failure::{FailurePolicy, LocalRate};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::local::LocalBucket;
@@ -48,7 +49,8 @@ const MIN_RETRY: Duration = Duration::from_micros(100);
 /// First back-off after a store error.
 const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest back-off after store errors.
-const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Longest back-off after store errors (so leasing resumes within this long of recovery).
+const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Retry hint before any round trip was measured.
 const DEFAULT_RTT: Duration = Duration::from_millis(1);
 
@@ -111,6 +113,10 @@ pub struct HybridStats {
     pub tokens_expired: u64,
     /// Tokens denied to callers.
     pub tokens_denied: u64,
+    /// Tokens admitted by the failure policy while the store was failing.
+    pub tokens_admitted_degraded: u64,
+    /// Whether the circuit is open: the last lease failed and the failure policy is in force.
+    pub circuit_open: bool,
     /// Measured demand, millitokens per second (admitted and denied).
     pub demand_mtps: u64,
     /// Fair share last reported by the store, millitokens per second (0 if none).
@@ -136,6 +142,7 @@ pub struct HybridBuilder<S> {
     prefetch: bool,
     seed: Option<u64>,
     node_id: Option<u64>,
+    failure: FailurePolicy,
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -162,6 +169,13 @@ impl<S: LeaseStore> HybridBuilder<S> {
     /// simulations.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+
+    /// What to answer when local tokens are spent and the store is failing (default:
+    /// [`FailurePolicy::LocalFallback`] with one expected node). See [`crate::failure`].
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
         self
     }
 
@@ -215,6 +229,14 @@ impl<S: LeaseStore> HybridBuilder<S> {
             terms,
             node_id,
             denied_total: AtomicU64::new(0),
+            failure: self.failure,
+            fallback: match self.failure {
+                FailurePolicy::LocalFallback { expected_nodes } => {
+                    Some(LocalRate::share_of(&self.quota, expected_nodes))
+                }
+                _ => None,
+            },
+            circuit_open: AtomicBool::new(false),
             origin: Instant::now(),
             blocked_until_ns: AtomicU64::new(0),
             rtt_ns: AtomicU64::new(0),
@@ -259,6 +281,11 @@ struct Shared<S> {
     node_id: u64,
     /// Tokens denied to callers, ever (demand that was not served).
     denied_total: AtomicU64,
+    failure: FailurePolicy,
+    /// The local bucket of [`FailurePolicy::LocalFallback`].
+    fallback: Option<LocalRate>,
+    /// Set from a failed lease until a lease succeeds.
+    circuit_open: AtomicBool,
     /// Origin of the nanosecond timestamps below.
     origin: Instant,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
@@ -281,6 +308,7 @@ struct Counters {
     tokens_released: AtomicU64,
     store_errors: AtomicU64,
     tokens_expired: AtomicU64,
+    admitted_degraded: AtomicU64,
     demand_mtps: AtomicU64,
     share_mtps: AtomicU64,
 }
@@ -296,6 +324,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
             prefetch: true,
             seed: None,
             node_id: None,
+            failure: FailurePolicy::default(),
             runtime: None,
         }
     }
@@ -350,11 +379,15 @@ impl<S: LeaseStore> HybridLimiter<S> {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);
             finished.as_mut().enable();
-            if let Decision::Allowed = self.try_acquire(n)? {
-                return Ok(());
-            }
-            finished.await;
-            if s.error_seq.load(Ordering::Acquire) != errors_seen {
+            let retry_after = match self.try_acquire(n)? {
+                Decision::Allowed => return Ok(()),
+                Decision::Denied { retry_after } => retry_after,
+            };
+            // Woken by the next store call's outcome, or when the answer said to retry.
+            let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
+            if s.failure == FailurePolicy::FailClosed
+                && s.error_seq.load(Ordering::Acquire) != errors_seen
+            {
                 if let Some(e) = s.error.lock().clone() {
                     return Err(Error::Store(e));
                 }
@@ -405,6 +438,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
             store_errors: get(&c.store_errors),
             tokens_expired: get(&c.tokens_expired),
             tokens_denied: get(&self.handle.shared.denied_total),
+            tokens_admitted_degraded: get(&c.admitted_degraded),
+            circuit_open: self.handle.shared.circuit_open.load(Ordering::Relaxed),
             demand_mtps: get(&c.demand_mtps),
             share_mtps: get(&c.share_mtps),
             local_tokens: self.available(),
@@ -460,6 +495,30 @@ impl<S: LeaseStore> Shared<S> {
         if self.signal.is_closed() {
             return Err(Error::Closed);
         }
+        // Relaxed: a state flag; a caller that reads it a little late answers as before.
+        if self.circuit_open.load(Ordering::Relaxed) {
+            let admit = match (self.failure, &self.fallback) {
+                (FailurePolicy::FailOpen, _) => Ok(()),
+                (FailurePolicy::LocalFallback { .. }, Some(local)) => local.try_take(n),
+                _ => Err(Duration::ZERO),
+            };
+            // Keep the background task probing the store.
+            self.signal.request();
+            match admit {
+                Ok(()) => {
+                    self.counters
+                        .admitted_degraded
+                        .fetch_add(n, Ordering::Relaxed);
+                    return Ok(Decision::Allowed);
+                }
+                Err(wait) if !wait.is_zero() => {
+                    self.denied_total.fetch_add(n, Ordering::Relaxed);
+                    self.signal.denied(n);
+                    return Ok(Decision::Denied { retry_after: wait });
+                }
+                Err(_) => {}
+            }
+        }
         // Relaxed: a statistic read by the background task to estimate demand.
         self.denied_total.fetch_add(n, Ordering::Relaxed);
         self.signal.denied(n);
@@ -510,10 +569,29 @@ impl<S: LeaseStore> Shared<S> {
     }
 
     fn fail(&self, error: StoreError) {
+        let policy = self.failure.name();
+        if !self.circuit_open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(limiter = %self.name, %error, policy, "store failing: circuit open");
+            metrics::gauge!("ratelease_circuit_open", "limiter" => self.name.clone()).set(1.0);
+        }
+        metrics::counter!(
+            "ratelease_store_failures_total",
+            "limiter" => self.name.clone(),
+            "policy" => policy
+        )
+        .increment(1);
         *self.error.lock() = Some(error);
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.error_seq.fetch_add(1, Ordering::Release);
         self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A lease call succeeded: close the circuit.
+    fn recovered(&self) {
+        if self.circuit_open.swap(false, Ordering::Relaxed) {
+            tracing::info!(limiter = %self.name, "store answering again: circuit closed");
+            metrics::gauge!("ratelease_circuit_open", "limiter" => self.name.clone()).set(0.0);
+        }
     }
 
     fn clamp(&self, ask: LeaseAsk) -> LeaseAsk {
@@ -709,6 +787,7 @@ impl Task {
         }
         let pause = match result {
             Ok(reply) if reply.granted > 0 => {
+                s.recovered();
                 s.local.add(reply.granted);
                 s.counters
                     .tokens_leased
@@ -721,12 +800,13 @@ impl Task {
                     .then(|| Instant::now() + reply.retry_after)
             }
             Ok(reply) => {
+                s.recovered();
                 s.counters.over_limit.fetch_add(1, Ordering::Relaxed);
                 let wait = reply.retry_after.max(MIN_RETRY);
                 Some(Instant::now() + wait + jitter(&mut self.rng, wait / 8))
             }
             Err(error) => {
-                tracing::warn!(limiter = %s.name, %error, "lease failed; backing off");
+                tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
                 s.fail(error);
                 let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
                 self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);

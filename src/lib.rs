@@ -47,6 +47,7 @@ pub mod bucket;
 mod clock;
 mod demand;
 mod error;
+pub mod failure;
 mod hybrid;
 mod key;
 mod limiter;
@@ -59,6 +60,7 @@ mod store;
 
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use error::{Error, StoreError};
+pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
 pub use limiter::{Decision, Limiter};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::{
-    AdaptiveLease, Decision, Error, HybridLimiter, LeaseReply, LeaseRequest, LeaseStore,
-    MemoryStore, Quota, ReleaseRequest, StoreError, TokioClock,
+    AdaptiveLease, Decision, Error, FailurePolicy, HybridLimiter, HybridStats, LeaseReply,
+    LeaseRequest, LeaseStore, MemoryStore, Quota, ReleaseRequest, StoreError, TokioClock,
 };
 
 #[derive(Clone)]
@@ -273,12 +273,13 @@ async fn dropping_the_last_clone_gives_tokens_back() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn store_failures_reach_waiters_and_leasing_resumes() {
+async fn fail_closed_store_failures_reach_waiters_and_leasing_resumes() {
     let store = Wrapped::new(Duration::from_micros(100));
     store.failing.store(true, Ordering::SeqCst);
     let quota = Quota::per_second(100).unwrap();
     let limiter = HybridLimiter::builder("f", quota, store.clone())
         .lease_size(10)
+        .on_store_failure(FailurePolicy::FailClosed)
         .build()
         .unwrap();
     let err = limiter.acquire(1).await.unwrap_err();
@@ -429,4 +430,78 @@ async fn tokens_are_dropped_before_their_lease_expires() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(node.available(), 0, "dropped before the store's expiry");
     assert_eq!(node.stats().tokens_expired, held);
+}
+
+/// Spends the leased tokens, then fails the store and counts what each policy admits in one
+/// second of 10 requests per millisecond.
+async fn admitted_while_failing(policy: FailurePolicy) -> (u64, HybridStats) {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("outage", quota, store.clone())
+        .lease_size(50)
+        .on_store_failure(policy)
+        .build()
+        .unwrap();
+    settle().await;
+    store.failing.store(true, Ordering::SeqCst);
+    let mut admitted = 0;
+    for _ in 0..1_000 {
+        for _ in 0..10 {
+            admitted += u64::from(limiter.try_acquire(1).unwrap().is_allowed());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    (admitted, limiter.stats())
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_failure_policy_answers_as_documented() {
+    // Leased tokens first (50), then the policy.
+    let (closed, stats) = admitted_while_failing(FailurePolicy::FailClosed).await;
+    assert!(stats.circuit_open, "{stats:?}");
+    assert!(
+        closed <= 50 + 50,
+        "fail closed: the lease, and at most one more: {closed}"
+    );
+    assert_eq!(stats.tokens_admitted_degraded, 0);
+
+    let (open, stats) = admitted_while_failing(FailurePolicy::FailOpen).await;
+    assert!(open >= 9_900, "fail open admits everything: {open}");
+    assert!(stats.tokens_admitted_degraded >= 9_800, "{stats:?}");
+
+    // 1 000/s over 4 nodes: 250/s each, burst 250, for one second, plus the lease.
+    let (local, stats) = admitted_while_failing(FailurePolicy::local_fallback(4)).await;
+    assert!((450..=600).contains(&local), "local fallback: {local}");
+    assert!(stats.circuit_open && stats.store_errors >= 2, "{stats:?}");
+    // Probes back off up to 500 ms: about ten in a second, not one per request.
+    assert!(stats.leases <= 15, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_circuit_closes_when_the_store_answers_again() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("recover", quota, store.clone())
+        .lease_size(20)
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    settle().await;
+    store.failing.store(true, Ordering::SeqCst);
+    for _ in 0..2_000 {
+        let _ = limiter.try_acquire(1).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(limiter.stats().circuit_open);
+    store.failing.store(false, Ordering::SeqCst);
+    let healed = tokio::time::Instant::now();
+    while !limiter.try_acquire(1).unwrap().is_allowed() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        healed.elapsed() <= Duration::from_millis(600),
+        "{:?}",
+        healed.elapsed()
+    );
+    assert!(!limiter.stats().circuit_open);
 }

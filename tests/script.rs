@@ -87,6 +87,7 @@ fn memory_store_and_lua_script_agree() {
     let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
     let redis = rt.block_on(async {
         RedisStore::builder(server.url())
+            .response_timeout(Duration::from_secs(5))
             .explicit_clock(clock.clone())
             .connect()
             .await
@@ -138,6 +139,7 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
     let server = RedisServer::start();
     let clock = FakeClock::starting_at(Duration::from_secs(1_000));
     let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
         .explicit_clock(clock.clone())
         .connect()
         .await
@@ -175,7 +177,11 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
 #[tokio::test]
 async fn noscript_after_script_flush_is_recovered() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).await.unwrap();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
     let q = Quota::per_second(100).unwrap();
     store
         .lease("flush", &q, &LeaseRequest::exact(1))
@@ -200,6 +206,7 @@ async fn noscript_after_script_flush_is_recovered() {
 async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
         .prefix("app:")
         .connect()
         .await
@@ -212,6 +219,7 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert_eq!(keys, vec!["app:{user%7D%7Bx}".to_string()]);
     let err = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
         .prefix("bad{prefix")
         .connect()
         .await

@@ -1,0 +1,154 @@
+//! What a hybrid limiter does when the store cannot be reached.
+//!
+//! A limiter that stalls when Redis stalls takes its service down with it. A [`HybridLimiter`]
+//! never waits for the store on the caller's thread, so the only question is what to answer
+//! once the tokens it already holds are spent while the store is failing — the circuit is
+//! **open** from the first failed lease until a lease succeeds again. While it is open the
+//! background task probes the store with jittered exponential back-off (10 ms to 500 ms), and
+//! callers are answered by the [`FailurePolicy`]:
+//!
+//! - [`FailurePolicy::FailOpen`]: admit. The service stays up; the limit is not enforced.
+//! - [`FailurePolicy::FailClosed`]: deny. The limit holds; the service is limited to zero.
+//! - [`FailurePolicy::LocalFallback`] (the default): each node enforces its own share of the
+//!   quota, `rate / expected_nodes` with a burst of `burst / expected_nodes` (at least 1), with
+//!   a local GCRA bucket ([`LocalRate`]) — Doorman's "safe capacity". With `expected_nodes` set
+//!   to the fleet size the fleet stays near the limit; the default of 1 lets every node use the
+//!   whole quota, which favours availability over the limit. Set it.
+//!
+//! Tokens leased before the failure are always spent first. [`HybridLimiter`]'s stats, a
+//! `tracing` event on each change, and the `metrics` gauge `ratelease_circuit_open` show the
+//! state; the counter `ratelease_store_failures_total` is labelled with the policy.
+//!
+//! [`HybridLimiter`]: crate::HybridLimiter
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::quota::Quota;
+
+/// What to answer when local tokens are spent and the store is failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Admit every request while the store is failing.
+    FailOpen,
+    /// Deny every request (beyond the tokens already leased) while the store is failing.
+    FailClosed,
+    /// Enforce `rate / expected_nodes` locally while the store is failing.
+    LocalFallback {
+        /// How many nodes share the limit.
+        expected_nodes: NonZeroU32,
+    },
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        FailurePolicy::LocalFallback {
+            expected_nodes: NonZeroU32::MIN,
+        }
+    }
+}
+
+impl FailurePolicy {
+    /// A local fallback for a fleet of `nodes` (0 is read as 1).
+    pub fn local_fallback(nodes: u32) -> Self {
+        FailurePolicy::LocalFallback {
+            expected_nodes: NonZeroU32::new(nodes).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+
+    /// The policy's name, as used in metrics and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::LocalFallback { .. } => "local_fallback",
+        }
+    }
+}
+
+/// A lock-free local GCRA bucket: one atomic word, the theoretical arrival time.
+#[derive(Debug)]
+pub(crate) struct LocalRate {
+    origin: Instant,
+    /// Nanoseconds per token.
+    emission_ns: u64,
+    /// How far ahead of now the arrival time may run: the burst, in nanoseconds.
+    tolerance_ns: u64,
+    /// Theoretical arrival time, ns since `origin`.
+    tat: AtomicU64,
+}
+
+impl LocalRate {
+    /// This node's share of `quota` among `nodes`.
+    pub(crate) fn share_of(quota: &Quota, nodes: NonZeroU32) -> Self {
+        let nodes = u64::from(nodes.get());
+        let period_ns = u128::from(quota.period_us()) * 1_000;
+        let emission = (period_ns * u128::from(nodes) / u128::from(quota.rate())).max(1);
+        let emission_ns = u64::try_from(emission).unwrap_or(u64::MAX);
+        let burst = (quota.burst() / nodes).max(1);
+        LocalRate {
+            origin: Instant::now(),
+            emission_ns,
+            tolerance_ns: emission_ns.saturating_mul(burst),
+            tat: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `n` tokens, or says how long until it could.
+    pub(crate) fn try_take(&self, n: u64) -> Result<(), Duration> {
+        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let cost = n.saturating_mul(self.emission_ns);
+        // Relaxed: the word publishes nothing else; the CAS orders the updates among callers.
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let new = tat.max(now).saturating_add(cost);
+            let ahead = new - now;
+            if ahead > self.tolerance_ns {
+                return Err(Duration::from_nanos(ahead - self.tolerance_ns));
+            }
+            match self
+                .tat
+                .compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_enforces_its_share() {
+        // 1 000/s over 4 nodes: 250/s each, burst 25.
+        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let local = LocalRate::share_of(&q, NonZeroU32::new(4).unwrap());
+        let burst = (0..100).filter(|_| local.try_take(1).is_ok()).count();
+        assert_eq!(burst, 25);
+        let wait = local.try_take(1).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(4));
+        let mut admitted = 0;
+        for _ in 0..1_000 {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            admitted += (0..10).filter(|_| local.try_take(1).is_ok()).count();
+        }
+        assert_eq!(admitted, 250, "one second at 250/s");
+    }
+
+    #[test]
+    fn default_is_a_local_fallback_of_the_whole_quota() {
+        assert_eq!(FailurePolicy::default(), FailurePolicy::local_fallback(1));
+        assert_eq!(
+            FailurePolicy::local_fallback(0),
+            FailurePolicy::local_fallback(1)
+        );
+        assert_eq!(FailurePolicy::FailClosed.name(), "fail_closed");
+    }
+}

@@ -1,0 +1,139 @@
+//! Redis down or hung, with real redis-server processes: the hot path keeps its promise.
+//!
+//! Timing assertions here are deliberately loose (this suite runs on a shared 2-core CI
+//! machine); the measured numbers are printed and reported in RELIABILITY.md.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ratelease::{Decision, Error, FailurePolicy, HybridLimiter, Quota, RedisStore};
+use support::RedisServer;
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Calls `try_acquire(1)` for `how_long`; returns each call's latency (ns) and the admissions.
+async fn hammer(limiter: &HybridLimiter, how_long: Duration) -> (Vec<u64>, u64) {
+    let (mut latencies, mut admitted) = (Vec::new(), 0);
+    let end = Instant::now() + how_long;
+    while Instant::now() < end {
+        for _ in 0..100 {
+            let t = Instant::now();
+            let d = limiter.try_acquire(1).unwrap();
+            latencies.push(t.elapsed().as_nanos() as u64);
+            admitted += u64::from(d.is_allowed());
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    (latencies, admitted)
+}
+
+fn p99(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() * 99 / 100]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_redis_costs_the_hot_path_nothing_and_leasing_resumes() {
+    let mut server = RedisServer::start();
+    let quota = Quota::per_second(10_000).unwrap();
+    let limiter = HybridLimiter::builder("kill", quota, store(&server).await)
+        .on_store_failure(FailurePolicy::local_fallback(4))
+        .build()
+        .unwrap();
+    let (healthy, _) = hammer(&limiter, Duration::from_millis(400)).await;
+    let leases_before = limiter.stats().leases;
+    assert!(leases_before > 0);
+
+    server.stop();
+    let (outage, admitted) = hammer(&limiter, Duration::from_millis(1_000)).await;
+    let stats = limiter.stats();
+    assert!(stats.circuit_open, "{stats:?}");
+    // The policy: what was leased, then 10 000/s ÷ 4 = 2 500/s with a burst of 2 500.
+    assert!(
+        stats.tokens_admitted_degraded > 0 && admitted <= 2_500 + 2_500 + quota.burst(),
+        "admitted {admitted} during the outage: {stats:?}"
+    );
+    let (healthy_p99, outage_p99) = (p99(healthy), p99(outage));
+    println!("try_acquire p99: healthy {healthy_p99} ns, Redis down {outage_p99} ns");
+    // Within 2x the healthy p99; a floor of 20 µs absorbs scheduler noise on shared CI cores.
+    assert!(
+        outage_p99 <= (2 * healthy_p99).max(20_000),
+        "healthy p99 {healthy_p99} ns, outage p99 {outage_p99} ns"
+    );
+
+    server.restart();
+    let back = Instant::now();
+    loop {
+        let _ = hammer(&limiter, Duration::from_millis(20)).await;
+        let s = limiter.stats();
+        if !s.circuit_open && s.leases > stats.leases {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "no lease 1 s after restart: {s:?}"
+        );
+    }
+    println!("leasing resumed {:?} after the restart", back.elapsed());
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_never_holds_a_caller_past_its_timeout() {
+    let server = RedisServer::start();
+    let quota = Quota::per_second(1_000).unwrap().with_burst(50).unwrap();
+    let limiter = HybridLimiter::builder("hang", quota, store(&server).await)
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    signal(server.pid(), "-STOP");
+    let timeout = Duration::from_millis(100);
+    let mut worst = Duration::ZERO;
+    let mut denied = 0;
+    for _ in 0..30 {
+        let t = Instant::now();
+        // Fail closed: denied, or the store's timeout reported to a waiting caller.
+        let outcome = limiter.try_acquire_for(1, timeout).await;
+        worst = worst.max(t.elapsed());
+        denied += u32::from(matches!(
+            outcome,
+            Ok(Decision::Denied { .. }) | Err(Error::Store(_))
+        ));
+    }
+    let open = limiter.stats().circuit_open;
+    signal(server.pid(), "-CONT");
+    println!("worst try_acquire_for(100 ms) while Redis was stopped: {worst:?}");
+    assert!(
+        worst < timeout + Duration::from_millis(50),
+        "waited {worst:?}"
+    );
+    assert!(denied > 0, "the lease ran out while Redis was stopped");
+    assert!(open, "the circuit opened");
+    let back = Instant::now();
+    while limiter.stats().circuit_open {
+        let _ = limiter.try_acquire_for(1, timeout).await;
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            limiter.stats()
+        );
+    }
+}
