@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use ratelease::{
-    Decision, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota, RedisLimiter,
-    ReleaseRequest, TokioClock,
+    Decision, FailurePolicy, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota,
+    RedisLimiter, ReleaseRequest, TokioClock,
 };
 
 use crate::demand::Arrival;
@@ -200,6 +200,10 @@ impl<S: LeaseStore + Clone> Fleet<S> {
             "hybrid",
             node as u64,
         ));
+        // As the failure-policy docs tell users: size the local fallback to the fleet, so a
+        // store outage does not multiply the limit by the number of nodes.
+        let nodes = u32::try_from(self.up.len()).unwrap_or(u32::MAX);
+        let builder = builder.on_store_failure(FailurePolicy::local_fallback(nodes));
         let builder = match self.mode {
             Mode::HybridFixed => builder.policy(FixedLease::new(self.batch)),
             _ => builder,
