@@ -60,25 +60,23 @@ local MAX = 4503599627370496 -- 2^52
 local MAX_TIME = 9007199254740992 -- 2^53
 local SLACK_MS = 10000
 
-local function int_arg(i, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
-    return nil
-  end
-  return v
-end
-
+-- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0, so it is
+-- never stored as "-0", which strict integer parsers in other clients reject.
 local function int_val(x, lo, hi)
   local v = tonumber(x)
   if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
     return nil
   end
-  return v
+  return v + 0
+end
+
+local function int_arg(i, lo, hi)
+  return int_val(ARGV[i], lo, hi)
 end
 
 -- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
 local function int_str(x)
-  return string.format('%.0f', x)
+  return string.format('%.0f', x + 0)
 end
 
 -- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.
