@@ -11,7 +11,7 @@
 //! - [`FailurePolicy::FailClosed`]: deny. The limit holds; the service is limited to zero.
 //! - [`FailurePolicy::LocalFallback`] (the default): each node enforces its own share of the
 //!   quota, `rate / expected_nodes` with a burst of `burst / expected_nodes` (at least 1), with
-//!   a local GCRA bucket ([`LocalRate`]) — Doorman's "safe capacity". With `expected_nodes` set
+//!   a local GCRA bucket (one atomic word) — Doorman's "safe capacity". With `expected_nodes` set
 //!   to the fleet size the fleet stays near the limit; the default of 1 lets every node use the
 //!   whole quota, which favours availability over the limit. Set it.
 //!

@@ -52,6 +52,7 @@ mod hybrid;
 mod key;
 mod limiter;
 mod local;
+pub mod lock;
 mod policy;
 mod pure;
 mod quota;
@@ -64,6 +65,10 @@ pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
 pub use limiter::{Decision, Limiter};
+pub use lock::{
+    LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
+    DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_ACQUIRE_LUA, LOCK_EXTEND_LUA, LOCK_RELEASE_LUA,
+};
 pub use policy::{
     AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
     MIN_AUTO_HORIZON,

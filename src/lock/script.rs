@@ -1,0 +1,137 @@
+//! The three lock scripts (`lua/lock_*.lua`) and the keys they touch.
+//!
+//! Every key of one lock shares the hash tag of its name, as the limiter's keys do
+//! ([`crate::key`]): `<prefix>{<name>}:lock` (the owner hash), `…:fence` (the fencing counter)
+//! and the channel `…:unlock`. Scripts are sent with EVALSHA; redis-rs reloads them on NOSCRIPT.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::error::LockError;
+use super::owner::LockOwner;
+use crate::key;
+
+/// `lua/lock_acquire.lua`: take or re-enter a lock, returning its fencing token.
+pub const LOCK_ACQUIRE_LUA: &str = include_str!("../../lua/lock_acquire.lua");
+/// `lua/lock_release.lua`: release one hold; delete and publish at zero.
+pub const LOCK_RELEASE_LUA: &str = include_str!("../../lua/lock_release.lua");
+/// `lua/lock_extend.lua`: renew the lease of a held lock (the watchdog).
+pub const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
+
+static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_ACQUIRE_LUA));
+static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_RELEASE_LUA));
+static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_EXTEND_LUA));
+
+/// The keys and channel of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    /// Validates `name` and builds its keys under `prefix` (validated by the builder).
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, LockError> {
+        key::validate_name(name)?;
+        let base = key::bucket_key(prefix, name);
+        Ok(LockKeys {
+            lock: format!("{base}:lock"),
+            fence: format!("{base}:fence"),
+            channel: format!("{base}:unlock"),
+        })
+    }
+}
+
+/// What an acquisition attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Acquired (or re-entered): the hold's fencing token and the re-entry count now.
+    Acquired { fence: u64, count: u64 },
+    /// Held by another owner, whose lease ends in this long (`None`: no expiry set).
+    Held { ttl: Option<Duration> },
+}
+
+/// Runs one script invocation under `timeout`.
+async fn invoke<T: redis::FromRedisValue>(
+    conn: &ConnectionManager,
+    invocation: &redis::ScriptInvocation<'_>,
+    timeout: Duration,
+) -> Result<T, LockError> {
+    let mut conn = conn.clone();
+    invocation.invoke_async(&mut conn).await.map_err(|e| {
+        if e.is_timeout() {
+            LockError::Timeout(timeout)
+        } else {
+            LockError::from(e)
+        }
+    })
+}
+
+fn lease_ms(lease: Duration) -> u128 {
+    lease.as_millis().max(1)
+}
+
+pub(crate) async fn acquire(
+    conn: &ConnectionManager,
+    keys: &LockKeys,
+    owner: &LockOwner,
+    lease: Duration,
+    timeout: Duration,
+) -> Result<Attempt, LockError> {
+    let mut inv = ACQUIRE.key(&keys.lock);
+    inv.key(&keys.fence)
+        .arg(owner.field())
+        .arg(lease_ms(lease).to_string());
+    let reply: Vec<i64> = invoke(conn, &inv, timeout).await?;
+    match reply[..] {
+        [1, fence, count] if fence > 0 && count > 0 => Ok(Attempt::Acquired {
+            fence: fence as u64,
+            count: count as u64,
+        }),
+        [0, pttl] => Ok(Attempt::Held {
+            ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }),
+        _ => Err(LockError::BadReply(format!("lock_acquire: {reply:?}"))),
+    }
+}
+
+/// Releases one hold: `Some(count left)`, or `None` if `owner` does not hold the lock.
+pub(crate) async fn release(
+    conn: &ConnectionManager,
+    keys: &LockKeys,
+    owner: &LockOwner,
+    lease: Duration,
+    timeout: Duration,
+) -> Result<Option<u64>, LockError> {
+    let mut inv = RELEASE.key(&keys.lock);
+    inv.arg(owner.field())
+        .arg(lease_ms(lease).to_string())
+        .arg(&keys.channel);
+    let reply: i64 = invoke(conn, &inv, timeout).await?;
+    match reply {
+        -1 => Ok(None),
+        n if n >= 0 => Ok(Some(n as u64)),
+        n => Err(LockError::BadReply(format!("lock_release: {n}"))),
+    }
+}
+
+/// Renews the lease: whether `owner` still holds the lock.
+pub(crate) async fn extend(
+    conn: &ConnectionManager,
+    keys: &LockKeys,
+    owner: &LockOwner,
+    lease: Duration,
+    timeout: Duration,
+) -> Result<bool, LockError> {
+    let mut inv = EXTEND.key(&keys.lock);
+    inv.arg(owner.field()).arg(lease_ms(lease).to_string());
+    let reply: i64 = invoke(conn, &inv, timeout).await?;
+    match reply {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(LockError::BadReply(format!("lock_extend: {n}"))),
+    }
+}
