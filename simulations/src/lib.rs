@@ -30,6 +30,7 @@
 
 pub mod demand;
 pub mod live;
+pub mod lock_mode;
 pub mod metrics;
 pub mod modes;
 pub mod plots;

@@ -58,7 +58,8 @@ struct RunOpts {
     /// Report directory (default: target/sim/NAME/, NAME being the scenario's name).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Modes to run, comma-separated: pure-redis,hybrid,hybrid-fixed,static-share.
+    /// Modes to run, comma-separated: pure-redis,hybrid,hybrid-fixed,static-share (the default
+    /// set), and lock-based (simulated runs only).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<Mode>>,
     /// Simulated seconds (overrides the scenario's; events past the end are dropped).

@@ -16,6 +16,10 @@
 //!   with quota `rate / N` per second and burst `burst / N`: an exact local token bucket with no
 //!   coordination and no store calls.
 //!
+//! - `lock-based`: a Redis lock around a client-side bucket, one store call per Redis command
+//!   (see [`crate::lock_mode`]); concurrent tasks like pure-Redis. Simulator only: it needs the
+//!   [`SimStore`]'s plain commands.
+//!
 //! Fleet changes: a `node_crash` calls [`HybridLimiter::abort`] (the tokens it held are lost and
 //! counted as stranded), a `node_join` builds the node's hybrid limiter only then (so a new
 //! process leases its first batch when it starts). Pure-Redis and static-share nodes need no
@@ -41,9 +45,11 @@ use ratelease::{
 };
 
 use crate::demand::Arrival;
+use crate::lock_mode;
 use crate::record::{Outcome, RequestRecord};
 use crate::rng::derive_seed;
 use crate::scenario::{Mode, Scenario};
+use crate::store_model::SimStore;
 
 /// The limiter name every node uses (one shared bucket).
 pub const LIMITER_NAME: &str = "sim";
@@ -77,6 +83,12 @@ enum Nodes<S: LeaseStore> {
     Static {
         limiters: Vec<RedisLimiter<MemoryStore>>,
         share: Quota,
+    },
+    Lock {
+        stores: Vec<SimStore>,
+        data: lock_mode::Shared,
+        lease_ns: u64,
+        timeout_ns: u64,
     },
 }
 
@@ -112,7 +124,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<S: LeaseStore + Clone> Fleet<S> {
+impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     /// Builds `mode`'s nodes over `stores` (one per node). Must run inside a tokio runtime.
     ///
     /// # Errors
@@ -190,6 +202,24 @@ impl<S: LeaseStore + Clone> Fleet<S> {
                     .collect::<Result<_, _>>()?;
                 Nodes::Static { limiters, share }
             }
+            Mode::LockBased => {
+                let stores = stores
+                    .into_iter()
+                    .map(|s| {
+                        (Box::new(s) as Box<dyn std::any::Any>)
+                            .downcast::<SimStore>()
+                            .map(|b| *b)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| anyhow::anyhow!("lock-based mode runs only in the simulator"))?;
+                let timeout_ns = (sc.timeout_ms * 1e6).round() as u64;
+                Nodes::Lock {
+                    stores,
+                    data: Default::default(),
+                    lease_ns: 4 * timeout_ns,
+                    timeout_ns,
+                }
+            }
         };
         Ok(fleet)
     }
@@ -241,6 +271,36 @@ impl<S: LeaseStore + Clone> Fleet<S> {
                     };
                     in_flight.fetch_sub(1, Ordering::Relaxed);
                 }));
+                return;
+            }
+            Nodes::Lock {
+                stores,
+                data,
+                lease_ns,
+                timeout_ns,
+            } => {
+                let store = stores[node].clone();
+                let data = data.clone();
+                let (quota, lease_ns, deadline) = (self.quota, *lease_ns, started + timeout_ns);
+                let records = self.records.clone();
+                let in_flight = self.in_flight.clone();
+                let clock = self.now.clone();
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let owner = index as u64 + 1;
+                    let (outcome, decided) =
+                        lock_mode::serve(&store, &data, quota, owner, lease_ns, deadline, &*clock)
+                            .await;
+                    let t = clock();
+                    lock(&records)[index] = RequestRecord {
+                        arrival_ns: a.t_ns,
+                        node: a.node,
+                        outcome,
+                        decided_ns: decided,
+                        latency_ns: t.saturating_sub(started),
+                    };
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                });
                 return;
             }
             Nodes::Hybrid { live, .. } => match live[node].as_ref().map(|l| l.try_acquire(1)) {

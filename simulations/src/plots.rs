@@ -24,6 +24,7 @@ fn mode_color(mode: Mode) -> RGBColor {
         Mode::Hybrid => RGBColor(214, 39, 40),
         Mode::HybridFixed => RGBColor(255, 127, 14),
         Mode::StaticShare => RGBColor(44, 160, 44),
+        Mode::LockBased => RGBColor(148, 103, 189),
     }
 }
 

@@ -74,6 +74,8 @@ pub enum CallKind {
     Lease,
     /// Give tokens back.
     Release,
+    /// A plain command of the lock-based mode (lock, read, write or unlock).
+    Command,
 }
 
 /// One store call, as the client issued it.
@@ -124,7 +126,11 @@ impl RunLog {
         for c in &self.calls {
             h.write_u64(c.t_ns);
             h.write_u64(u64::from(c.node));
-            h.write(&[matches!(c.kind, CallKind::Release) as u8]);
+            h.write(&[match c.kind {
+                CallKind::Lease => 0,
+                CallKind::Release => 1,
+                CallKind::Command => 2,
+            }]);
         }
         h.write_u64(self.store_calls);
         h.write_u64(self.tokens_stranded);

@@ -188,6 +188,8 @@ pub enum Mode {
     HybridFixed,
     /// Each node has a private bucket of `rate / N`, `burst / N`; no coordination.
     StaticShare,
+    /// A Redis lock around a client-side bucket: lock, read, write, unlock (simulator only).
+    LockBased,
 }
 
 impl Mode {
@@ -208,7 +210,16 @@ impl Mode {
             Mode::Hybrid => "hybrid",
             Mode::HybridFixed => "hybrid-fixed",
             Mode::StaticShare => "static-share",
+            Mode::LockBased => "lock-based",
         }
+    }
+
+    /// Every mode the command line and scenarios accept: [`Mode::all`] and `lock-based`,
+    /// which runs only when asked for.
+    pub fn accepted() -> Vec<Mode> {
+        let mut v = Mode::all();
+        v.push(Mode::LockBased);
+        v
     }
 }
 
@@ -222,12 +233,12 @@ impl FromStr for Mode {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Mode::all()
+        Mode::accepted()
             .into_iter()
             .find(|m| m.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-fixed or static-share"
+                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-fixed, static-share or lock-based"
                 )
             })
     }

@@ -109,11 +109,15 @@ impl NetModel {
     }
 }
 
+/// A plain Redis command of the lock-based mode: runs on the server at its execution instant
+/// (virtual ns) and answers two integers.
+pub type Command = Box<dyn FnOnce(u64) -> [u64; 2] + Send>;
+
 /// What a call asks the store to do (the library's request, passed through unchanged).
-#[derive(Debug, Clone, Copy)]
 enum Op {
     Lease(LeaseRequest),
     Release(ReleaseRequest),
+    Command(Command),
 }
 
 #[derive(Debug, Default)]
@@ -210,15 +214,34 @@ impl StoreModel {
     /// Step 3: the script runs.
     fn execute(self: Arc<Self>, call: Call) {
         let now = self.sched.now_ns();
-        let reply = match &call.op {
-            Op::Lease(req) => ready(self.memory.lease(&call.name, &call.quota, req)),
-            Op::Release(req) => ready(self.memory.release(&call.name, &call.quota, req)),
+        let Call {
+            name,
+            quota,
+            op,
+            back_ns,
+            slot,
+            request,
+        } = call;
+        let (reply, is_lease) = match op {
+            Op::Lease(req) => (ready(self.memory.lease(&name, &quota, &req)), true),
+            Op::Release(req) => (ready(self.memory.release(&name, &quota, &req)), false),
+            Op::Command(f) => {
+                let [a, b] = f(now);
+                let reply = LeaseReply {
+                    granted: a,
+                    remaining: b,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    share_mtps: 0,
+                };
+                (Ok(reply), false)
+            }
         };
-        let granted = match (&reply, call.op) {
-            (Ok(r), Op::Lease(_)) => r.granted,
+        let granted = match &reply {
+            Ok(r) if is_lease => r.granted,
             _ => 0,
         };
-        if let Some(tag) = call.request {
+        if let Some(tag) = request {
             let mut st = self.state();
             if st.executed_at.len() <= tag {
                 st.executed_at.resize(tag + 1, u64::MAX);
@@ -226,9 +249,9 @@ impl StoreModel {
             st.executed_at[tag] = now;
         }
         let sched = self.sched.clone();
-        sched.at(now + call.back_ns, move || {
+        sched.at(now + back_ns, move || {
             // Step 4: the reply arrives, or finds nobody waiting.
-            if !call.slot.complete(reply) && granted > 0 {
+            if !slot.complete(reply) && granted > 0 {
                 self.state().stranded += granted;
             }
         });
@@ -282,6 +305,7 @@ impl SimStore {
             kind: match op {
                 Op::Lease(_) => CallKind::Lease,
                 Op::Release(_) => CallKind::Release,
+                Op::Command(_) => CallKind::Command,
             },
         });
         let slot = Arc::new(Slot::default());
@@ -305,6 +329,33 @@ impl SimStore {
         let model = m.clone();
         m.sched.at(t0 + out, move || model.arrive(call));
         Wait(slot).await
+    }
+}
+
+impl SimStore {
+    /// Sends one plain command (lock-based mode): `f` runs on the simulated server when the
+    /// call is served, and its two integers come back as `granted` and `remaining`. It costs a
+    /// round trip and a service time like any call, and is counted as one.
+    ///
+    /// # Errors
+    /// [`StoreError::Timeout`] if no reply comes within the timeout.
+    pub async fn command(&self, f: Command) -> Result<[u64; 2], StoreError> {
+        // The quota is not used by commands; any valid one will do.
+        let quota = Quota::per_second(1).expect("valid quota");
+        let r = self.call("", &quota, Op::Command(f)).await?;
+        Ok([r.granted, r.remaining])
+    }
+}
+
+impl SimStore {
+    /// Waits `ns` of virtual time on the scheduler (sub-millisecond, unlike tokio's timer).
+    pub async fn sleep_ns(&self, ns: u64) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sched = &self.model.sched;
+        sched.at(sched.now_ns() + ns, move || {
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
     }
 }
 

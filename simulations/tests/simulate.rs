@@ -207,3 +207,33 @@ fn the_command_writes_the_report_directory() {
         "{summary}"
     );
 }
+
+/// Lock-based mode runs, is exact, and pays four round trips (and more under contention) per
+/// decision, against one for pure-Redis.
+#[test]
+fn lock_based_is_exact_and_costs_more_calls() {
+    let sc = Scenario::parse(
+        r#"
+        name = "lock"
+        duration_s = 2
+        rate = 300
+        burst = 30
+        nodes = 4
+        [demand]
+        pattern = "zipf"
+        total_rps = 500
+        "#,
+    )
+    .unwrap();
+    let lock = run(&sc, Mode::LockBased);
+    let pure = run(&sc, Mode::PureRedis);
+    assert!(lock.admitted > 0);
+    assert_eq!(lock.max_window_overshoot, 0);
+    assert!(
+        lock.store_calls >= 3 * pure.store_calls,
+        "lock-based {} calls, pure-redis {}",
+        lock.store_calls,
+        pure.store_calls
+    );
+    assert_eq!("lock-based".parse::<Mode>(), Ok(Mode::LockBased));
+}
