@@ -45,6 +45,7 @@
 
 pub mod bucket;
 mod clock;
+mod connect;
 mod demand;
 mod error;
 pub mod failure;

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_core::Stream;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
+use redis::aio::{ConnectionManager, PubSubSink, PubSubStream};
 use tokio::time::Instant;
 
 use super::error::LockError;
 use super::guard::LockGuard;
 use super::owner::LockOwner;
 use super::script::{self, Attempt, LockKeys};
+use crate::connect::{connection_manager, ConnectError};
 use crate::key;
 
 /// Default lease: how long a lock outlives a holder that stops renewing it (Redisson's 30 s).
@@ -146,13 +147,13 @@ impl RedisLockBuilder {
         if self.poll.is_zero() {
             return Err(LockError::Config("poll interval must not be zero".into()));
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| LockError::Config(format!("invalid redis url {:?}: {e}", self.url)))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let (client, conn) =
+            connection_manager(&self.url, self.connect_timeout, self.response_timeout)
+                .await
+                .map_err(|e| match e {
+                    ConnectError::Url(msg) => LockError::Config(msg),
+                    ConnectError::Redis(e) => LockError::from(e),
+                })?;
         let shared = Shared {
             conn,
             client,

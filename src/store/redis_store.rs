@@ -10,7 +10,9 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
+
+use crate::connect::{connection_manager, ConnectError};
 
 use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 use crate::clock::Clock;
@@ -109,15 +111,12 @@ impl RedisStoreBuilder {
     /// [`Error::Config`] for a bad URL or prefix, [`Error::Store`] if Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisStore, Error> {
         key::validate_prefix(&self.prefix)?;
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| Error::Config(format!("invalid redis url {:?}: {e}", self.url)))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config)
+        let (_, conn) = connection_manager(&self.url, self.connect_timeout, self.response_timeout)
             .await
-            .map_err(StoreError::from)?;
+            .map_err(|e| match e {
+                ConnectError::Url(msg) => Error::Config(msg),
+                ConnectError::Redis(e) => Error::Store(e.into()),
+            })?;
         Ok(RedisStore {
             conn,
             prefix: self.prefix.into(),
