@@ -68,7 +68,7 @@ pub use key::MAX_NAME_LEN;
 pub use limiter::{Decision, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
-    DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_ACQUIRE_LUA, LOCK_EXTEND_LUA, LOCK_RELEASE_LUA,
+    DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,
 };
 pub use policy::{
     AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,

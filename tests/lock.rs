@@ -270,19 +270,22 @@ async fn bad_input_is_a_typed_error() {
     // The scripts reject bad arguments with typed replies, not Lua errors.
     let mut con = server.connection();
     let reply: redis::RedisResult<i64> = redis::cmd("EVAL")
-        .arg(ratelease::LOCK_ACQUIRE_LUA)
+        .arg(ratelease::LOCK_LUA)
         .arg(2)
         .arg("k")
         .arg("f")
+        .arg("acquire")
         .arg("owner")
         .arg("0")
         .query(&mut con);
     let e = reply.unwrap_err();
     assert_eq!(e.code(), Some("RATELEASE"), "{e:?}");
     let reply: redis::RedisResult<i64> = redis::cmd("EVAL")
-        .arg(ratelease::LOCK_RELEASE_LUA)
-        .arg(1)
+        .arg(ratelease::LOCK_LUA)
+        .arg(2)
         .arg("k")
+        .arg("f")
+        .arg("release")
         .arg("")
         .arg("10")
         .arg("ch")

@@ -11,8 +11,8 @@
 //! move between threads, so here an owner is a [`LockOwner`]: the random process id of the
 //! [`RedisLock`] handle plus a task id the caller picks or draws ([`RedisLock::new_owner`]).
 //!
-//! **Three scripts** (`lua/lock_acquire.lua`, `lua/lock_release.lua`, `lua/lock_extend.lua`),
-//! each atomic:
+//! **One script** (`lua/lock.lua`), three atomic operations (like the token bucket's script,
+//! one file validates the arguments once for all of them):
 //!
 //! - *acquire*: if the hash does not exist, `INCR` the fencing counter `…:fence`, create the hash
 //!   with `owner = 1` and the token, set the lease. If the owner is already in it, count up and
@@ -54,4 +54,4 @@ pub use owner::LockOwner;
 pub use redis_lock::{
     RedisLock, RedisLockBuilder, DEFAULT_LEASE, DEFAULT_LOCK_PREFIX, DEFAULT_POLL,
 };
-pub use script::{LOCK_ACQUIRE_LUA, LOCK_EXTEND_LUA, LOCK_RELEASE_LUA};
+pub use script::LOCK_LUA;

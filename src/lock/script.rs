@@ -1,4 +1,4 @@
-//! The three lock scripts (`lua/lock_*.lua`) and the keys they touch.
+//! The lock script (`lua/lock.lua`, one script with three operations) and the keys it touches.
 //!
 //! Every key of one lock shares the hash tag of its name, as the limiter's keys do
 //! ([`crate::key`]): `<prefix>{<name>}:lock` (the owner hash), `…:fence` (the fencing counter)
@@ -13,16 +13,10 @@ use super::error::LockError;
 use super::owner::LockOwner;
 use crate::key;
 
-/// `lua/lock_acquire.lua`: take or re-enter a lock, returning its fencing token.
-pub const LOCK_ACQUIRE_LUA: &str = include_str!("../../lua/lock_acquire.lua");
-/// `lua/lock_release.lua`: release one hold; delete and publish at zero.
-pub const LOCK_RELEASE_LUA: &str = include_str!("../../lua/lock_release.lua");
-/// `lua/lock_extend.lua`: renew the lease of a held lock (the watchdog).
-pub const LOCK_EXTEND_LUA: &str = include_str!("../../lua/lock_extend.lua");
+/// `lua/lock.lua`: acquire (or re-enter, returning the fencing token), release and extend.
+pub const LOCK_LUA: &str = include_str!("../../lua/lock.lua");
 
-static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_ACQUIRE_LUA));
-static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_RELEASE_LUA));
-static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_EXTEND_LUA));
+static LOCK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LOCK_LUA));
 
 /// The keys and channel of one lock.
 #[derive(Debug, Clone)]
@@ -81,8 +75,9 @@ pub(crate) async fn acquire(
     lease: Duration,
     timeout: Duration,
 ) -> Result<Attempt, LockError> {
-    let mut inv = ACQUIRE.key(&keys.lock);
+    let mut inv = LOCK.key(&keys.lock);
     inv.key(&keys.fence)
+        .arg("acquire")
         .arg(owner.field())
         .arg(lease_ms(lease).to_string());
     let reply: Vec<i64> = invoke(conn, &inv, timeout).await?;
@@ -94,7 +89,7 @@ pub(crate) async fn acquire(
         [0, pttl] => Ok(Attempt::Held {
             ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         }),
-        _ => Err(LockError::BadReply(format!("lock_acquire: {reply:?}"))),
+        _ => Err(LockError::BadReply(format!("lock acquire: {reply:?}"))),
     }
 }
 
@@ -106,15 +101,17 @@ pub(crate) async fn release(
     lease: Duration,
     timeout: Duration,
 ) -> Result<Option<u64>, LockError> {
-    let mut inv = RELEASE.key(&keys.lock);
-    inv.arg(owner.field())
+    let mut inv = LOCK.key(&keys.lock);
+    inv.key(&keys.fence)
+        .arg("release")
+        .arg(owner.field())
         .arg(lease_ms(lease).to_string())
         .arg(&keys.channel);
     let reply: i64 = invoke(conn, &inv, timeout).await?;
     match reply {
         -1 => Ok(None),
         n if n >= 0 => Ok(Some(n as u64)),
-        n => Err(LockError::BadReply(format!("lock_release: {n}"))),
+        n => Err(LockError::BadReply(format!("lock release: {n}"))),
     }
 }
 
@@ -126,12 +123,15 @@ pub(crate) async fn extend(
     lease: Duration,
     timeout: Duration,
 ) -> Result<bool, LockError> {
-    let mut inv = EXTEND.key(&keys.lock);
-    inv.arg(owner.field()).arg(lease_ms(lease).to_string());
+    let mut inv = LOCK.key(&keys.lock);
+    inv.key(&keys.fence)
+        .arg("extend")
+        .arg(owner.field())
+        .arg(lease_ms(lease).to_string());
     let reply: i64 = invoke(conn, &inv, timeout).await?;
     match reply {
         0 => Ok(false),
         1 => Ok(true),
-        n => Err(LockError::BadReply(format!("lock_extend: {n}"))),
+        n => Err(LockError::BadReply(format!("lock extend: {n}"))),
     }
 }
