@@ -496,34 +496,32 @@ impl<S: LeaseStore> Shared<S> {
             return Err(Error::Closed);
         }
         // Relaxed: a state flag; a caller that reads it a little late answers as before.
+        // The failure policy's answer while the circuit is open; `None` for "deny as usual".
+        let mut policy_wait = None;
         if self.circuit_open.load(Ordering::Relaxed) {
             let admit = match (self.failure, &self.fallback) {
                 (FailurePolicy::FailOpen, _) => Ok(()),
                 (FailurePolicy::LocalFallback { .. }, Some(local)) => local.try_take(n),
                 _ => Err(Duration::ZERO),
             };
-            // Keep the background task probing the store.
-            self.signal.request();
             match admit {
                 Ok(()) => {
+                    // Keep the background task probing the store.
+                    self.signal.request();
                     self.counters
                         .admitted_degraded
                         .fetch_add(n, Ordering::Relaxed);
                     return Ok(Decision::Allowed);
                 }
-                Err(wait) if !wait.is_zero() => {
-                    self.denied_total.fetch_add(n, Ordering::Relaxed);
-                    self.signal.denied(n);
-                    return Ok(Decision::Denied { retry_after: wait });
-                }
-                Err(_) => {}
+                Err(wait) => policy_wait = Some(wait).filter(|w| !w.is_zero()),
             }
         }
         // Relaxed: a statistic read by the background task to estimate demand.
         self.denied_total.fetch_add(n, Ordering::Relaxed);
+        // Also raises the refill flag, so the task keeps leasing (or probing).
         self.signal.denied(n);
         Ok(Decision::Denied {
-            retry_after: self.retry_hint(),
+            retry_after: policy_wait.unwrap_or_else(|| self.retry_hint()),
         })
     }
 
@@ -541,10 +539,7 @@ impl<S: LeaseStore> Shared<S> {
     /// When a denied caller should try again: the end of a known block, else one round trip.
     fn retry_hint(&self) -> Duration {
         match self.blocked_for() {
-            Duration::ZERO => match self.rtt_ns.load(Ordering::Relaxed) {
-                0 => DEFAULT_RTT,
-                ns => Duration::from_nanos(ns),
-            },
+            Duration::ZERO => self.rtt(),
             blocked => blocked,
         }
     }
