@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command to run the whole test suite, also on a fresh machine.
 #
-#   scripts/test.sh [extra args for `cargo test --workspace --all-targets`]
+#   scripts/test.sh [extra args for `cargo test --workspace --all-targets --all-features`]
 #
 # The integration tests start their own throwaway redis-server processes
 # (tests/support/mod.rs), so redis-server must be installed; this script
@@ -52,5 +52,5 @@ else
 fi
 echo "Using $("$redis_bin" --version) ($redis_bin)"
 
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc
+cargo test --workspace --all-targets --all-features "$@"
+cargo test --workspace --all-features --doc

@@ -161,23 +161,15 @@ impl RedisStore {
         args: [String; 9],
     ) -> Result<LeaseReply, StoreError> {
         let bucket = self.key(name);
-        let mut invocation = SCRIPT.key(&bucket);
-        invocation
-            .key(format!("{bucket}:leasers"))
-            .key(format!("{bucket}:expiry"))
-            .arg(op)
-            .arg(quota.rate())
-            .arg(quota.period_us())
-            .arg(quota.burst())
-            .arg(&args[..]);
-        let mut conn = self.conn.clone();
-        let reply: Vec<u64> = invocation.invoke_async(&mut conn).await.map_err(|e| {
-            if e.is_timeout() {
-                StoreError::Timeout(self.response_timeout)
-            } else {
-                StoreError::from(e)
-            }
-        })?;
+        let (leasers, expiry) = (format!("{bucket}:leasers"), format!("{bucket}:expiry"));
+        let keys = [bucket, leasers, expiry];
+        let head = [
+            op.to_owned(),
+            quota.rate().to_string(),
+            quota.period_us().to_string(),
+            quota.burst().to_string(),
+        ];
+        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(&args)).await?;
         match reply[..] {
             [granted, remaining, retry_us, reset_us, share_mtps] => Ok(LeaseReply {
                 granted,
@@ -190,6 +182,32 @@ impl RedisStore {
                 "expected 5 integers, got {reply:?}"
             ))),
         }
+    }
+
+    /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
+    /// slower than the response timeout to [`StoreError::Timeout`]. Every script this crate
+    /// ships goes through here.
+    pub(crate) async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: impl IntoIterator<Item = &String>,
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(|e| {
+            if e.is_timeout() {
+                StoreError::Timeout(self.response_timeout)
+            } else {
+                StoreError::from(e)
+            }
+        })
     }
 
     fn now_arg(&self) -> String {
