@@ -13,7 +13,7 @@ use super::error::LockError;
 use super::guard::LockGuard;
 use super::owner::LockOwner;
 use super::script::{self, Attempt, LockKeys};
-use crate::connect::{connection_manager, ConnectError};
+use crate::connect::{connection_manager, ConnectError, ConnectSettings};
 use crate::key;
 
 /// Default lease: how long a lock outlives a holder that stops renewing it (Redisson's 30 s).
@@ -45,6 +45,10 @@ pub(crate) struct Shared {
 /// [module docs](crate::lock) for the design.
 ///
 /// Cheap to clone: clones share the connection and the process id.
+///
+/// Needs a single Redis (primary), not a Redis Cluster: waiters subscribe to the unlock
+/// channel on one node, and there is no cluster builder. (Its keys would hash to one slot,
+/// like a limiter's.)
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), ratelease::LockError> {
@@ -147,8 +151,9 @@ impl RedisLockBuilder {
         if self.poll.is_zero() {
             return Err(LockError::Config("poll interval must not be zero".into()));
         }
+        let settings = ConnectSettings::new(self.connect_timeout, self.response_timeout);
         let (client, conn) =
-            connection_manager(&self.url, self.connect_timeout, self.response_timeout)
+            connection_manager(&self.url, &settings)
                 .await
                 .map_err(|e| match e {
                     ConnectError::Url(msg) => LockError::Config(msg),

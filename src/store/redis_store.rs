@@ -2,17 +2,18 @@
 //!
 //! The script is embedded with `include_str!` and sent with EVALSHA; redis-rs reloads it on
 //! NOSCRIPT (after `SCRIPT FLUSH` or a restart), so callers never see that error. The connection
-//! is a redis-rs `ConnectionManager`: cheap to clone, reconnecting in the background, and given
-//! explicit connect and response timeouts so a slow Redis costs a bounded wait. Time comes from
+//! is a redis-rs `ConnectionManager` (one server) or cluster connection (feature `cluster`,
+//! [`RedisStore::cluster_builder`]), see [`crate::connect`]: cheap to clone, reconnecting in the
+//! background, and given explicit connect and response timeouts so a slow Redis costs a bounded
+//! wait. Every key of one limiter carries the same hash tag ([`crate::key`]), so on a cluster a
+//! script call touches one slot. Time comes from
 //! the Redis server's clock (`TIME` inside the script) unless an explicit [`Clock`] is set for
 //! deterministic tests.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
-use crate::connect::{connection_manager, ConnectError};
+use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
 use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 use crate::clock::Clock;
@@ -51,7 +52,7 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(50);
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: Arc<str>,
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -70,14 +71,31 @@ impl std::fmt::Debug for RedisStore {
 /// Configures and connects a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
-    url: String,
+    target: Target,
     prefix: String,
-    connect_timeout: Duration,
-    response_timeout: Duration,
+    settings: ConnectSettings,
     clock: Option<Arc<dyn Clock>>,
 }
 
+/// What a builder connects to.
+enum Target {
+    /// One server.
+    Url(String),
+    /// Some nodes of a cluster.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+}
+
 impl RedisStoreBuilder {
+    fn new(target: Target) -> Self {
+        RedisStoreBuilder {
+            target,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            settings: ConnectSettings::new(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
+            clock: None,
+        }
+    }
+
     /// Key prefix for every limiter (default [`DEFAULT_PREFIX`]); must not contain braces.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -85,14 +103,24 @@ impl RedisStoreBuilder {
     }
 
     /// Time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// On a cluster, per node.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.settings.connect_timeout = timeout;
         self
     }
 
-    /// Time allowed for one reply (default [`DEFAULT_RESPONSE_TIMEOUT`]).
+    /// Time allowed for one reply (default [`DEFAULT_RESPONSE_TIMEOUT`]). On a cluster, for
+    /// one whole request, MOVED/ASK redirections and retries included.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+        self.settings.response_timeout = timeout;
+        self
+    }
+
+    /// Trusts the PEM root certificate(s) `pem` for `rediss://` connections instead of the
+    /// system's roots: for a Redis whose certificate is signed by a private CA.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.settings.tls_root = Some(pem.into());
         self
     }
 
@@ -111,16 +139,23 @@ impl RedisStoreBuilder {
     /// [`Error::Config`] for a bad URL or prefix, [`Error::Store`] if Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisStore, Error> {
         key::validate_prefix(&self.prefix)?;
-        let (_, conn) = connection_manager(&self.url, self.connect_timeout, self.response_timeout)
-            .await
-            .map_err(|e| match e {
-                ConnectError::Url(msg) => Error::Config(msg),
-                ConnectError::Redis(e) => Error::Store(e.into()),
-            })?;
+        let conn = match &self.target {
+            Target::Url(url) => connection_manager(url, &self.settings)
+                .await
+                .map(|(_, conn)| Connection::Single(conn)),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(nodes) => {
+                crate::connect::cluster_connection(nodes, &self.settings).await
+            }
+        }
+        .map_err(|e| match e {
+            ConnectError::Url(msg) => Error::Config(msg),
+            ConnectError::Redis(e) => Error::Store(e.into()),
+        })?;
         Ok(RedisStore {
             conn,
             prefix: self.prefix.into(),
-            response_timeout: self.response_timeout,
+            response_timeout: self.settings.response_timeout,
             clock: self.clock,
         })
     }
@@ -129,13 +164,29 @@ impl RedisStoreBuilder {
 impl RedisStore {
     /// A builder for a store at `url` (`redis://`, `rediss://` or `redis+unix://`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            clock: None,
-        }
+        RedisStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// A builder for a store on the Redis Cluster that `nodes` belong to (URLs of one or more
+    /// of its nodes, `redis://` or `rediss://`; the rest are discovered).
+    ///
+    /// Every key of one limiter hashes to one slot, so the script runs on one primary; limiters
+    /// with different names spread across the cluster. Slot migrations are followed (MOVED/ASK)
+    /// within the response timeout. [`RedisLock`](crate::RedisLock) needs a single Redis.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// let store = ratelease::RedisStore::cluster_builder(["redis://10.0.0.1:7000/"])
+    ///     .prefix("myapp:rl:")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster_builder(
+        nodes: impl IntoIterator<Item = impl Into<String>>,
+    ) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
     /// Connects to `url` with default settings.

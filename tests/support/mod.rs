@@ -512,3 +512,162 @@ fn spawn(mut cmd: Command) -> io::Result<Child> {
 fn spawn(mut cmd: Command) -> io::Result<Child> {
     cmd.spawn()
 }
+
+/// Environment variable naming the `redis-cli` binary (a path or a name on
+/// `PATH`) used to create clusters. Defaults to `redis-cli`.
+pub const REDIS_CLI_BIN_ENV: &str = "REDIS_CLI_BIN";
+
+/// How long a freshly created cluster may take to reach `cluster_state:ok`.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A private Redis Cluster: `n` primaries without replicas, each a
+/// [`RedisServer`] started with `--cluster-enabled yes` and a cluster config
+/// file in its own temporary directory, joined by `redis-cli --cluster
+/// create`. Every process is killed when the value is dropped.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `n` (≥ 3, redis-cli's minimum) primaries, assigns the 16 384
+    /// slots evenly and waits until every node reports `cluster_state:ok` and
+    /// knows all the others.
+    pub fn start(n: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                RedisServer::start_with_args(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let cli = std::env::var(REDIS_CLI_BIN_ENV)
+            .ok()
+            .filter(|bin| !bin.is_empty())
+            .unwrap_or_else(|| "redis-cli".to_string());
+        let mut create = Command::new(&cli);
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port().unwrap()));
+        }
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = create.output().unwrap_or_else(|e| {
+            panic!("cannot run {cli:?} (install redis-tools, or set {REDIS_CLI_BIN_ENV}): {e}")
+        });
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok`, knows every node
+    /// and agrees on who owns every slot.
+    pub fn wait_until_ok(&self) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let ok = self.nodes.iter().all(|node| {
+                let info: String = node.cmd(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && info.contains("cluster_slots_ok:16384")
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not reach cluster_state:ok within {CLUSTER_TIMEOUT:?}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes, in start order.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The node URLs, for `RedisStore::cluster_builder`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The cluster node id of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i].cmd(&["CLUSTER", "MYID"])
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])
+    }
+
+    /// The index of the node that owns `slot`, by node 0's view.
+    pub fn owner(&self, slot: u16) -> usize {
+        let ranges: Vec<redis::Value> = self.nodes[0].cmd(&["CLUSTER", "SLOTS"]);
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                panic!("unexpected CLUSTER SLOTS entry {range:?}")
+            };
+            let (lo, hi): (u16, u16) = (
+                redis::from_redis_value(parts[0].clone()).unwrap(),
+                redis::from_redis_value(parts[1].clone()).unwrap(),
+            );
+            if (lo..=hi).contains(&slot) {
+                let redis::Value::Array(primary) = &parts[2] else {
+                    panic!("unexpected CLUSTER SLOTS node {:?}", parts[2])
+                };
+                let port: u16 = redis::from_redis_value(primary[1].clone()).unwrap();
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port() == Some(port))
+                    .expect("slot owned by an unknown node");
+            }
+        }
+        panic!("slot {slot} is not assigned")
+    }
+
+    /// Moves `slot` (and its keys) to node `to`, the way `redis-cli --cluster
+    /// reshard` does: SETSLOT IMPORTING on the target, MIGRATING on the source,
+    /// MIGRATE the keys one by one (pausing `pause` after each, so clients see
+    /// the slot half-moved and get ASK / TRYAGAIN), then SETSLOT NODE on every
+    /// primary. Returns the number of keys moved.
+    pub fn migrate_slot(&self, slot: u16, to: usize, pause: Duration) -> usize {
+        let from = self.owner(slot);
+        assert_ne!(from, to, "slot {slot} already lives on node {to}");
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let (src_id, dst_id) = (self.node_id(from), self.node_id(to));
+        let slot_s = slot.to_string();
+        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
+        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+        thread::sleep(pause);
+        let dst_port = dst.port().unwrap().to_string();
+        let mut moved = 0;
+        loop {
+            let keys: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "1"]);
+            let Some(key) = keys.first() else { break };
+            let _: redis::Value = src.cmd(&["MIGRATE", "127.0.0.1", &dst_port, key, "0", "5000"]);
+            moved += 1;
+            thread::sleep(pause);
+        }
+        for node in [dst, src] {
+            let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
+        }
+        for (i, node) in self.nodes.iter().enumerate() {
+            if i != from && i != to {
+                let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
+            }
+        }
+        moved
+    }
+}

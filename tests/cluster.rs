@@ -1,0 +1,314 @@
+//! `RedisStore` on a real 3-primary Redis Cluster (feature `cluster`): limiters spread over
+//! every primary, names with braces and percent signs keep all their keys in one slot, hybrid
+//! limiters share one budget, both timeouts hold, NOSCRIPT is reloaded, and a slot migrated
+//! while limiters run (ASK/TRYAGAIN, then MOVED) keeps its state and its budget.
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelease::{Error, HybridLimiter, Quota, RedisLimiter, RedisStore, StoreError};
+use support::RedisCluster;
+
+const PREFIX: &str = "rl:";
+
+async fn store(cluster: &RedisCluster) -> RedisStore {
+    RedisStore::cluster_builder(cluster.urls())
+        .prefix(PREFIX)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Limiter `i`'s name; most contain `{`, `}` or `%`, some start with `}` (unescaped, that
+/// would leave an empty hash tag and split the limiter's keys over several slots).
+fn name(i: usize) -> String {
+    match i % 4 {
+        0 => format!("plain-{i}"),
+        1 => format!("}}x{{{i}}}"),
+        2 => format!("{{{i}%7D"),
+        _ => format!("%{i}}}{{"),
+    }
+}
+
+/// A rate so slow that nothing refills during the test.
+fn slow(burst: u64) -> Quota {
+    Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_limiters_spread_over_every_primary_and_admit_exactly_their_burst() {
+    let cluster = RedisCluster::start(3);
+    let store = store(&cluster).await;
+    let quota = slow(3);
+    let mut tasks = Vec::new();
+    for i in 0..1_000 {
+        let limiter = RedisLimiter::new(name(i), quota, store.clone()).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = Vec::new();
+            for _ in 0..4 {
+                allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+            }
+            allowed
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(
+            t.await.unwrap(),
+            [true, true, true, false],
+            "limiter {:?}",
+            name(i)
+        );
+    }
+
+    // Every key is under the prefix, in the slot of its limiter's hash tag, and together they
+    // land on all three primaries.
+    let mut con = cluster.nodes()[0].connection();
+    let mut per_node = [0usize; 3];
+    for i in 0..1_000 {
+        let bucket = store.key(&name(i));
+        assert!(bucket.starts_with(PREFIX), "{bucket}");
+        let slots: Vec<u16> = ["", ":leasers", ":expiry"]
+            .iter()
+            .map(|suffix| {
+                redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(format!("{bucket}{suffix}"))
+                    .query(&mut con)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            slots.iter().all(|s| *s == slots[0]),
+            "{bucket}: slots {slots:?}"
+        );
+        per_node[cluster.owner(slots[0])] += 1;
+    }
+    assert!(
+        per_node.iter().all(|n| *n > 100),
+        "keys per primary {per_node:?}"
+    );
+    let mut total = 0;
+    for node in cluster.nodes() {
+        let keys: Vec<String> = node.cmd(&["KEYS", "*"]);
+        assert!(keys.iter().all(|k| k.starts_with(PREFIX)), "{keys:?}");
+        total += keys.len();
+    }
+    assert_eq!(total, 1_000, "one bucket key per limiter, nothing else");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_limiters_on_a_cluster_share_one_budget() {
+    let cluster = RedisCluster::start(3);
+    let (rate, burst) = (300u64, 30u64);
+    let quota = Quota::per_second(rate).unwrap().with_burst(burst).unwrap();
+    let names = ["a}{b", "}", "%7D{"];
+    let stop = Arc::new(AtomicBool::new(false));
+    let admitted: Vec<Arc<AtomicU64>> = names.iter().map(|_| Arc::default()).collect();
+    let mut limiters = Vec::new();
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for (n, name) in names.iter().enumerate() {
+        // Two "processes" per name, each with its own cluster connection.
+        for seed in 0..2 {
+            let h = HybridLimiter::builder(*name, quota, store(&cluster).await)
+                .seed(seed)
+                .build()
+                .unwrap();
+            limiters.push(h.clone());
+            let (stop, admitted) = (stop.clone(), admitted[n].clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if h.try_acquire(1).unwrap().is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let budget = burst as f64 + rate as f64 * elapsed;
+    for (name, admitted) in names.iter().zip(&admitted) {
+        let admitted = admitted.load(Ordering::Relaxed) as f64;
+        assert!(
+            admitted <= budget,
+            "{name:?}: admitted {admitted} > {budget:.0}"
+        );
+        assert!(
+            admitted >= 0.5 * rate as f64 * elapsed,
+            "{name:?}: admitted only {admitted} of {budget:.0}"
+        );
+    }
+    // Both processes of each name registered as leasers (adaptive leases) on the same
+    // (one-slot) keys.
+    let store = store(&cluster).await;
+    for name in names {
+        let leasers = format!("{}:leasers", store.key(name));
+        let slot = cluster.slot(&leasers);
+        let node = &cluster.nodes()[cluster.owner(slot)];
+        let n: u64 = node.cmd(&["HLEN", &leasers]);
+        assert_eq!(n, 2, "{leasers}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_store_honours_both_timeouts_and_reloads_flushed_scripts() {
+    // Connect timeout: a listener that never answers the handshake.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/", silent.local_addr().unwrap());
+    let t = Instant::now();
+    let err = RedisStore::cluster_builder([url])
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .prefix(PREFIX)
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let limiter = RedisLimiter::new("paused", slow(5), store.clone()).unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+
+    // NOSCRIPT on every primary: reloaded transparently.
+    for node in cluster.nodes() {
+        let _: () = node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+
+    // Response timeout: the primary holding the limiter stops answering for 2 s.
+    let owner = &cluster.nodes()[cluster.owner(cluster.slot(&store.key("paused")))];
+    let _: () = owner.cmd(&["CLIENT", "PAUSE", "2000", "ALL"]);
+    let t = Instant::now();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    let waited = t.elapsed();
+    assert!(
+        matches!(err, Error::Store(StoreError::Timeout(_))),
+        "{err:?}"
+    );
+    assert!(waited < Duration::from_millis(1_000), "waited {waited:?}");
+    let _: () = owner.cmd(&["CLIENT", "UNPAUSE"]);
+    // Two admitted so far; the budget of 5 still holds after the timeout.
+    let mut allowed = 0;
+    for _ in 0..6 {
+        if limiter.try_acquire(1).await.unwrap().is_allowed() {
+            allowed += 1;
+        }
+    }
+    assert!(allowed <= 3, "allowed {allowed} more after 2 of 5");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
+    let cluster = RedisCluster::start(3);
+    let burst = 2_000;
+    let quota = slow(burst);
+    let name = "mig}rate{";
+    let pure = RedisLimiter::new(name, quota, store(&cluster).await).unwrap();
+    let hybrid = HybridLimiter::new(name, slow(burst), store(&cluster).await).unwrap();
+    let bucket = pure.store().key(name);
+    let slot = cluster.slot(&bucket);
+    let from = cluster.owner(slot);
+    let to = (from + 1) % 3;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    {
+        let (stop, admitted, calls, pure) =
+            (stop.clone(), admitted.clone(), calls.clone(), pure.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                calls.fetch_add(1, Ordering::Relaxed);
+                if pure.try_acquire(1).await.unwrap().is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    {
+        let (stop, admitted, hybrid) = (stop.clone(), admitted.clone(), hybrid.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if hybrid.try_acquire(1).unwrap().is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(4)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = (
+        admitted.load(Ordering::Relaxed),
+        calls.load(Ordering::Relaxed),
+    );
+    let moved = {
+        let cluster = &cluster;
+        tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, Duration::from_millis(150)))
+    };
+    let during = calls.load(Ordering::Relaxed) - before.1;
+    assert_eq!(cluster.owner(slot), to);
+    // The bucket, the leasers hash and the expiry index.
+    assert_eq!(moved, 3, "keys moved");
+    assert!(
+        during >= 20,
+        "only {during} pure calls during the migration"
+    );
+    assert!(before.0 > 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // After the migration: the limiter still answers (MOVED followed), and the state came
+    // along: the budget is used up, not restored to a full bucket.
+    let after = admitted.load(Ordering::Relaxed);
+    assert!(
+        after > before.0,
+        "nothing admitted after the migration began"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await; // let an in-flight lease land
+    let held = hybrid.available();
+    // Drain what is left in Redis, in decreasing chunks.
+    let mut extra = 0;
+    for chunk in [100, 10, 1] {
+        while pure.try_acquire(chunk).await.unwrap().is_allowed() {
+            extra += chunk;
+        }
+    }
+    let total = after + extra;
+    assert!(total <= burst, "admitted {total} > burst {burst}");
+    // Pure mode is exact: every token is admitted, held by the hybrid limiter, or was left.
+    assert!(
+        total + held >= burst - 1,
+        "admitted {total} + held {held} < burst {burst}: tokens lost in the migration"
+    );
+    let on_target: u64 = cluster.nodes()[to].cmd(&["EXISTS", &bucket]);
+    assert_eq!(on_target, 1);
+}
