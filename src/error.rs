@@ -56,6 +56,20 @@ pub enum StoreError {
     /// The store answered something that is not a valid reply.
     #[error("unexpected reply from store: {0}")]
     BadReply(String),
+    /// The Redis user's ACL does not allow the call (a key outside its patterns, or a command
+    /// the script runs); nothing was changed. See RELIABILITY.md, "Security".
+    #[error("redis ACL denied the call: {0}")]
+    NoPermission(String),
+}
+
+/// The message of an ACL denial, if `e` is one: `NOPERM …` for a command or key the user may
+/// not use, or Redis 7's `ERR The user executing the script can't run this command …` for a
+/// command called inside a script.
+pub(crate) fn acl_denial(e: &redis::RedisError) -> Option<String> {
+    let detail = e.detail().unwrap_or_default();
+    let denied = e.code() == Some("NOPERM")
+        || (e.code() == Some("ERR") && detail.starts_with("The user executing the script"));
+    denied.then(|| detail.to_string())
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -63,6 +77,9 @@ impl From<redis::RedisError> for StoreError {
         if e.code() == Some("RATELEASE") {
             let detail = e.detail().unwrap_or_default().to_string();
             return StoreError::Rejected(detail);
+        }
+        if let Some(detail) = acl_denial(&e) {
+            return StoreError::NoPermission(detail);
         }
         StoreError::Redis(Arc::new(e))
     }

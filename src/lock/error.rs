@@ -26,6 +26,9 @@ pub enum LockError {
     /// A lock script refused its arguments (a `RATELEASE …` error reply).
     #[error("lock script rejected the call: {0}")]
     Rejected(String),
+    /// The Redis user's ACL does not allow the call; nothing was changed.
+    #[error("redis ACL denied the lock call: {0}")]
+    NoPermission(String),
     /// Redis answered something that is not a valid reply of the script.
     #[error("unexpected reply from a lock script: {0}")]
     BadReply(String),
@@ -44,6 +47,9 @@ impl From<redis::RedisError> for LockError {
     fn from(e: redis::RedisError) -> Self {
         if e.code() == Some("RATELEASE") {
             return LockError::Rejected(e.detail().unwrap_or_default().to_string());
+        }
+        if let Some(detail) = crate::error::acl_denial(&e) {
+            return LockError::NoPermission(detail);
         }
         LockError::Redis(Arc::new(e))
     }

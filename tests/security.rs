@@ -1,0 +1,177 @@
+//! The least-privilege ACL documented in RELIABILITY.md ("Security") is enough for every
+//! Redis-backed type, and a user without it gets a typed `NoPermission` error with Redis left
+//! untouched.
+
+mod support;
+
+use std::time::Duration;
+
+use ratelease::{
+    Error, FailurePolicy, HybridLimiter, LockError, Quota, RedisLimiter, RedisLock, RedisStore,
+    StoreError,
+};
+use support::RedisServer;
+
+/// The ACL rules of RELIABILITY.md, "Security" (keep the two in step): the script commands,
+/// exactly the commands `lua/token_bucket.lua` and `lua/lock.lua` call (Redis 7 checks ACLs
+/// inside scripts), the two read-only commands `RedisLock` sends itself, and pub/sub on the
+/// lock channels; all on the `ratelease:` prefix.
+const LEAST_PRIVILEGE: &[&str] = &[
+    "resetkeys",
+    "~ratelease:*",
+    "resetchannels",
+    "&ratelease:*",
+    "nocommands",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    // lua/token_bucket.lua
+    "+time",
+    "+hmget",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+zrangebyscore",
+    "+del",
+    "+pexpire",
+    // lua/lock.lua (+ HGET, HSET, DEL, PEXPIRE above)
+    "+exists",
+    "+hexists",
+    "+hincrby",
+    "+incr",
+    "+pttl",
+    "+publish",
+    // RedisLock waiters
+    "+subscribe",
+    "+unsubscribe",
+];
+
+fn create_user(server: &RedisServer, user: &str, rules: &[&str]) {
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">secret"];
+    args.extend_from_slice(rules);
+    let _: () = server.cmd(&args);
+}
+
+fn url(server: &RedisServer, user: &str) -> String {
+    format!(
+        "redis://{user}:secret@127.0.0.1:{}/",
+        server.port().unwrap()
+    )
+}
+
+async fn store(server: &RedisServer, user: &str) -> RedisStore {
+    RedisStore::builder(url(server, user))
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_runs_every_limiter_and_the_lock() {
+    let server = RedisServer::start();
+    create_user(&server, "ratelease", LEAST_PRIVILEGE);
+    let quota = Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(20)
+        .unwrap();
+
+    // Pure mode, also after SCRIPT FLUSH (the reload needs SCRIPT LOAD).
+    let pure = RedisLimiter::new("acl", quota, store(&server, "ratelease").await).unwrap();
+    assert!(pure.try_acquire(5).await.unwrap().is_allowed());
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    assert!(pure.try_acquire(5).await.unwrap().is_allowed());
+
+    // Hybrid mode with node records (leasers hash, expiry index, releases).
+    let hybrid = HybridLimiter::builder("acl", quota, store(&server, "ratelease").await)
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    hybrid.acquire(3).await.unwrap();
+    hybrid.shutdown().await;
+    assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
+    assert!(!pure.try_acquire(20).await.unwrap().is_allowed());
+
+    // The lock: acquire, re-enter, inspect, wait for an unlock (subscribe + publish).
+    let lock = RedisLock::builder(url(&server, "ratelease"), "acl")
+        .lease_time(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let (a, b) = (lock.new_owner(), lock.new_owner());
+    let held = lock.lock(&a).await.unwrap();
+    assert_eq!(lock.hold_count(&a).await.unwrap(), 1);
+    assert!(lock.is_locked().await.unwrap());
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.try_lock_for(&b, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.unlock().await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("waiter got the lock");
+    got.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
+    let server = RedisServer::start();
+    let quota = Quota::per_second(10).unwrap();
+    // Right commands, wrong key pattern; no EVALSHA; commands the scripts call first missing
+    // (TIME in the bucket script, INCR in the lock script: denied before any write).
+    let other_keys: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .map(|r| match *r {
+            "~ratelease:*" => "~other:*",
+            "&ratelease:*" => "&other:*",
+            r => r,
+        })
+        .collect();
+    create_user(&server, "other-keys", &other_keys);
+    let no_evalsha: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|r| *r != "+evalsha")
+        .collect();
+    create_user(&server, "no-evalsha", &no_evalsha);
+    let no_time: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|r| *r != "+time" && *r != "+incr")
+        .collect();
+    create_user(&server, "no-time-incr", &no_time);
+
+    for user in ["other-keys", "no-evalsha", "no-time-incr"] {
+        let pure = RedisLimiter::new("x", quota, store(&server, user).await).unwrap();
+        let err = pure.try_acquire(1).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            "{user}: {err:?}"
+        );
+        assert!(err.to_string().contains("store failed"), "{err}");
+
+        let hybrid = HybridLimiter::builder("x", quota, store(&server, user).await)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .prefetch(false)
+            .build()
+            .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(5), hybrid.acquire(1))
+            .await
+            .expect("a denied lease ends the wait")
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            "{user}: {err:?}"
+        );
+        hybrid.abort();
+
+        let lock = RedisLock::connect(url(&server, user), "x").await.unwrap();
+        let err = lock.try_lock(&lock.new_owner()).await.unwrap_err();
+        assert!(matches!(err, LockError::NoPermission(_)), "{user}: {err:?}");
+    }
+    let keys: u64 = server.cmd(&["DBSIZE"]);
+    assert_eq!(keys, 0, "a denied call wrote to Redis");
+}
