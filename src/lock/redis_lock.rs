@@ -92,6 +92,8 @@ pub struct RedisLockBuilder {
     watchdog: bool,
     connect_timeout: Duration,
     response_timeout: Duration,
+    #[cfg(feature = "tls")]
+    tls_root: Option<Vec<u8>>,
 }
 
 impl RedisLockBuilder {
@@ -134,6 +136,14 @@ impl RedisLockBuilder {
         self
     }
 
+    /// Trusts the PEM root certificate(s) `pem` for `rediss://` instead of the system's roots
+    /// (as [`RedisStoreBuilder::tls_root_certificate`](crate::RedisStoreBuilder::tls_root_certificate)).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
+        self
+    }
+
     /// Validates the configuration and connects.
     ///
     /// # Errors
@@ -151,7 +161,12 @@ impl RedisLockBuilder {
         if self.poll.is_zero() {
             return Err(LockError::Config("poll interval must not be zero".into()));
         }
-        let settings = ConnectSettings::new(self.connect_timeout, self.response_timeout);
+        #[allow(unused_mut)] // mutated only with feature `tls`
+        let mut settings = ConnectSettings::new(self.connect_timeout, self.response_timeout);
+        #[cfg(feature = "tls")]
+        {
+            settings.tls_root = self.tls_root;
+        }
         let (client, conn) =
             connection_manager(&self.url, &settings)
                 .await
@@ -191,6 +206,8 @@ impl RedisLock {
             watchdog: true,
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(250),
+            #[cfg(feature = "tls")]
+            tls_root: None,
         }
     }
 

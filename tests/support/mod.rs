@@ -80,6 +80,9 @@ const NOT_FOUND: &str = "redis-server not found: run scripts/test.sh (it install
 enum Addr {
     Tcp(u16),
     Unix(PathBuf),
+    /// TLS only (`--port 0 --tls-port`), with the certificate files in the
+    /// server's directory.
+    Tls(u16),
 }
 
 /// A private `redis-server` process, killed when dropped.
@@ -89,6 +92,8 @@ pub struct RedisServer {
     addr: Addr,
     /// Extra command line arguments, kept for restarts.
     extra_args: Vec<String>,
+    /// The PEM root certificate the harness's own clients trust (TLS only).
+    tls_ca: Option<Vec<u8>>,
     /// The server's `--dir`; holds the log file and, for the unix variant,
     /// the socket. Declared last so it is removed after the process is gone.
     dir: TempDir,
@@ -104,10 +109,33 @@ impl RedisServer {
     /// arguments appended after the harness's own (so they win), e.g.
     /// `&["--maxmemory", "1mb"]`. They are reused by [`RedisServer::restart`].
     pub fn start_with_args(extra: &[&str]) -> RedisServer {
-        let mut server = RedisServer::new(Addr::Tcp(0), extra);
+        RedisServer::new(Addr::Tcp(0), extra).start_on_free_port(Addr::Tcp)
+    }
+
+    /// Starts a server that accepts only TLS (`--port 0 --tls-port <free>`,
+    /// `--tls-auth-clients no`) with the given PEM server certificate, key and
+    /// CA certificate; [`RedisServer::url`] is `rediss://127.0.0.1:PORT/`, and
+    /// the harness's own clients trust `ca_pem`.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(cert_pem: &str, key_pem: &str, ca_pem: &str) -> RedisServer {
+        let mut server = RedisServer::new(Addr::Tls(0), &[]);
+        for (file, pem) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("ca.crt", ca_pem),
+        ] {
+            fs::write(server.dir.path().join(file), pem).expect("cannot write a TLS file");
+        }
+        server.tls_ca = Some(ca_pem.as_bytes().to_vec());
+        server.start_on_free_port(Addr::Tls)
+    }
+
+    /// Spawns on a free port (`addr` of it), retrying when it turns out taken.
+    fn start_on_free_port(self, addr: fn(u16) -> Addr) -> RedisServer {
+        let mut server = self;
         let mut failures = Vec::new();
         for _ in 0..PORT_ATTEMPTS {
-            server.addr = Addr::Tcp(free_port());
+            server.addr = addr(free_port());
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 // Someone else took the port between our probe and the
@@ -148,6 +176,7 @@ impl RedisServer {
             child: None,
             addr,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            tls_ca: None,
             dir,
         }
     }
@@ -158,13 +187,14 @@ impl RedisServer {
         match &self.addr {
             Addr::Tcp(port) => format!("redis://127.0.0.1:{port}/"),
             Addr::Unix(path) => format!("redis+unix://{}", path.display()),
+            Addr::Tls(port) => format!("rediss://127.0.0.1:{port}/"),
         }
     }
 
     /// The TCP port, or `None` for the unix socket variant.
     pub fn port(&self) -> Option<u16> {
         match self.addr {
-            Addr::Tcp(port) => Some(port),
+            Addr::Tcp(port) | Addr::Tls(port) => Some(port),
             Addr::Unix(_) => None,
         }
     }
@@ -176,6 +206,15 @@ impl RedisServer {
 
     /// A client for this server.
     pub fn client(&self) -> redis::Client {
+        #[cfg(feature = "tls")]
+        if let Some(ca) = &self.tls_ca {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            };
+            return redis::Client::build_with_tls(self.url(), certs)
+                .unwrap_or_else(|e| panic!("invalid redis url {}: {e}", self.url()));
+        }
         redis::Client::open(self.url())
             .unwrap_or_else(|e| panic!("invalid redis url {}: {e}", self.url()))
     }
@@ -318,6 +357,18 @@ impl RedisServer {
                     .arg("--unixsocket")
                     .arg(path)
                     .args(["--unixsocketperm", "700"]);
+            }
+            Addr::Tls(port) => {
+                let dir = self.dir.path();
+                cmd.args(["--bind", "127.0.0.1", "--port", "0"])
+                    .args(["--tls-port", &port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(dir.join("server.crt"))
+                    .arg("--tls-key-file")
+                    .arg(dir.join("server.key"))
+                    .arg("--tls-ca-cert-file")
+                    .arg(dir.join("ca.crt"))
+                    .args(["--tls-auth-clients", "no"]);
             }
         }
         cmd.args(&self.extra_args);
