@@ -1,13 +1,15 @@
 //! Bad input gets a typed error, never a panic and never corrupt state in Redis.
 
+mod fuzz;
 mod support;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use fuzz::int_in;
 use proptest::prelude::*;
-use proptest::test_runner::TestRunner;
 use ratelease::{
-    Error, HybridLimiter, MemoryStore, Quota, QuotaError, RedisLimiter, RedisStore,
+    Error, HybridLimiter, MemoryStore, Quota, QuotaError, RedisLimiter, RedisStore, LOCK_LUA,
     TOKEN_BUCKET_LUA,
 };
 use support::RedisServer;
@@ -86,153 +88,242 @@ async fn bad_urls_and_unreachable_servers_are_typed_errors() {
     assert!(matches!(err, Error::Store(_)), "{err:?}");
 }
 
-/// Runs the script with raw arguments.
+/// Runs the token-bucket script with raw arguments.
 fn eval(con: &mut redis::Connection, key: &str, args: &[String]) -> redis::RedisResult<Vec<i64>> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(TOKEN_BUCKET_LUA)
-        .arg(3)
-        .arg(key)
-        .arg(format!("{key}:leasers"))
-        .arg(format!("{key}:expiry"));
+    cmd.arg(TOKEN_BUCKET_LUA).arg(3).arg(bucket_keys(key));
     for a in args {
         cmd.arg(a);
     }
     cmd.query(con)
 }
 
-fn int_in(x: &str, lo: u64, hi: u64) -> bool {
-    x.parse::<u64>().is_ok_and(|x| (lo..=hi).contains(&x))
-}
-
-/// The stored state is absent, or integers in range: the bucket's five fields (a bucket
-/// written before the lease protocol may lack `o` and `d`), each leaser record's six, and an
-/// expiry entry for every leaser record. Prints what it found when it is not.
-fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
-    let fields: Vec<Option<String>> = redis::cmd("HMGET")
-        .arg(key)
-        .arg(&["v", "s", "t", "o", "d"])
-        .query(con)
-        .unwrap();
-    let bucket_ok = match &fields[..] {
-        [None, None, None, None, None] => true,
-        [Some(v), Some(s), Some(t), Some(o), Some(d)] => {
-            int_in(v, 0, 1 << 52)
-                && int_in(s, 1, 1 << 52)
-                && int_in(t, 0, 1 << 53)
-                && int_in(o, 0, 1 << 52)
-                && int_in(d, 0, 1 << 52)
-        }
-        _ => false,
-    };
-    let leasers: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(format!("{key}:leasers"))
-        .query(con)
-        .unwrap();
-    let expiry: Vec<String> = redis::cmd("ZRANGE")
-        .arg(format!("{key}:expiry"))
-        .arg(0)
-        .arg(-1)
-        .query(con)
-        .unwrap();
-    let records_ok = leasers.values().all(|r| {
-        let f: Vec<&str> = r.split(' ').collect();
-        f.len() == 6 && f.iter().all(|x| int_in(x, 0, 1 << 53))
-    });
-    let index_ok = expiry.len() == leasers.len() && expiry.iter().all(|m| leasers.contains_key(m));
-    let ok = bucket_ok && records_ok && index_ok;
-    if !ok {
-        eprintln!(
-            "invalid state at {key}: bucket {fields:?}, leasers {leasers:?}, expiry {expiry:?}"
-        );
-    }
-    ok
-}
-
-fn arg() -> impl Strategy<Value = String> {
-    prop_oneof![
-        (0u64..50).prop_map(|v| v.to_string()),
-        any::<u64>().prop_map(|v| v.to_string()),
-        any::<i64>().prop_map(|v| v.to_string()),
-        any::<f64>().prop_map(|v| v.to_string()),
-        Just("nan".to_string()),
-        Just("-nan".to_string()),
-        Just("inf".to_string()),
-        Just("-inf".to_string()),
-        Just("1e308".to_string()),
-        Just("4503599627370497".to_string()),
-        Just(String::new()),
-        Just("0x10".to_string()),
-        Just("-0".to_string()),
-        Just("-0.0".to_string()),
-        Just(" 7 ".to_string()),
-        "[a-z]{1,6}",
+/// The three keys of the bucket at `key`.
+fn bucket_keys(key: &str) -> Vec<String> {
+    vec![
+        key.to_string(),
+        format!("{key}:leasers"),
+        format!("{key}:expiry"),
     ]
 }
 
-#[test]
-fn the_script_never_fails_at_runtime_nor_stores_invalid_state() {
-    let server = RedisServer::start();
-    let con = std::cell::RefCell::new(server.connection());
-    let mut runner = TestRunner::new(ProptestConfig::with_cases(3_000));
+/// Whether the bucket state at `key` is valid (see [`BUCKET_STATE`]); prints why not.
+fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
+    let keys = bucket_keys(key);
+    let mut pipe = redis::pipe();
+    (BUCKET_STATE.read)(&keys, &mut pipe);
+    let replies: Vec<redis::Value> = pipe.query(con).unwrap();
+    (BUCKET_STATE.check)(&keys, &replies)
+        .map_err(|why| eprintln!("invalid state at {key}: {why}"))
+        .is_ok()
+}
+
+/// The bucket's stored state is absent, or integers in range: the bucket's five fields (a
+/// bucket written before the lease protocol may lack `o` and `d`), each leaser record's six, and
+/// an expiry entry for every leaser record.
+const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
+    read: |keys, pipe| {
+        pipe.cmd("HMGET")
+            .arg(&keys[0])
+            .arg(&["v", "s", "t", "o", "d"]);
+        pipe.cmd("HGETALL").arg(&keys[1]);
+        pipe.cmd("ZRANGE").arg(&keys[2]).arg(0).arg(-1);
+    },
+    check: |_, replies| {
+        let fields: Vec<Option<String>> = redis::from_redis_value(replies[0].clone()).unwrap();
+        let leasers: HashMap<String, String> = redis::from_redis_value(replies[1].clone()).unwrap();
+        let expiry: Vec<String> = redis::from_redis_value(replies[2].clone()).unwrap();
+        const M: i64 = 1 << 52;
+        let bucket_ok = match &fields[..] {
+            [None, None, None, None, None] => true,
+            [Some(v), Some(s), Some(t), Some(o), Some(d)] => {
+                int_in(v, 0, M)
+                    && int_in(s, 1, M)
+                    && int_in(t, 0, 2 * M)
+                    && int_in(o, 0, M)
+                    && int_in(d, 0, M)
+            }
+            _ => false,
+        };
+        if !bucket_ok {
+            return Err(format!("bucket {fields:?}"));
+        }
+        let records_ok = leasers.values().all(|r| {
+            let f: Vec<&str> = r.split(' ').collect();
+            f.len() == 6 && f.iter().all(|x| int_in(x, 0, 2 * M))
+        });
+        let index_ok =
+            expiry.len() == leasers.len() && expiry.iter().all(|m| leasers.contains_key(m));
+        if !(records_ok && index_ok) {
+            return Err(format!("leasers {leasers:?}, expiry {expiry:?}"));
+        }
+        Ok(())
+    },
+};
+
+/// `lua/token_bucket.lua` under the fuzz driver: mostly plausible vectors, so both the served
+/// and the rejected paths run.
+fn token_bucket_script() -> fuzz::Script {
     let ops = prop_oneof![
         4 => Just("lease".to_string()),
         2 => Just("release".to_string()),
         1 => "[a-z]{0,4}",
     ];
-    let (rejected, served) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
-    // Mostly plausible vectors, so both the served and the rejected paths run; sometimes
-    // shortened, so missing arguments are covered too.
     let plausible = prop_oneof![
         6 => (1u64..50).prop_map(|v| v.to_string()),
         1 => (1u64..5_000_000).prop_map(|v| v.to_string()),
-        2 => arg(),
+        2 => fuzz::junk(),
     ];
-    let now = prop_oneof![3 => Just(String::new()), 1 => arg()];
+    let now = prop_oneof![3 => Just(String::new()), 1 => fuzz::junk()];
     let node = prop_oneof![
         3 => Just(String::new()),
         3 => "n[0-2]",
-        1 => arg(),
+        1 => fuzz::junk(),
         1 => Just("x".repeat(129)),
     ];
-    let strategy = (
+    let args = (
         (ops, prop::collection::vec(plausible.clone(), 5), now),
         (node, prop::collection::vec(plausible, 4)),
-        prop_oneof![6 => Just(12usize), 1 => 0usize..12],
-        0u8..4,
-    );
-    runner
-        .run(
-            &strategy,
-            |((op, rest, now), (node, node_args), len, key)| {
-                let key = format!("fuzz{{{key}}}");
-                let mut args = vec![op];
-                args.extend(rest);
-                args.push(now);
-                args.push(node);
-                args.extend(node_args);
-                args.truncate(len);
-                let con = &mut *con.borrow_mut();
-                match eval(con, &key, &args) {
-                    Ok(reply) => {
-                        prop_assert_eq!(reply.len(), 5);
-                        prop_assert!(reply.iter().all(|v| *v >= 0), "{:?}", reply);
-                        served.set(served.get() + 1);
-                    }
-                    Err(e) => {
-                        prop_assert_eq!(e.code(), Some("RATELEASE"), "{:?} for {:?}", e, args);
-                        rejected.set(rejected.get() + 1);
-                    }
-                }
-                prop_assert!(state_is_valid(con, &key), "state after {:?}", args);
+    )
+        .prop_map(|((op, rest, now), (node, node_args))| {
+            let mut args = vec![op];
+            args.extend(rest);
+            args.push(now);
+            args.push(node);
+            args.extend(node_args);
+            args
+        });
+    fuzz::Script {
+        name: "token_bucket.lua",
+        source: TOKEN_BUCKET_LUA,
+        keys: |i| bucket_keys(&format!("fuzz{{{i}}}")),
+        args: args.boxed(),
+        reply: |_, reply| {
+            let reply: Vec<i64> =
+                redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
+            if reply.len() == 5 && reply.iter().all(|v| *v >= 0) {
                 Ok(())
-            },
-        )
-        .unwrap();
-    let (rejected, served) = (rejected.get(), served.get());
-    assert!(
-        rejected > 100 && served > 10,
-        "rejected {rejected}, served {served}"
-    );
+            } else {
+                Err("expected 5 non-negative integers".into())
+            }
+        },
+        state: BUCKET_STATE,
+    }
+}
+
+/// `lua/lock.lua` under the fuzz driver.
+fn lock_script() -> fuzz::Script {
+    let op = prop_oneof![
+        4 => Just("acquire".to_string()),
+        3 => Just("release".to_string()),
+        2 => Just("extend".to_string()),
+        1 => fuzz::junk(),
+    ];
+    let owner = prop_oneof![
+        6 => "[abc]",
+        1 => Just("#fence".to_string()),
+        1 => Just(String::new()),
+        1 => fuzz::junk(),
+    ];
+    let lease = prop_oneof![
+        6 => (1u64..200_000).prop_map(|v| v.to_string()),
+        1 => Just((1u64 << 52).to_string()),
+        3 => fuzz::junk(),
+    ];
+    let channel = prop_oneof![
+        5 => Just("fuzz:unlock".to_string()),
+        1 => Just(String::new()),
+        1 => fuzz::junk(),
+    ];
+    fuzz::Script {
+        name: "lock.lua",
+        source: LOCK_LUA,
+        keys: |i| {
+            vec![
+                format!("fuzz:{{l{i}}}:lock"),
+                format!("fuzz:{{l{i}}}:fence"),
+            ]
+        },
+        args: (op, owner, lease, channel)
+            .prop_map(|(op, owner, lease, channel)| vec![op, owner, lease, channel])
+            .boxed(),
+        reply: |args, reply| {
+            let ok = match (args[0].as_str(), reply) {
+                ("acquire", redis::Value::Array(v)) => {
+                    let v: Vec<i64> = redis::from_redis_value(redis::Value::Array(v.clone()))
+                        .map_err(|e| e.to_string())?;
+                    matches!(v[..], [1, fence, count] if fence > 0 && count > 0)
+                        || matches!(v[..], [0, pttl] if pttl >= 0)
+                }
+                ("release", redis::Value::Int(n)) => *n >= -1,
+                ("extend", redis::Value::Int(n)) => *n == 0 || *n == 1,
+                _ => false,
+            };
+            ok.then_some(())
+                .ok_or_else(|| "not a reply of this op".into())
+        },
+        state: LOCK_STATE,
+    }
+}
+
+/// The lock's stored state: the fence counter is absent or a positive integer that never
+/// expires; the lock hash is absent, or holds exactly one owner (a re-entry count ≥ 1, not a
+/// `#` field) and a `#fence` token in 1..=counter, and expires.
+const LOCK_STATE: fuzz::StateCheck = fuzz::StateCheck {
+    read: |keys, pipe| {
+        pipe.cmd("TYPE").arg(&keys[0]);
+        pipe.cmd("HGETALL").arg(&keys[0]);
+        pipe.cmd("PTTL").arg(&keys[0]);
+        pipe.cmd("TYPE").arg(&keys[1]);
+        pipe.cmd("GET").arg(&keys[1]);
+        pipe.cmd("PTTL").arg(&keys[1]);
+    },
+    check: |_, r| {
+        let ty = |v: &redis::Value| fuzz::string(v).unwrap_or_default();
+        let (lock_type, fence_type) = (ty(&r[0]), ty(&r[3]));
+        let hash: HashMap<String, String> = redis::from_redis_value(r[1].clone()).unwrap();
+        let lock_ttl: i64 = redis::from_redis_value(r[2].clone()).unwrap();
+        let counter = fuzz::string(&r[4]);
+        let fence_ttl: i64 = redis::from_redis_value(r[5].clone()).unwrap();
+        let counter = match (fence_type.as_str(), &counter) {
+            ("none", None) => 0,
+            ("string", Some(c)) if int_in(c, 1, i64::MAX) && fence_ttl == -1 => c.parse().unwrap(),
+            _ => {
+                return Err(format!(
+                    "fence counter {fence_type} {counter:?} ttl {fence_ttl}"
+                ))
+            }
+        };
+        match lock_type.as_str() {
+            "none" => return Ok(()),
+            "hash" => {}
+            other => return Err(format!("lock key is a {other}")),
+        }
+        let fence_ok = hash.get("#fence").is_some_and(|f| int_in(f, 1, counter));
+        let owners: Vec<_> = hash.iter().filter(|(k, _)| *k != "#fence").collect();
+        let owner_ok = matches!(owners[..], [(k, v)] if !k.is_empty() && !k.starts_with('#') && int_in(v, 1, i64::MAX));
+        if fence_ok && owner_ok && hash.len() == 2 && lock_ttl >= 0 {
+            Ok(())
+        } else {
+            Err(format!("lock {hash:?} ttl {lock_ttl}, counter {counter}"))
+        }
+    },
+};
+
+#[test]
+fn the_token_bucket_script_never_fails_at_runtime_nor_stores_invalid_state() {
+    let server = RedisServer::start();
+    let out = fuzz::run(&token_bucket_script(), &mut server.connection(), 10_000);
+    // Twelve arguments, each sometimes junk: most vectors are rejected (about 5 % served).
+    assert!(out.rejected > 1_000 && out.served > 250, "{out:?}");
+}
+
+#[test]
+fn the_lock_script_never_fails_at_runtime_nor_stores_invalid_state() {
+    let server = RedisServer::start();
+    let out = fuzz::run(&lock_script(), &mut server.connection(), 10_000);
+    eprintln!("{out:?}");
+    assert!(out.rejected > 1_000 && out.served > 1_000, "{out:?}");
 }
 
 #[test]
