@@ -1,0 +1,149 @@
+//! Another language on the same bucket: a Python process (redis-py, `tests/python/`) runs
+//! `lua/token_bucket.lua` on one limiter's key while a Rust `HybridLimiter` leases from it on
+//! the same redis-server, and together they stay within one budget.
+//!
+//! Python's dependencies go into a venv under the cargo target dir (`CARGO_TARGET_TMPDIR`),
+//! created once and reused while `tests/python/requirements.txt` is unchanged.
+//! `scripts/test.sh` installs `python3` and `python3-venv` when missing. Without Python or
+//! without network for pip the test fails with the reason; it never skips.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelease::{HybridLimiter, Quota, RedisStore};
+use support::RedisServer;
+
+const REQUIREMENTS: &str = include_str!("python/requirements.txt");
+
+/// Runs `cmd`, panicking with `what`, the hint and its output if it fails.
+fn run(cmd: &mut Command, what: &str, hint: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}\n{hint}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}).\n{hint}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The venv's python, with `requirements.txt` installed.
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("ratelease-requirements.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(REQUIREMENTS) && python.exists() {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    run(
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        "creating a Python venv",
+        "Install python3 and python3-venv (scripts/test.sh does it with apt-get).",
+    );
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/requirements.txt");
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&requirements),
+        "pip install -r tests/python/requirements.txt",
+        "pip needs network access to PyPI (or a configured mirror) once; the venv is cached.",
+    );
+    std::fs::write(&stamp, REQUIREMENTS).unwrap();
+    python
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_rust_share_one_bucket() {
+    let python = tokio::task::spawn_blocking(python).await.unwrap();
+    let server = RedisServer::start();
+    let (rate, burst) = (200u64, 20u64);
+    let quota = Quota::per_second(rate).unwrap().with_burst(burst).unwrap();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let key = store.key("polyglot");
+    let hybrid = HybridLimiter::new("polyglot", quota, store).unwrap();
+
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rust_admitted = Arc::new(AtomicU64::new(0));
+    let rust = {
+        let (hybrid, stop, admitted) = (hybrid.clone(), stop.clone(), rust_admitted.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if hybrid.try_acquire(1).unwrap().is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_micros(300)).await;
+            }
+        })
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua/token_bucket.lua");
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/token_bucket_client.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(&client)
+        .arg(server.url())
+        .arg(&script)
+        .arg(&key)
+        .args([
+            rate.to_string(),
+            quota.period_us().to_string(),
+            burst.to_string(),
+            "1.5".to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    rust.await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "python client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let field = |name: &str| -> u64 {
+        let tail =
+            &stdout[stdout.find(&format!("\"{name}\": ")).expect(&stdout) + name.len() + 4..];
+        tail[..tail.find([',', '}']).unwrap()]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (py_admitted, py_calls) = (field("admitted"), field("calls"));
+    let rust_admitted = rust_admitted.load(Ordering::Relaxed);
+    let total = py_admitted + rust_admitted;
+    let budget = burst as f64 + rate as f64 * elapsed;
+    eprintln!(
+        "python {py_admitted} of {py_calls} calls, rust {rust_admitted}, \
+         total {total} of budget {budget:.0} in {elapsed:.2} s"
+    );
+    assert!(
+        total as f64 <= budget,
+        "admitted {total} > budget {budget:.0}"
+    );
+    // Both sides really competed for the bucket.
+    assert!(
+        py_admitted >= 10 && rust_admitted >= 10,
+        "python {py_admitted}, rust {rust_admitted}"
+    );
+    assert!(py_calls > py_admitted, "python was never denied");
+}
