@@ -3,12 +3,11 @@
 //! The script is embedded with `include_str!` and sent with EVALSHA; redis-rs reloads it on
 //! NOSCRIPT (after `SCRIPT FLUSH` or a restart), so callers never see that error. The connection
 //! is a redis-rs `ConnectionManager` (one server) or cluster connection (feature `cluster`,
-//! [`RedisStore::cluster_builder`]), see [`crate::connect`]: cheap to clone, reconnecting in the
+//! [`RedisStore::cluster_builder`]), see `src/connect.rs`: cheap to clone, reconnecting in the
 //! background, and given explicit connect and response timeouts so a slow Redis costs a bounded
 //! wait. Every key of one limiter carries the same hash tag ([`crate::key`]), so on a cluster a
-//! script call touches one slot. Time comes from
-//! the Redis server's clock (`TIME` inside the script) unless an explicit [`Clock`] is set for
-//! deterministic tests.
+//! script call touches one slot. Time comes from the Redis server's clock (`TIME` inside the
+//! script) unless an explicit [`Clock`] is set for deterministic tests.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
