@@ -54,10 +54,12 @@
 -- A config op does not touch the bucket. The next lease or release brings the bucket up to its
 -- time under the quota the bucket was written with (h fields r, p, b), then rescales the level
 -- to the new quota's units (tokens in the bucket survive a change; fractions are floored) and
--- goes on under the new quota. Outstanding tokens stay counted: if they exceed a new, smaller
--- capacity, the bucket stays empty until they are spent, returned or expired. So a fleet
--- admits at most burst_old + rate_old × t1 + rate_new × t2, where t1 runs to the first lease
--- or release after the change and t2 from there on. A lease whose min exceeds the effective
+-- goes on under the new quota. A full bucket with no leasers stays full (absent reads as
+-- full). Outstanding tokens stay counted: if they exceed a new, smaller capacity, the bucket
+-- stays empty until they are spent, returned or expired. So a fleet admits at most
+-- burst_old + rate_old × t1 + rate_new × t2 (+ burst_new − burst_old if the burst grew while
+-- the bucket was full), where t1 runs to the first lease or release after the change and t2
+-- from there on. A lease whose min exceeds the effective
 -- burst grants nothing (retry 0); the caller's own quota still bounds every argument.
 --
 -- Conservation. Tokens leased to nodes stay counted in `o` until the node reports them spent
@@ -320,7 +322,15 @@ for i = 1, #due, 2 do
   forget(id, parse(redis.call('HGET', KEYS[2], id)))
 end
 refill(first, now)
-if first ~= q then level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out)) end
+if first ~= q then
+  -- A full bucket with no leasers is not stored (absent reads as full), so it stays full
+  -- across a change, as it would once expired; anything else keeps its tokens.
+  if level >= first.cap and out == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+    level = cap
+  else
+    level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
+  end
+end
 
 local granted, retry, share = 0, 0, 0
 if op == 'lease' and min > burst then
@@ -425,8 +435,9 @@ else
   redis.call('HSET', KEYS[1], 'v', int_str(level), 's', int_str(scale), 't', int_str(ts),
     'o', int_str(out), 'd', int_str(dsum), 'r', int_str(rate), 'p', int_str(period),
     'b', int_str(burst))
-  local keep = ceil_div(reset, 1000)
-  if #last > 0 then keep = math.max(keep, ceil_div(math.max(0, tonumber(last[2]) - now), 1000)) end
+  -- Kept until it would be full: every lease expired, then the whole capacity refilled.
+  local keep = ceil_div(ceil_div(cap - level, inc), 1000)
+  if #last > 0 then keep = keep + ceil_div(math.max(0, tonumber(last[2]) - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)

@@ -348,7 +348,14 @@ pub fn step_with(
     }
     refill(&first, &mut level, &mut ts, out, now);
     if first != quota {
-        level = rescale(level, first.scale(), scale, burst).min(ceiling(cap, out, scale));
+        // A full bucket with no leasers is not stored (absent reads as full), so it stays full
+        // across a change, as it would once expired; anything else keeps its tokens.
+        let first_cap = first.burst() * first.scale();
+        level = if level >= first_cap && out == 0 && stored.leasers.is_empty() {
+            cap
+        } else {
+            rescale(level, first.scale(), scale, burst).min(ceiling(cap, out, scale))
+        };
     }
 
     let (mut granted, mut retry, mut share) = (0u64, 0u64, 0u64);
@@ -508,9 +515,10 @@ pub fn step_with(
             period_us: period,
             burst,
         });
-        let mut keep = reset.div_ceil(1000);
+        // Kept until it would be full: every lease expired, then the whole capacity refilled.
+        let mut keep = (cap - level).div_ceil(inc).div_ceil(1000);
         if let Some(last) = last_expiry {
-            keep = keep.max(last.saturating_sub(now).div_ceil(1000));
+            keep += last.saturating_sub(now).div_ceil(1000);
         }
         Some(keep + SLACK_MS)
     };
