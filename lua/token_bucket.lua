@@ -5,21 +5,25 @@
 --                              d = total demand of live leasers, millitokens per second)
 -- KEYS[2]  the leasers hash  (field = node id, value = "o d c tc exp rseq", see below)
 -- KEYS[3]  the leasers zset  (member = node id, score = lease expiry in µs)
--- All three keys must share one {hash tag}.
+-- KEYS[4]  optional: the config hash (rate, period_us, burst: the name's central quota).
+--          Without it the script runs the 3-key protocol: the caller's quota, a 5-entry reply.
+-- All keys must share one {hash tag}.
 --
--- ARGV[1]  op: "lease" or "release"
+-- ARGV[1]  op: "lease" or "release"; with 4 keys also a config operation (below)
 -- ARGV[2]  rate       tokens added per period            (integer, 1 ..= 2^52)
 -- ARGV[3]  period_us  period in microseconds              (integer, 1 ..= 2^52)
 -- ARGV[4]  burst      bucket capacity in tokens           (integer, 1 ..= 2^52)
 -- ARGV[5]  lease: want, the most tokens to grant          (integer, 1 ..= 2^52)
---          release: tokens to give back                   (integer, 0 ..= burst)
+--          release: tokens to give back                   (integer, 0 ..= 2^52; a bucket
+--          never rises above capacity, so tokens leased under a larger quota may come back)
 -- ARGV[6]  lease: min, the fewest acceptable (all-or-nothing below it; 1 ..= min(want, burst))
 --          release: ignored (pass 0)
 -- ARGV[7]  now_us: "" to use the Redis server clock (TIME); an explicit time exists only for
 --          deterministic tests and replays                (integer, 0 ..= 2^53)
 -- ARGV[8]  node: "" for an anonymous call (pure mode), else the leaser's id (≤ 128 bytes)
 --   lease with a node:
---   ARGV[9]  held: tokens the node still holds unspent    (integer, 0 ..= burst)
+--   ARGV[9]  held: tokens the node still holds unspent    (integer, 0 ..= 2^52; never more
+--            than the store counts for it)
 --   ARGV[10] demand: the node's demand, millitokens/s     (integer, 0 ..= 2^52)
 --   ARGV[11] horizon_us: how long one lease should last   (integer, 1 ..= 2^52)
 --   ARGV[12] ttl_us: how long the lease is valid          (integer, 1 ..= 2^52)
@@ -27,6 +31,8 @@
 --   ARGV[9]  seq: release sequence number; a release whose seq is not above the last one
 --            applied for this node is ignored, so a retried release never counts twice
 --   ARGV[10] leaving: 1 if the node stops leasing (its record is removed), else 0
+-- ARGV[13] with 4 keys, lease and release: what to do when the name has no stored config:
+--          "" (or "caller") run under the caller's quota; "none" do nothing (source 2 below)
 --
 -- Reply: { granted, remaining, retry_after_us, reset_after_us, share_mtps }
 --   granted        tokens taken by this call (0 for release, and for a lease that could not
@@ -36,6 +42,25 @@
 --                  also sent with a grant, so a node can pace itself instead of asking in vain
 --   reset_after_us how long until the bucket stops refilling (capacity − outstanding)
 --   share_mtps     the node's fair share of the rate, millitokens per second (0 if anonymous)
+-- With 4 keys the reply goes on: rate, period_us, burst (the quota the call ran under), source
+--   (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0).
+--
+-- Central configuration (4 keys; ARGV[2..4] the quota for init/set, ignored otherwise;
+-- reply { rate, period_us, burst, flag }, the config now stored, or 0s if none):
+--   "config_get"     flag 1 if a config is stored
+--   "config_init"    store the quota unless a config exists; flag 1 if it was written
+--   "config_set"     store the quota (create or replace); flag 1 if one was replaced
+--   "config_delete"  remove the config; flag 1 if one was removed
+-- A config op does not touch the bucket. The next lease or release brings the bucket up to its
+-- time under the quota the bucket was written with (h fields r, p, b), then rescales the level
+-- to the new quota's units (tokens in the bucket survive a change; fractions are floored) and
+-- goes on under the new quota. A full bucket with no leasers stays full (absent reads as
+-- full). Outstanding tokens stay counted: if they exceed a new, smaller capacity, the bucket
+-- stays empty until they are spent, returned or expired. So a fleet admits at most
+-- burst_old + rate_old × t1 + rate_new × t2 (+ burst_new − burst_old if the burst grew while
+-- the bucket was full), where t1 runs to the first lease or release after the change and t2
+-- from there on. A lease whose min exceeds the effective
+-- burst grants nothing (retry 0); the caller's own quota still bounds every argument.
 --
 -- Conservation. Tokens leased to nodes stay counted in `o` until the node reports them spent
 -- (its `held` shrinks), returns them, or its lease expires; refill stops at capacity − o. So
@@ -102,21 +127,62 @@ local function bad(name)
   return redis.error_reply('RATELEASE invalid argument ' .. name)
 end
 
-if #KEYS ~= 3 then return bad('keys: expected 3') end
+if #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 3 or 4') end
 local op = ARGV[1]
-if op ~= 'lease' and op ~= 'release' then return bad('op') end
+local config_op = op == 'config_get' or op == 'config_init' or op == 'config_set'
+  or op == 'config_delete'
+if op ~= 'lease' and op ~= 'release' and not (config_op and #KEYS == 4) then
+  return bad('op')
+end
+
+-- A quota from three values, or nil: each in 1 ..= 2^52, and burst × scale ≤ 2^52.
+local function quota_of(r, p, b)
+  r, p, b = int_val(r, 1, MAX), int_val(p, 1, MAX), int_val(b, 1, MAX)
+  if not (r and p and b) then return nil end
+  local g = gcd(r, p)
+  local q = { rate = r, period = p, burst = b, scale = p / g, inc = r / g }
+  q.cap = b * q.scale
+  if q.cap > MAX then return nil end
+  return q
+end
+
+local function stored_config()
+  local c = redis.call('HMGET', KEYS[4], 'rate', 'period_us', 'burst')
+  if not c[1] and not c[2] and not c[3] then return nil, false end
+  return quota_of(c[1], c[2], c[3]), true
+end
+
+if op == 'config_get' or op == 'config_delete' then
+  local c, present = stored_config()
+  if present and op == 'config_delete' then redis.call('DEL', KEYS[4]) end
+  if not c then return { 0, 0, 0, present and 1 or 0 } end
+  return { c.rate, c.period, c.burst, 1 }
+end
+
 local rate = int_arg(2, 1, MAX)
 if not rate then return bad('rate') end
 local period = int_arg(3, 1, MAX)
 if not period then return bad('period_us') end
 local burst = int_arg(4, 1, MAX)
 if not burst then return bad('burst') end
+local caller = quota_of(rate, period, burst)
+if not caller then return bad('burst') end
 
-local g = gcd(rate, period)
-local scale = period / g
-local inc = rate / g
-local cap = burst * scale
-if cap > MAX then return bad('burst') end
+if config_op then
+  local _, present = stored_config()
+  if op == 'config_init' and present then
+    local c = redis.call('HMGET', KEYS[4], 'rate', 'period_us', 'burst')
+    local q = quota_of(c[1], c[2], c[3])
+    if not q then return { 0, 0, 0, 0 } end
+    return { q.rate, q.period, q.burst, 0 }
+  end
+  redis.call('DEL', KEYS[4])
+  redis.call('HSET', KEYS[4], 'rate', int_str(rate), 'period_us', int_str(period),
+    'burst', int_str(burst))
+  local flag = 0
+  if op == 'config_init' or present then flag = 1 end
+  return { rate, period, burst, flag }
+end
 
 local want, min
 if op == 'lease' then
@@ -125,7 +191,7 @@ if op == 'lease' then
   min = int_arg(6, 1, want)
   if not min or min > burst then return bad('min') end
 else
-  want = int_arg(5, 0, burst)
+  want = int_arg(5, 0, MAX)
   if not want then return bad('tokens') end
 end
 
@@ -143,7 +209,7 @@ if #node > 128 then return bad('node') end
 local held, demand, horizon, ttl, seq, leaving
 if node ~= '' then
   if op == 'lease' then
-    held = int_arg(9, 0, burst)
+    held = int_arg(9, 0, MAX)
     if not held then return bad('held') end
     demand = int_arg(10, 0, MAX)
     if not demand then return bad('demand') end
@@ -159,30 +225,61 @@ if node ~= '' then
   end
 end
 
--- Load; a bucket that is not valid reads as full with nothing outstanding.
+-- The quota this call runs under: the stored config, else the caller's (or nothing at all).
+local q, source = caller, 0
+if #KEYS == 4 then
+  local c, present = stored_config()
+  if present and not c then return redis.error_reply('RATELEASE invalid stored config') end
+  if c then
+    q, source = c, 1
+  elseif ARGV[13] == 'none' then
+    return { 0, 0, 0, 0, 0, rate, period, burst, 2 }
+  elseif ARGV[13] ~= nil and ARGV[13] ~= '' and ARGV[13] ~= 'caller' then
+    return bad('unconfigured')
+  end
+end
+rate, period, burst = q.rate, q.period, q.burst
+local scale, inc, cap = q.scale, q.inc, q.cap
+
+-- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
+local function ceiling(p, o)
+  return math.max(0, p.cap - o * p.scale)
+end
+
+-- `v` units of `from` per token in units of `to` per token, floored, at most `b` whole tokens;
+-- the fraction of a token never rounds up to a whole one.
+local function rescale(v, from, to, b)
+  if from == to then return v end
+  local whole = floor_div(v, from)
+  local frac = math.min(math.floor((v - whole * from) * to / from), to - 1)
+  return math.min(whole, b) * to + frac
+end
+
+-- Load; a bucket that is not valid reads as full with nothing outstanding. A bucket written
+-- under another quota (`first`) runs to `now` under it before it is rescaled to `q`.
 local level, ts, out, dsum = cap, now, 0, 0
-local st = redis.call('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd')
+local first = q
+local st = redis.call('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
 local v, s, t = int_val(st[1], 0, MAX), int_val(st[2], 1, MAX), int_val(st[3], 0, MAX_TIME)
 local o, d = int_val(st[4] or 0, 0, MAX), int_val(st[5] or 0, 0, MAX)
 if v and s and t and o and d then
-  if s == scale then
-    level = v
-  else
-    level = floor_div(v, s) * scale -- whole tokens survive a quota change
-  end
-  out = math.min(o, burst)
-  if level > cap - out * scale then level = cap - out * scale end
+  local w = quota_of(st[6], st[7], st[8])
+  if w and w.scale == s then first = w end
+  level = rescale(v, s, first.scale, first.burst)
+  out = math.min(o, math.max(burst, first.burst))
+  level = math.min(level, ceiling(first, out))
   ts = t
   dsum = d
 end
 
--- Lazy refill up to time `to`, never above capacity − outstanding, never backwards.
-local function refill(to)
+-- Lazy refill under quota `p` up to time `to`, never above capacity − outstanding, never
+-- backwards.
+local function refill(p, to)
   if to > ts then
-    local room = cap - out * scale - level
+    local room = ceiling(p, out) - level
     if room > 0 then
       local dt = to - ts
-      if dt >= ceil_div(room, inc) then level = level + room else level = level + dt * inc end
+      if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
     end
     ts = to
   end
@@ -221,13 +318,24 @@ end
 local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
 for i = 1, #due, 2 do
   local id = due[i]
-  refill(tonumber(due[i + 1]))
+  refill(first, tonumber(due[i + 1]))
   forget(id, parse(redis.call('HGET', KEYS[2], id)))
 end
-refill(now)
+refill(first, now)
+if first ~= q then
+  -- A full bucket with no leasers is not stored (absent reads as full), so it stays full
+  -- across a change, as it would once expired; anything else keeps its tokens.
+  if level >= first.cap and out == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+    level = cap
+  else
+    level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
+  end
+end
 
 local granted, retry, share = 0, 0, 0
-if op == 'lease' and node == '' then
+if op == 'lease' and min > burst then
+  -- Above the effective burst (it shrank below the caller's): never grantable.
+elseif op == 'lease' and node == '' then
   local whole = floor_div(level, scale)
   if whole >= min then
     granted = math.min(whole, want)
@@ -293,7 +401,7 @@ elseif op == 'lease' then
     end
   end
   local above = (reserve + need) * scale
-  if floor_div(level, scale) >= reserve and above <= cap - out * scale then
+  if floor_div(level, scale) >= reserve and above <= ceiling(q, out) then
     local by_free = 0
     if above > level then by_free = ceil_div(above - level, inc) end
     if by_free < retry then retry = by_free end
@@ -302,14 +410,14 @@ elseif op == 'lease' then
   redis.call('HSET', KEYS[2], node, encode(r))
   redis.call('ZADD', KEYS[3], int_str(r.exp), node)
 elseif node == '' then
-  level = math.min(level + want * scale, cap - out * scale)
+  level = math.min(level + math.min(want, burst) * scale, ceiling(q, out))
 else
   local r = parse(redis.call('HGET', KEYS[2], node))
   if r and seq > r.rseq then
     local give = math.min(want, r.o)
     r.o = r.o - give
     out = math.max(0, out - give)
-    level = math.min(level + give * scale, cap - out * scale)
+    level = math.min(level + math.min(give, burst) * scale, ceiling(q, out))
     r.rseq = seq
     if leaving == 1 then
       forget(node, r)
@@ -319,18 +427,21 @@ else
   end
 end
 
-local reset = ceil_div(cap - out * scale - level, inc)
+local reset = ceil_div(ceiling(q, out) - level, inc)
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if level >= cap and out == 0 and #last == 0 then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 else
   redis.call('HSET', KEYS[1], 'v', int_str(level), 's', int_str(scale), 't', int_str(ts),
-    'o', int_str(out), 'd', int_str(dsum))
-  local keep = ceil_div(reset, 1000)
-  if #last > 0 then keep = math.max(keep, ceil_div(math.max(0, tonumber(last[2]) - now), 1000)) end
+    'o', int_str(out), 'd', int_str(dsum), 'r', int_str(rate), 'p', int_str(period),
+    'b', int_str(burst))
+  -- Kept until it would be full: every lease expired, then the whole capacity refilled.
+  local keep = ceil_div(ceil_div(cap - level, inc), 1000)
+  if #last > 0 then keep = keep + ceil_div(math.max(0, tonumber(last[2]) - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
   redis.call('PEXPIRE', KEYS[3], ms)
 end
-return { granted, floor_div(level, scale), retry, reset, share }
+if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, share } end
+return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }

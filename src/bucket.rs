@@ -47,6 +47,13 @@ pub struct BucketState {
     pub outstanding: u64,
     /// Sum of live leasers' demand, millitokens per second.
     pub demand: u64,
+    /// The quota this state was written under: rate (0 if unknown, e.g. written by an older
+    /// script).
+    pub rate: u64,
+    /// … its period, µs.
+    pub period_us: u64,
+    /// … its burst.
+    pub burst: u64,
 }
 
 /// One leaser's record.
@@ -136,6 +143,10 @@ pub struct StepReply {
     pub reset_after_us: u64,
     /// The node's fair share, millitokens per second (0 for anonymous calls).
     pub share_mtps: u64,
+    /// The quota the step ran under.
+    pub quota: Quota,
+    /// Where that quota came from.
+    pub source: QuotaSource,
 }
 
 /// Rejected arguments; the message is the same text the script returns after `RATELEASE `.
@@ -148,15 +159,133 @@ impl std::fmt::Display for InvalidArgument {
     }
 }
 
-/// Runs one step on `stored`. Returns the reply and how long the state must be kept
-/// (`None` when nothing is stored any more). On error nothing is changed.
+/// Where the quota a step ran under came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuotaSource {
+    /// The caller's quota: the name has no stored configuration.
+    Caller,
+    /// The quota stored centrally for the name (see [`crate::config`]).
+    Stored,
+    /// The name has no stored configuration and the caller asked not to fall back to its own
+    /// quota: nothing was done.
+    Absent,
+}
+
+impl QuotaSource {
+    /// The script's code for it (the last reply entry of a 4-key call).
+    pub fn code(self) -> u64 {
+        match self {
+            QuotaSource::Caller => 0,
+            QuotaSource::Stored => 1,
+            QuotaSource::Absent => 2,
+        }
+    }
+
+    /// The source with script code `code`.
+    pub fn from_code(code: u64) -> Option<Self> {
+        match code {
+            0 => Some(QuotaSource::Caller),
+            1 => Some(QuotaSource::Stored),
+            2 => Some(QuotaSource::Absent),
+            _ => None,
+        }
+    }
+}
+
+/// Which quota a step runs under: the script's `KEYS[4]` and `ARGV[13]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Effective {
+    /// The quota stored for the name, if any.
+    pub stored: Option<Quota>,
+    /// Without a stored quota: run under the caller's (`true`), or do nothing and answer
+    /// [`QuotaSource::Absent`] (`false`).
+    pub fallback_to_caller: bool,
+}
+
+impl Effective {
+    /// No stored configuration; the caller's quota (the 3-key protocol).
+    pub const CALLER: Effective = Effective {
+        stored: None,
+        fallback_to_caller: true,
+    };
+}
+
+/// Runs one step on `stored` under the caller's `quota` (no central configuration). Returns
+/// the reply and how long the state must be kept (`None` when nothing is stored any more). On
+/// error nothing is changed.
 pub fn step(
     stored: &mut Stored,
     quota: &Quota,
     op: Op<'_>,
     now_us: u64,
 ) -> Result<(StepReply, Option<u64>), InvalidArgument> {
+    step_with(stored, quota, Effective::CALLER, op, now_us)
+}
+
+/// Exact `v` units of `from` per token in units of `to` per token, floored, and at most
+/// `burst` whole tokens (more would be above any capacity anyway). The fraction of a token is
+/// a double in the script's order of operations, and never rounds up to a whole token.
+fn rescale(v: u64, from: u64, to: u64, burst: u64) -> u64 {
+    if from == to {
+        return v;
+    }
+    let whole = (v / from).min(burst);
+    let frac = ((v % from) as f64 * to as f64 / from as f64)
+        .floor()
+        .min((to - 1) as f64) as u64;
+    whole * to + frac
+}
+
+/// The highest level the bucket may reach: capacity less what is outstanding, never below 0.
+fn ceiling(cap: u64, out: u64, scale: u64) -> u64 {
+    cap.saturating_sub(out.saturating_mul(scale))
+}
+
+/// The quota a stored bucket was written under, if its fields make one with the stored scale.
+fn written_under(b: &BucketState) -> Option<Quota> {
+    let q = Quota::with_parts(
+        b.rate,
+        std::time::Duration::from_micros(b.period_us),
+        b.burst,
+    )
+    .ok()?;
+    (q.scale() == b.scale).then_some(q)
+}
+
+/// Runs one step on `stored`: the caller's `quota` for argument checks, `effective` for the
+/// quota the bucket runs under. See [`step`]; a reply of [`QuotaSource::Absent`] changed
+/// nothing (and its `None` does not mean "delete").
+///
+/// When the stored bucket was written under another quota (a central change, or callers that
+/// disagree), it is first brought up to `now` under the quota it was written with (refill and
+/// expired leases), then rescaled to the new one: tokens in the bucket survive a change, the
+/// new rate applies from this call on. Outstanding tokens stay counted; if they exceed the new
+/// capacity the bucket stays empty until they are spent, returned or expired.
+pub fn step_with(
+    stored: &mut Stored,
+    quota: &Quota,
+    effective: Effective,
+    op: Op<'_>,
+    now_us: u64,
+) -> Result<(StepReply, Option<u64>), InvalidArgument> {
     validate(quota, &op, now_us)?;
+    let (quota, source) = match (effective.stored, effective.fallback_to_caller) {
+        (Some(q), _) => (q, QuotaSource::Stored),
+        (None, true) => (*quota, QuotaSource::Caller),
+        (None, false) => {
+            let reply = StepReply {
+                granted: 0,
+                remaining: 0,
+                retry_after_us: 0,
+                reset_after_us: 0,
+                share_mtps: 0,
+                quota: *quota,
+                source: QuotaSource::Absent,
+            };
+            // Nothing was read or written: the caller leaves the state and its expiry alone.
+            return Ok((reply, None));
+        }
+    };
     let max = MAX_VALUE;
     let scale = quota.scale();
     let inc = quota.increment();
@@ -166,8 +295,10 @@ pub fn step(
     let cap = burst * scale;
     let now = now_us;
 
-    // Load; a bucket that is not valid reads as full with nothing outstanding.
+    // Load; a bucket that is not valid reads as full with nothing outstanding. A bucket
+    // written under another quota first runs to `now` under that one (`first`).
     let (mut level, mut ts, mut out, mut dsum) = (cap, now, 0u64, 0u64);
+    let mut first = quota;
     if let Some(b) = stored.bucket.filter(|b| {
         b.level <= max
             && (1..=max).contains(&b.scale)
@@ -175,26 +306,25 @@ pub fn step(
             && b.outstanding <= max
             && b.demand <= max
     }) {
-        level = if b.scale == scale {
-            b.level
-        } else {
-            b.level / b.scale * scale
-        };
-        out = b.outstanding.min(burst);
-        level = level.min(cap - out * scale);
+        first = written_under(&b).unwrap_or(quota);
+        level = rescale(b.level, b.scale, first.scale(), first.burst());
+        out = b.outstanding.min(burst.max(first.burst()));
+        level = level.min(ceiling(first.burst() * first.scale(), out, first.scale()));
         ts = b.ts_us;
         dsum = b.demand;
     }
 
-    let refill = |level: &mut u64, ts: &mut u64, out: u64, to: u64| {
+    // Lazy refill under quota `q` up to time `to`, never above capacity − outstanding, never
+    // backwards.
+    let refill = |q: &Quota, level: &mut u64, ts: &mut u64, out: u64, to: u64| {
         if to > *ts {
-            let room = cap - out * scale - *level;
+            let room = ceiling(q.burst() * q.scale(), out, q.scale()).saturating_sub(*level);
             if room > 0 {
                 let dt = to - *ts;
-                if dt >= room.div_ceil(inc) {
+                if dt >= room.div_ceil(q.increment()) {
                     *level += room;
                 } else {
-                    *level += dt * inc;
+                    *level += dt * q.increment();
                 }
             }
             *ts = to;
@@ -210,16 +340,28 @@ pub fn step(
         .collect();
     due.sort();
     for (exp, id) in due {
-        refill(&mut level, &mut ts, out, exp);
+        refill(&first, &mut level, &mut ts, out, exp);
         if let Some(l) = stored.leasers.remove(&id) {
             out = out.saturating_sub(l.outstanding);
             dsum = dsum.saturating_sub(l.demand);
         }
     }
-    refill(&mut level, &mut ts, out, now);
+    refill(&first, &mut level, &mut ts, out, now);
+    if first != quota {
+        // A full bucket with no leasers is not stored (absent reads as full), so it stays full
+        // across a change, as it would once expired; anything else keeps its tokens.
+        let first_cap = first.burst() * first.scale();
+        level = if level >= first_cap && out == 0 && stored.leasers.is_empty() {
+            cap
+        } else {
+            rescale(level, first.scale(), scale, burst).min(ceiling(cap, out, scale))
+        };
+    }
 
     let (mut granted, mut retry, mut share) = (0u64, 0u64, 0u64);
     match op {
+        // Above the effective burst (it shrank below the caller's): never grantable.
+        Op::Lease { min, .. } if min > burst => {}
         Op::Lease {
             want,
             min,
@@ -327,14 +469,14 @@ pub fn step(
                 }
             }
             let above = (reserve + need) * scale;
-            if level / scale >= reserve && above <= cap - out * scale {
+            if level / scale >= reserve && above <= ceiling(cap, out, scale) {
                 retry = retry.min(above.saturating_sub(level).div_ceil(inc));
             }
             r.expires_us = (now + n.ttl_us).min(MAX_TIME_US);
             stored.leasers.insert(n.id.to_owned(), r);
         }
         Op::Release { tokens, node: None } => {
-            level = (level + tokens * scale).min(cap - out * scale);
+            level = (level + tokens.min(burst) * scale).min(ceiling(cap, out, scale));
         }
         Op::Release {
             tokens,
@@ -345,7 +487,7 @@ pub fn step(
                     let give = tokens.min(r.outstanding);
                     r.outstanding -= give;
                     out = out.saturating_sub(give);
-                    level = (level + give * scale).min(cap - out * scale);
+                    level = (level + give.min(burst) * scale).min(ceiling(cap, out, scale));
                     r.release_seq = n.seq;
                     if n.leaving {
                         let r = stored.leasers.remove(n.id).expect("present");
@@ -357,7 +499,7 @@ pub fn step(
         }
     }
 
-    let reset = (cap - out * scale - level).div_ceil(inc);
+    let reset = ceiling(cap, out, scale).saturating_sub(level).div_ceil(inc);
     let last_expiry = stored.leasers.values().map(|l| l.expires_us).max();
     let keep_ms = if level >= cap && out == 0 && last_expiry.is_none() {
         stored.bucket = None;
@@ -369,10 +511,14 @@ pub fn step(
             ts_us: ts,
             outstanding: out,
             demand: dsum,
+            rate,
+            period_us: period,
+            burst,
         });
-        let mut keep = reset.div_ceil(1000);
+        // Kept until it would be full: every lease expired, then the whole capacity refilled.
+        let mut keep = (cap - level).div_ceil(inc).div_ceil(1000);
         if let Some(last) = last_expiry {
-            keep = keep.max(last.saturating_sub(now).div_ceil(1000));
+            keep += last.saturating_sub(now).div_ceil(1000);
         }
         Some(keep + SLACK_MS)
     };
@@ -382,6 +528,8 @@ pub fn step(
         retry_after_us: retry,
         reset_after_us: reset,
         share_mtps: share,
+        quota,
+        source,
     };
     Ok((reply, keep_ms))
 }
@@ -399,7 +547,7 @@ fn validate(quota: &Quota, op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgume
             }
         }
         Op::Release { tokens, .. } => {
-            if tokens > burst {
+            if tokens > MAX_VALUE {
                 return Err(InvalidArgument("tokens"));
             }
         }
@@ -412,7 +560,7 @@ fn validate(quota: &Quota, op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgume
             if n.id.is_empty() || n.id.len() > MAX_NODE_LEN {
                 return Err(InvalidArgument("node"));
             }
-            if n.held > burst {
+            if n.held > MAX_VALUE {
                 return Err(InvalidArgument("held"));
             }
             if n.demand_mtps > MAX_VALUE {
@@ -551,6 +699,9 @@ mod tests {
                 ts_us: 0,
                 outstanding: 0,
                 demand: 0,
+                rate: 0,
+                period_us: 0,
+                burst: 0,
             }),
             leasers: BTreeMap::new(),
         };
@@ -590,14 +741,14 @@ mod tests {
         );
         assert_eq!(
             e(Op::Release {
-                tokens: 11,
+                tokens: MAX_VALUE + 1,
                 node: None
             }),
             "tokens"
         );
         let node = NodeLease {
             id: "n",
-            held: 11,
+            held: MAX_VALUE + 1,
             demand_mtps: 0,
             horizon_us: 1,
             ttl_us: 1,

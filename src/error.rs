@@ -32,6 +32,10 @@ pub enum Error {
     /// The limiter was built outside a tokio runtime and none was given.
     #[error("a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime handle")]
     NoRuntime,
+    /// The name has no quota stored centrally and the limiter was built to refuse such names
+    /// ([`Unconfigured::Error`](crate::Unconfigured::Error)).
+    #[error("no quota is configured for limiter {0:?}")]
+    Unconfigured(String),
     /// The limiter was shut down.
     #[error("the limiter has shut down")]
     Closed,

@@ -75,9 +75,9 @@ impl FailurePolicy {
 pub(crate) struct LocalRate {
     origin: Instant,
     /// Nanoseconds per token.
-    emission_ns: u64,
+    emission_ns: AtomicU64,
     /// How far ahead of now the arrival time may run: the burst, in nanoseconds.
-    tolerance_ns: u64,
+    tolerance_ns: AtomicU64,
     /// Theoretical arrival time, ns since `origin`.
     tat: AtomicU64,
 }
@@ -85,30 +85,42 @@ pub(crate) struct LocalRate {
 impl LocalRate {
     /// This node's share of `quota` among `nodes`.
     pub(crate) fn share_of(quota: &Quota, nodes: NonZeroU32) -> Self {
+        let rate = LocalRate {
+            origin: Instant::now(),
+            emission_ns: AtomicU64::new(0),
+            tolerance_ns: AtomicU64::new(0),
+            tat: AtomicU64::new(0),
+        };
+        rate.set_share_of(quota, nodes);
+        rate
+    }
+
+    /// Switches to this node's share of `quota` (a quota changed centrally). Callers racing
+    /// the switch may pair the old emission with the new tolerance for one decision.
+    pub(crate) fn set_share_of(&self, quota: &Quota, nodes: NonZeroU32) {
         let nodes = u64::from(nodes.get());
         let period_ns = u128::from(quota.period_us()) * 1_000;
         let emission = (period_ns * u128::from(nodes) / u128::from(quota.rate())).max(1);
         let emission_ns = u64::try_from(emission).unwrap_or(u64::MAX);
         let burst = (quota.burst() / nodes).max(1);
-        LocalRate {
-            origin: Instant::now(),
-            emission_ns,
-            tolerance_ns: emission_ns.saturating_mul(burst),
-            tat: AtomicU64::new(0),
-        }
+        // Relaxed: two independent parameters; see above.
+        self.emission_ns.store(emission_ns, Ordering::Relaxed);
+        self.tolerance_ns
+            .store(emission_ns.saturating_mul(burst), Ordering::Relaxed);
     }
 
     /// Takes `n` tokens, or says how long until it could.
     pub(crate) fn try_take(&self, n: u64) -> Result<(), Duration> {
         let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let cost = n.saturating_mul(self.emission_ns);
+        let cost = n.saturating_mul(self.emission_ns.load(Ordering::Relaxed));
+        let tolerance = self.tolerance_ns.load(Ordering::Relaxed);
         // Relaxed: the word publishes nothing else; the CAS orders the updates among callers.
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let new = tat.max(now).saturating_add(cost);
             let ahead = new - now;
-            if ahead > self.tolerance_ns {
-                return Err(Duration::from_nanos(ahead - self.tolerance_ns));
+            if ahead > tolerance {
+                return Err(Duration::from_nanos(ahead - tolerance));
             }
             match self
                 .tat

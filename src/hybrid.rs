@@ -21,6 +21,14 @@
 //! Waiting callers ([`acquire`](HybridLimiter::acquire)) park on a `Notify` that the task
 //! signals after every store call; they never call the store themselves.
 //!
+//! Central configuration ([`crate::config`]): every lease reply carries the quota the store ran
+//! under. The task owns the effective quota: when a reply brings a new one it re-derives the
+//! lease terms (horizon, ttl), the policy's sizing and low-water mark, and the local fallback
+//! rate, and publishes the new burst in one atomic word that the hot path checks requests
+//! against. An unconfigured name under [`Unconfigured::Unlimited`] or
+//! [`Unconfigured::Error`] is one more atomic flag, read on the (cold) denial path; the task
+//! looks for a config again every [`Unconfigured::RECHECK`].
+//!
 //! When the last clone of a limiter is dropped (or [`shutdown`](HybridLimiter::shutdown) is
 //! called), the task takes the local tokens and gives them back to the store.
 
@@ -33,11 +41,13 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::bucket::QuotaSource;
+use crate::config::{Budget, Unconfigured};
 use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
 use crate::failure::{FailurePolicy, LocalRate};
 use crate::key;
-use crate::limiter::{check_request, Decision, Limiter};
+use crate::limiter::{check_tokens, Decision, Limiter};
 use crate::local::LocalBucket;
 use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::quota::{Quota, MAX_VALUE};
@@ -87,7 +97,7 @@ impl<S: LeaseStore> std::fmt::Debug for HybridLimiter<S> {
         let s = &self.handle.shared;
         f.debug_struct("HybridLimiter")
             .field("name", &s.name)
-            .field("quota", &s.quota)
+            .field("quota", &*s.effective.lock())
             .field("local_tokens", &s.local.available())
             .finish_non_exhaustive()
     }
@@ -144,6 +154,8 @@ pub struct HybridBuilder<S> {
     node_id: Option<u64>,
     failure: FailurePolicy,
     runtime: Option<tokio::runtime::Handle>,
+    budget: Budget,
+    unconfigured: Unconfigured,
 }
 
 impl<S: LeaseStore> HybridBuilder<S> {
@@ -186,6 +198,19 @@ impl<S: LeaseStore> HybridBuilder<S> {
         self
     }
 
+    /// Whose budget to spend (default [`Budget::Overall`]). [`Budget::PerClient`] gives this
+    /// instance a bucket of its own, keyed by its [`node_id`](Self::node_id).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// What to do if the name has no quota stored centrally (default: use the builder's).
+    pub fn if_unconfigured(mut self, what: Unconfigured) -> Self {
+        self.unconfigured = what;
+        self
+    }
+
     /// Runs the background task on `runtime` (default: the runtime `build` is called on).
     pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
         self.runtime = Some(runtime);
@@ -223,10 +248,14 @@ impl<S: LeaseStore> HybridBuilder<S> {
             signal: RefillSignal::new(self.prefetch),
             low_water: AtomicU64::new(low_water),
             quota: self.quota,
+            burst: AtomicU64::new(self.quota.burst()),
+            effective: Mutex::new(self.quota),
+            client: (self.budget == Budget::PerClient).then_some(node_id),
+            unconfigured: self.unconfigured,
+            absent: AtomicBool::new(false),
             name: self.name,
             store: self.store,
             policy: self.policy,
-            terms,
             node_id,
             denied_total: AtomicU64::new(0),
             failure: self.failure,
@@ -245,7 +274,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             error_seq: AtomicU64::new(0),
             counters: Counters::default(),
         });
-        let task = runtime.spawn(refill_loop(shared.clone(), rng));
+        let task = runtime.spawn(refill_loop(shared.clone(), rng, self.quota, terms));
         Ok(HybridLimiter {
             handle: Arc::new(Handle {
                 shared,
@@ -273,11 +302,21 @@ struct Shared<S> {
     signal: RefillSignal,
     /// Refill below this many local tokens; set by the policy after each lease.
     low_water: AtomicU64,
+    /// The builder's quota: sent with every store call (the quota of an unconfigured name).
     quota: Quota,
+    /// The burst of the effective quota, checked on the hot path; written by the task.
+    burst: AtomicU64,
+    /// The effective quota, for [`HybridLimiter::quota`]; written by the task (never locked
+    /// on the hot path).
+    effective: Mutex<Quota>,
+    /// The client budget (`Some(node_id)` for [`Budget::PerClient`]).
+    client: Option<u64>,
+    unconfigured: Unconfigured,
+    /// The store said the name is unconfigured (and `unconfigured` is not `UseQuota`).
+    absent: AtomicBool,
     name: String,
     store: S,
     policy: Box<dyn LeasePolicy>,
-    terms: Option<LeaseTerms>,
     node_id: u64,
     /// Tokens denied to callers, ever (demand that was not served).
     denied_total: AtomicU64,
@@ -326,6 +365,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
             node_id: None,
             failure: FailurePolicy::default(),
             runtime: None,
+            budget: Budget::Overall,
+            unconfigured: Unconfigured::UseQuota,
         }
     }
 
@@ -347,7 +388,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     #[inline]
     pub fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
         let s = &*self.handle.shared;
-        check_request(&s.quota, n)?;
+        // Relaxed: a plain value the task replaces after a central change; a caller that reads
+        // the old one a moment late answers as just before the change.
+        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
         match s.local.try_take(n) {
             Ok(left) => {
                 // Relaxed: a threshold, not a publication; a stale value only moves the refill
@@ -372,7 +415,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// Cancel safe: dropping the future takes no tokens.
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
         let s = &*self.handle.shared;
-        check_request(&s.quota, n)?;
+        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
         // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
         let errors_seen = s.error_seq.load(Ordering::Acquire);
         loop {
@@ -451,9 +494,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
         &self.handle.shared.name
     }
 
-    /// The limiter's quota.
+    /// The quota in effect: the one the store last ran under (a central config, or the
+    /// builder's).
     pub fn quota(&self) -> Quota {
-        self.handle.shared.quota
+        *self.handle.shared.effective.lock()
     }
 
     /// The low-water mark in effect.
@@ -496,6 +540,14 @@ impl<S: LeaseStore> Shared<S> {
             return Err(Error::Closed);
         }
         // Relaxed: a state flag; a caller that reads it a little late answers as before.
+        if self.absent.load(Ordering::Relaxed) {
+            // Keep the background task looking for a config.
+            self.signal.request();
+            return match self.unconfigured {
+                Unconfigured::Error => Err(Error::Unconfigured(self.name.clone())),
+                _ => Ok(Decision::Allowed),
+            };
+        }
         // The failure policy's answer while the circuit is open; `None` for "deny as usual".
         let mut policy_wait = None;
         if self.circuit_open.load(Ordering::Relaxed) {
@@ -589,8 +641,10 @@ impl<S: LeaseStore> Shared<S> {
         }
     }
 
-    fn clamp(&self, ask: LeaseAsk) -> LeaseAsk {
-        let min = ask.min.clamp(1, self.quota.burst());
+    /// `1 ≤ min ≤ want`, and `min` within both the builder's burst (the store checks
+    /// arguments against it) and the effective one.
+    fn clamp(&self, ask: LeaseAsk, quota: &Quota) -> LeaseAsk {
+        let min = ask.min.clamp(1, self.quota.burst().min(quota.burst()));
         LeaseAsk {
             want: ask.want.max(min),
             min,
@@ -600,8 +654,15 @@ impl<S: LeaseStore> Shared<S> {
 }
 
 /// The background task: one lease at a time, for as long as the limiter lives.
-async fn refill_loop<S: LeaseStore>(s: Arc<Shared<S>>, rng: fastrand::Rng) {
+async fn refill_loop<S: LeaseStore>(
+    s: Arc<Shared<S>>,
+    rng: fastrand::Rng,
+    quota: Quota,
+    terms: Option<LeaseTerms>,
+) {
     let mut task = Task {
+        quota,
+        terms,
         rng,
         backoff: ERROR_BACKOFF_MIN,
         demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
@@ -633,6 +694,10 @@ const DEMAND_TAU: Duration = Duration::from_millis(300);
 
 /// The background task's own state.
 struct Task {
+    /// The effective quota (the task owns it; see the module docs).
+    quota: Quota,
+    /// The policy's terms for `quota`.
+    terms: Option<LeaseTerms>,
     rng: fastrand::Rng,
     backoff: Duration,
     demand: DemandEstimator,
@@ -679,7 +744,7 @@ impl Task {
         if s.local.available() == 0 {
             return None;
         }
-        let idle = s.terms.as_ref().map(|t| self.idle_at(t));
+        let idle = self.terms.as_ref().map(|t| self.idle_at(t));
         match (self.expires, idle) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -697,7 +762,7 @@ impl Task {
     }
 
     async fn give_back_if_idle<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
-        if let Some(terms) = s.terms {
+        if let Some(terms) = self.terms {
             if now >= self.idle_at(&terms) && s.local.available() > 0 {
                 self.give_back(s, true).await;
             }
@@ -708,11 +773,11 @@ impl Task {
     /// its demand) from the store.
     async fn give_back<S: LeaseStore>(&mut self, s: &Shared<S>, leaving: bool) {
         let tokens = s.local.take_all();
-        if tokens == 0 && (s.terms.is_none() || self.expires.is_none()) {
+        if tokens == 0 && (self.terms.is_none() || self.expires.is_none()) {
             return;
         }
-        let mut request = ReleaseRequest::new(tokens);
-        if s.terms.is_some() {
+        let mut request = ReleaseRequest::new(tokens).for_client(s.client);
+        if self.terms.is_some() {
             self.release_seq += 1;
             request = request.by(NodeRelease {
                 id: s.node_id,
@@ -743,7 +808,7 @@ impl Task {
 
     fn context<S: LeaseStore>(&self, s: &Shared<S>, denied: u64) -> LeaseContext {
         LeaseContext {
-            quota: s.quota,
+            quota: self.quota,
             local: s.local.available(),
             denied,
             demand: self.demand.rate(),
@@ -752,13 +817,36 @@ impl Task {
         }
     }
 
+    /// Takes on the quota a reply ran under: terms, burst, fallback rate (the sizing follows
+    /// from `self.quota` in the next context).
+    fn adopt<S: LeaseStore>(&mut self, s: &Shared<S>, quota: Quota, source: QuotaSource) {
+        // Relaxed: a state flag read on the denial path; see `denied`.
+        s.absent
+            .store(source == QuotaSource::Absent, Ordering::Relaxed);
+        if source == QuotaSource::Absent || quota == self.quota {
+            return;
+        }
+        tracing::info!(limiter = %s.name, ?quota, ?source, "quota changed");
+        self.quota = quota;
+        self.terms = s.policy.terms(&quota);
+        s.burst.store(quota.burst(), Ordering::Relaxed);
+        *s.effective.lock() = quota;
+        if let (FailurePolicy::LocalFallback { expected_nodes }, Some(local)) =
+            (s.failure, &s.fallback)
+        {
+            local.set_share_of(&quota, expected_nodes);
+        }
+    }
+
     /// One lease, and the pause after an empty or failed one. Returns false if the limiter
     /// closed meanwhile.
     async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
         let ctx = self.context(s, s.signal.take_denied());
-        let ask = s.clamp(s.policy.ask(&ctx));
-        let mut request = LeaseRequest::new(ask.want, ask.min);
-        if let Some(terms) = s.terms {
+        let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
+        let mut request = LeaseRequest::new(ask.want, ask.min)
+            .for_client(s.client)
+            .configured_only(!s.unconfigured.falls_back());
+        if let Some(terms) = self.terms {
             request = request.by(NodeLease {
                 id: s.node_id,
                 held: ctx.local,
@@ -771,7 +859,10 @@ impl Task {
         let result = s.store.lease(&s.name, &s.quota, &request).await;
         s.observe_rtt(sent.elapsed());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
-        if let (Ok(reply), Some(terms)) = (&result, s.terms) {
+        if let Ok(reply) = &result {
+            self.adopt(s, reply.quota, reply.source);
+        }
+        if let (Ok(reply), Some(terms)) = (&result, self.terms) {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
@@ -781,6 +872,10 @@ impl Task {
                 .store(reply.share_mtps, Ordering::Relaxed);
         }
         let pause = match result {
+            Ok(reply) if reply.source == QuotaSource::Absent => {
+                s.recovered();
+                Some(Instant::now() + Unconfigured::RECHECK)
+            }
             Ok(reply) if reply.granted > 0 => {
                 s.recovered();
                 s.local.add(reply.granted);
@@ -791,7 +886,7 @@ impl Task {
                 self.backoff = ERROR_BACKOFF_MIN;
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
-                (s.terms.is_some() && !reply.retry_after.is_zero())
+                (self.terms.is_some() && !reply.retry_after.is_zero())
                     .then(|| Instant::now() + reply.retry_after)
             }
             Ok(reply) => {
@@ -810,7 +905,7 @@ impl Task {
         };
         let next = s.policy.ask(&self.context(s, 0));
         s.low_water
-            .store(next.low_water.min(s.quota.burst()), Ordering::Relaxed);
+            .store(next.low_water.min(self.quota.burst()), Ordering::Relaxed);
         if let Some(deadline) = pause {
             s.block_until(deadline);
         }

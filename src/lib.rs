@@ -45,6 +45,7 @@
 
 pub mod bucket;
 mod clock;
+mod config;
 mod connect;
 mod demand;
 mod error;
@@ -60,7 +61,9 @@ mod quota;
 mod refill;
 mod store;
 
+pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
+pub use config::{Budget, ConfigStore, Unconfigured};
 pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
@@ -74,7 +77,7 @@ pub use policy::{
     AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
     MIN_AUTO_HORIZON,
 };
-pub use pure::RedisLimiter;
+pub use pure::{RedisLimiter, RedisLimiterBuilder};
 pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{
     LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, RedisStore,

@@ -65,13 +65,19 @@ pub trait Limiter: Send + Sync {
 /// Rejects requests that can never succeed.
 #[inline]
 pub(crate) fn check_request(quota: &Quota, n: u64) -> Result<(), Error> {
+    check_tokens(n, quota.burst())
+}
+
+/// Rejects requests that can never succeed against a bucket of `burst`.
+#[inline]
+pub(crate) fn check_tokens(n: u64, burst: u64) -> Result<(), Error> {
     if n == 0 {
         return Err(Error::ZeroTokens);
     }
-    if n > quota.burst() {
+    if n > burst {
         return Err(Error::ExceedsBurst {
             requested: n,
-            burst: quota.burst(),
+            burst,
         });
     }
     Ok(())

@@ -4,15 +4,94 @@
 //! other mode is measured against: exact, fair by construction, and one network round trip per
 //! decision. It runs on any [`LeaseStore`], so the simulator can run it on a
 //! [`MemoryStore`](crate::MemoryStore).
+//!
+//! With central configuration ([`crate::config`]) every reply carries the quota the store ran
+//! under; the limiter keeps the last one (for [`Limiter::quota`] and the burst check), behind
+//! a mutex that is only touched next to a store call. An unconfigured name answered
+//! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
+//! unlimited name costs no store calls in between.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::bucket::QuotaSource;
+use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
 use crate::store::{LeaseRequest, LeaseStore, RedisStore};
+
+/// Configures a [`RedisLimiter`].
+#[must_use]
+#[derive(Debug)]
+pub struct RedisLimiterBuilder<S> {
+    name: String,
+    quota: Quota,
+    store: S,
+    budget: Budget,
+    client_id: Option<u64>,
+    unconfigured: Unconfigured,
+}
+
+impl<S: LeaseStore> RedisLimiterBuilder<S> {
+    /// Whose budget to spend (default [`Budget::Overall`]).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// This client's id for [`Budget::PerClient`] (default: random). Instances that should
+    /// share one client budget use the same id.
+    pub fn client_id(mut self, id: u64) -> Self {
+        self.client_id = Some(id);
+        self
+    }
+
+    /// What to do if the name has no quota stored centrally (default: use the builder's).
+    pub fn if_unconfigured(mut self, what: Unconfigured) -> Self {
+        self.unconfigured = what;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty or overlong name.
+    pub fn build(self) -> Result<RedisLimiter<S>, Error> {
+        key::validate_name(&self.name)?;
+        let client = match self.budget {
+            Budget::Overall => None,
+            Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
+        };
+        Ok(RedisLimiter {
+            name: self.name.into(),
+            quota: self.quota,
+            store: self.store,
+            client,
+            unconfigured: self.unconfigured,
+            state: Arc::new(State {
+                effective: Mutex::new(self.quota),
+                origin: Instant::now(),
+                absent_until_ns: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// What the clones of one limiter share.
+#[derive(Debug)]
+struct State {
+    /// The quota of the last reply (the builder's until then).
+    effective: Mutex<Quota>,
+    origin: Instant,
+    /// Until when (ns since `origin`) the name is known to be unconfigured.
+    absent_until_ns: AtomicU64,
+}
 
 /// A limiter that asks the store for every decision (`min = want = n`).
 ///
@@ -32,6 +111,9 @@ pub struct RedisLimiter<S = RedisStore> {
     name: Arc<str>,
     quota: Quota,
     store: S,
+    client: Option<u64>,
+    unconfigured: Unconfigured,
+    state: Arc<State>,
 }
 
 impl<S: Clone> Clone for RedisLimiter<S> {
@@ -40,6 +122,9 @@ impl<S: Clone> Clone for RedisLimiter<S> {
             name: self.name.clone(),
             quota: self.quota,
             store: self.store.clone(),
+            client: self.client,
+            unconfigured: self.unconfigured,
+            state: self.state.clone(),
         }
     }
 }
@@ -50,13 +135,41 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// # Errors
     /// [`Error::Config`] for an empty or overlong name.
     pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
-        let name = name.into();
-        key::validate_name(&name)?;
-        Ok(RedisLimiter {
+        Self::builder(name, quota, store).build()
+    }
+
+    /// A builder for limiter `name` with `quota` on `store`.
+    pub fn builder(name: impl Into<String>, quota: Quota, store: S) -> RedisLimiterBuilder<S> {
+        RedisLimiterBuilder {
             name: name.into(),
             quota,
             store,
-        })
+            budget: Budget::Overall,
+            client_id: None,
+            unconfigured: Unconfigured::UseQuota,
+        }
+    }
+
+    /// The quota in effect: from the last store reply (a central config, or the builder's).
+    pub fn quota(&self) -> Quota {
+        *self.state.effective.lock()
+    }
+
+    /// This limiter's client id for [`Budget::PerClient`] (`None` for the fleet budget).
+    pub fn client_id(&self) -> Option<u64> {
+        self.client
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.state.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The answer for a name known to be unconfigured, without a store call.
+    fn absent(&self) -> Result<Decision, Error> {
+        match self.unconfigured {
+            Unconfigured::Error => Err(Error::Unconfigured(self.name.to_string())),
+            _ => Ok(Decision::Allowed),
+        }
     }
 
     /// The limiter's name.
@@ -75,10 +188,23 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
     pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
         check_request(&self.quota, n)?;
-        let reply = self
-            .store
-            .lease(&self.name, &self.quota, &LeaseRequest::exact(n))
-            .await?;
+        // Relaxed: a cache of the store's answer; nothing else is published through it.
+        if self.now_ns() < self.state.absent_until_ns.load(Ordering::Relaxed) {
+            return self.absent();
+        }
+        let request = LeaseRequest::exact(n)
+            .for_client(self.client)
+            .configured_only(!self.unconfigured.falls_back());
+        let reply = self.store.lease(&self.name, &self.quota, &request).await?;
+        if reply.source == QuotaSource::Absent {
+            let until = self.now_ns().saturating_add(
+                u64::try_from(Unconfigured::RECHECK.as_nanos()).unwrap_or(u64::MAX),
+            );
+            self.state.absent_until_ns.store(until, Ordering::Relaxed);
+            return self.absent();
+        }
+        *self.state.effective.lock() = reply.quota;
+        check_request(&reply.quota, n)?;
         Ok(if reply.granted >= n {
             Decision::Allowed
         } else {
@@ -124,7 +250,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
 
 impl<S: LeaseStore> Limiter for RedisLimiter<S> {
     fn quota(&self) -> Quota {
-        self.quota
+        RedisLimiter::quota(self)
     }
 
     async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {

@@ -2,7 +2,9 @@
 //!
 //! The differential property test runs random sequences of lease / release / time steps
 //! against [`MemoryStore`] and against a real redis-server (explicit `now` from one shared
-//! [`FakeClock`]) and requires identical replies, errors included.
+//! [`FakeClock`]) and requires identical replies, errors included. Central config operations
+//! (init, modify, delete, with quotas that rescale the bucket both ways), per-client budgets
+//! and "configured only" requests are among the random steps.
 
 mod support;
 
@@ -11,8 +13,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelease::{
-    FakeClock, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, Quota, RedisStore,
-    ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
+    ConfigStore, FakeClock, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, Quota,
+    QuotaSource, RedisStore, ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
 };
 use support::RedisServer;
 
@@ -21,6 +23,9 @@ enum Step {
     Lease(LeaseRequest),
     Release(ReleaseRequest),
     Advance { us: u64 },
+    Init(Quota),
+    Modify(Quota),
+    Delete,
 }
 
 /// Everyday quotas, and quotas near the 2^52 limit of exact arithmetic in Lua doubles.
@@ -52,12 +57,26 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
         });
     let node_release = (0u64..3, 0u64..6, any::<bool>())
         .prop_map(|(id, seq, leaving)| NodeRelease { id, seq, leaving });
+    // Config changes: near the caller's quota (small rescales), and anything at all.
+    let near = (1..=q.rate() * 3, 1..=period * 3, 1..=burst * 3)
+        .prop_filter_map("representable", |(r, p, b)| {
+            Quota::with_parts(r, Duration::from_micros(p), b).ok()
+        });
+    let config = prop_oneof![near, quota()];
+    let client = prop_oneof![3 => Just(None), 1 => (0u64..2).prop_map(Some)];
     let step = prop_oneof![
-        2 => (1..=burst * 2, 1..=burst + 1)
-            .prop_map(|(want, min)| Step::Lease(LeaseRequest::new(want, min))),
+        2 => (1..=burst * 2, 1..=burst + 1, client.clone(), any::<bool>()).prop_map(
+            |(want, min, c, only)| {
+                Step::Lease(LeaseRequest::new(want, min).for_client(c).configured_only(only))
+            }
+        ),
+        1 => config.clone().prop_map(Step::Init),
+        1 => config.prop_map(Step::Modify),
+        1 => Just(Step::Delete),
         4 => (1..=burst * 2, 1..=burst + 1, node_lease)
             .prop_map(|(want, min, n)| Step::Lease(LeaseRequest::new(want, min).by(n))),
-        1 => (0..=burst + 1).prop_map(|tokens| Step::Release(ReleaseRequest::new(tokens))),
+        1 => (0..=burst * 3, client)
+            .prop_map(|(tokens, c)| Step::Release(ReleaseRequest::new(tokens).for_client(c))),
         2 => (0..=burst + 1, node_release)
             .prop_map(|(tokens, n)| Step::Release(ReleaseRequest::new(tokens).by(n))),
         3 => (0..=period.saturating_mul(2)).prop_map(|us| Step::Advance { us }),
@@ -66,10 +85,7 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
 }
 
 /// Compares replies; errors must match in kind and message.
-fn same(
-    mem: &Result<ratelease::LeaseReply, StoreError>,
-    red: &Result<ratelease::LeaseReply, StoreError>,
-) -> bool {
+fn same<T: PartialEq>(mem: &Result<T, StoreError>, red: &Result<T, StoreError>) -> bool {
     match (mem, red) {
         (Ok(a), Ok(b)) => a == b,
         (Err(StoreError::Rejected(a)), Err(StoreError::Rejected(b))) => a == b,
@@ -95,6 +111,7 @@ fn memory_store_and_lua_script_agree() {
     });
     let case = AtomicU64::new(0);
     let compared = std::cell::Cell::new(0u64);
+    let stored_quota = std::cell::Cell::new(0u64);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(160));
     runner
         .run(
@@ -118,7 +135,39 @@ fn memory_store_and_lua_script_agree() {
                                 memory.release(&name, &q, req).await,
                                 redis.release(&name, &q, req).await,
                             ),
+                            Step::Init(ref c) => {
+                                let (m, r) = (
+                                    memory.init_config(&name, c).await,
+                                    redis.init_config(&name, c).await,
+                                );
+                                prop_assert!(same(&m, &r), "{step:?}: {m:?} vs {r:?}");
+                                continue;
+                            }
+                            Step::Modify(ref c) => {
+                                let (m, r) = (
+                                    memory.modify_config(&name, c).await,
+                                    redis.modify_config(&name, c).await,
+                                );
+                                prop_assert!(same(&m, &r), "{step:?}: {m:?} vs {r:?}");
+                                continue;
+                            }
+                            Step::Delete => {
+                                let (m, r) = (
+                                    memory.delete_config(&name).await,
+                                    redis.delete_config(&name).await,
+                                );
+                                prop_assert!(same(&m, &r), "{step:?}: {m:?} vs {r:?}");
+                                let (m, r) = (
+                                    memory.get_config(&name).await,
+                                    redis.get_config(&name).await,
+                                );
+                                prop_assert!(same(&m, &r) && m.unwrap().is_none());
+                                continue;
+                            }
                         };
+                        if matches!(&m, Ok(reply) if reply.source == QuotaSource::Stored) {
+                            stored_quota.set(stored_quota.get() + 1);
+                        }
                         prop_assert!(
                             same(&m, &r),
                             "{step:?} on {q:?}: memory {m:?} vs redis {r:?}"
@@ -132,6 +181,11 @@ fn memory_store_and_lua_script_agree() {
         .unwrap();
     let compared = compared.get();
     assert!(compared > 500, "only {compared} replies compared");
+    let stored = stored_quota.get();
+    assert!(
+        stored > 100,
+        "only {stored} replies ran under a stored quota"
+    );
 }
 
 #[tokio::test]

@@ -233,6 +233,8 @@ impl StoreModel {
                     retry_after: Duration::ZERO,
                     reset_after: Duration::ZERO,
                     share_mtps: 0,
+                    quota,
+                    source: ratelease::QuotaSource::Caller,
                 };
                 (Ok(reply), false)
             }

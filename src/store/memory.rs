@@ -5,15 +5,22 @@
 //! step that rejects its arguments changes nothing. Expiry is modelled
 //! like Redis's TTL (an expired entry reads as absent, that is, full), so replies match the
 //! script's even for keys that went idle. Futures it returns are ready at once.
+//!
+//! Central configs ([`ConfigStore`]) live in a map of their own, never expire, and are read by
+//! every step as the script reads its config key. Per-client budgets are buckets keyed by
+//! name and client, as the script's `…:client:<id>` keys.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
-use crate::bucket::{self, NodeLease, NodeRelease, Op, Stored};
+use super::{
+    budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
+};
+use crate::bucket::{self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored};
 use crate::clock::{Clock, MonotonicClock};
+use crate::config::ConfigStore;
 use crate::error::StoreError;
 use crate::quota::Quota;
 
@@ -46,6 +53,7 @@ pub struct MemoryStore {
 
 struct Inner {
     buckets: DashMap<String, Entry>,
+    configs: DashMap<String, Quota>,
     clock: Box<dyn Clock>,
     calls: AtomicU64,
 }
@@ -81,6 +89,7 @@ impl MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
                 buckets: DashMap::new(),
+                configs: DashMap::new(),
                 clock: Box::new(clock),
                 calls: AtomicU64::new(0),
             }),
@@ -102,22 +111,38 @@ impl MemoryStore {
         self.inner.buckets.is_empty()
     }
 
-    /// Drops every stored bucket, as `FLUSHALL` would.
+    /// Drops every stored bucket and config, as `FLUSHALL` would.
     pub fn clear(&self) {
         self.inner.buckets.clear();
+        self.inner.configs.clear();
     }
 
     fn now_us(&self) -> u64 {
         u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// One atomic step on `name`.
-    pub(crate) fn run(
+    /// One atomic step on `name`'s fleet-wide bucket, under the caller's quota.
+    #[cfg(test)]
+    fn run(&self, name: &str, quota: &Quota, op: Op<'_>) -> Result<LeaseReply, StoreError> {
+        self.run_on(name, None, quota, true, op)
+    }
+
+    /// One atomic step on `name`'s bucket for `client` (or its fleet-wide one), under the
+    /// name's stored config, else the caller's quota if `fallback`.
+    fn run_on(
         &self,
         name: &str,
+        client: Option<u64>,
         quota: &Quota,
+        fallback: bool,
         op: Op<'_>,
     ) -> Result<LeaseReply, StoreError> {
+        let effective = Effective {
+            stored: self.inner.configs.get(name).map(|q| *q),
+            fallback_to_caller: fallback,
+        };
+        // Length-prefixed: no name can collide with another name's client bucket.
+        let key = format!("{}:{name}{}", name.len(), budget_suffix(client));
         let now = self.now_us();
         let calls = self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
         if calls.is_multiple_of(SWEEP_EVERY) {
@@ -127,7 +152,7 @@ impl MemoryStore {
         let mut slot = self
             .inner
             .buckets
-            .entry(name.to_owned())
+            .entry(key.clone())
             .or_insert_with(|| Entry {
                 stored: Stored::default(),
                 expires_at_us: 0,
@@ -136,13 +161,22 @@ impl MemoryStore {
             slot.stored = Stored::default();
         }
         // `step` checks its arguments before it changes anything.
-        let (reply, keep_ms) = match bucket::step(&mut slot.stored, quota, op, now) {
-            Ok(ok) => ok,
-            Err(e) => {
-                let empty = slot.stored.bucket.is_none() && slot.stored.leasers.is_empty();
+        let result = bucket::step_with(&mut slot.stored, quota, effective, op, now);
+        let empty = slot.stored.bucket.is_none() && slot.stored.leasers.is_empty();
+        let (reply, keep_ms) = match result {
+            // Nothing was read or written: leave the entry's expiry alone.
+            Ok((reply, _)) if reply.source == QuotaSource::Absent => {
                 drop(slot);
                 if empty {
-                    self.inner.buckets.remove(name);
+                    self.inner.buckets.remove(&key);
+                }
+                return Ok(reply.into());
+            }
+            Ok(ok) => ok,
+            Err(e) => {
+                drop(slot);
+                if empty {
+                    self.inner.buckets.remove(&key);
                 }
                 return Err(reject(e));
             }
@@ -151,7 +185,7 @@ impl MemoryStore {
             Some(ms) => slot.expires_at_us = now.saturating_add(ms.saturating_mul(1_000)),
             None => {
                 drop(slot);
-                self.inner.buckets.remove(name);
+                self.inner.buckets.remove(&key);
             }
         }
         Ok(reply.into())
@@ -173,9 +207,11 @@ impl LeaseStore for MemoryStore {
             horizon_us: micros(n.horizon),
             ttl_us: micros(n.ttl),
         });
-        self.run(
+        self.run_on(
             name,
+            req.client,
             quota,
+            req.fallback_to_caller,
             Op::Lease {
                 want: req.want,
                 min: req.min,
@@ -196,14 +232,47 @@ impl LeaseStore for MemoryStore {
             seq: n.seq,
             leaving: n.leaving,
         });
-        self.run(
+        self.run_on(
             name,
+            req.client,
             quota,
+            true,
             Op::Release {
                 tokens: req.tokens,
                 node,
             },
         )
+    }
+}
+
+impl ConfigStore for MemoryStore {
+    async fn init_config(&self, name: &str, quota: &Quota) -> Result<(Quota, bool), StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        let mut written = false;
+        let q = *self
+            .inner
+            .configs
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                written = true;
+                *quota
+            });
+        Ok((q, written))
+    }
+
+    async fn modify_config(&self, name: &str, quota: &Quota) -> Result<bool, StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(self.inner.configs.insert(name.to_owned(), *quota).is_some())
+    }
+
+    async fn delete_config(&self, name: &str) -> Result<bool, StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(self.inner.configs.remove(name).is_some())
+    }
+
+    async fn get_config(&self, name: &str) -> Result<Option<Quota>, StoreError> {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(self.inner.configs.get(name).map(|q| *q))
     }
 }
 

@@ -23,7 +23,7 @@ pub use redis_store::{
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
 
-use crate::bucket::StepReply;
+use crate::bucket::{QuotaSource, StepReply};
 use crate::error::StoreError;
 use crate::quota::Quota;
 
@@ -62,6 +62,12 @@ pub struct LeaseRequest {
     pub min: u64,
     /// The leasing node, or `None` for an anonymous (pure-mode) call.
     pub node: Option<NodeLease>,
+    /// The budget: `None` for the name's fleet-wide bucket, `Some(client)` for that client's
+    /// own bucket ([`Budget::PerClient`](crate::Budget::PerClient)).
+    pub client: Option<u64>,
+    /// Without a stored config for the name, run under the caller's quota (`true`, the
+    /// default) or do nothing and answer [`QuotaSource::Absent`].
+    pub fallback_to_caller: bool,
 }
 
 impl LeaseRequest {
@@ -71,6 +77,8 @@ impl LeaseRequest {
             want: n,
             min: n,
             node: None,
+            client: None,
+            fallback_to_caller: true,
         }
     }
 
@@ -80,12 +88,26 @@ impl LeaseRequest {
             want,
             min,
             node: None,
+            client: None,
+            fallback_to_caller: true,
         }
     }
 
     /// The same request made by `node`.
     pub fn by(mut self, node: NodeLease) -> Self {
         self.node = Some(node);
+        self
+    }
+
+    /// The same request on `client`'s own budget.
+    pub fn for_client(mut self, client: Option<u64>) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// The same request, doing nothing if the name has no stored config.
+    pub fn configured_only(mut self, only: bool) -> Self {
+        self.fallback_to_caller = !only;
         self
     }
 }
@@ -97,12 +119,24 @@ pub struct ReleaseRequest {
     pub tokens: u64,
     /// The releasing node, or `None`.
     pub node: Option<NodeRelease>,
+    /// The budget, as in [`LeaseRequest::client`].
+    pub client: Option<u64>,
 }
 
 impl ReleaseRequest {
     /// Gives `tokens` back anonymously.
     pub fn new(tokens: u64) -> Self {
-        ReleaseRequest { tokens, node: None }
+        ReleaseRequest {
+            tokens,
+            node: None,
+            client: None,
+        }
+    }
+
+    /// The same release to `client`'s own budget.
+    pub fn for_client(mut self, client: Option<u64>) -> Self {
+        self.client = client;
+        self
     }
 
     /// The same release made by `node`.
@@ -126,6 +160,10 @@ pub struct LeaseReply {
     pub reset_after: Duration,
     /// The node's fair share of the rate, millitokens per second (0 for anonymous calls).
     pub share_mtps: u64,
+    /// The quota the call ran under: the name's stored config, or the caller's.
+    pub quota: Quota,
+    /// Where that quota came from ([`QuotaSource::Absent`]: nothing was done).
+    pub source: QuotaSource,
 }
 
 impl From<StepReply> for LeaseReply {
@@ -136,8 +174,15 @@ impl From<StepReply> for LeaseReply {
             retry_after: Duration::from_micros(r.retry_after_us),
             reset_after: Duration::from_micros(r.reset_after_us),
             share_mtps: r.share_mtps,
+            quota: r.quota,
+            source: r.source,
         }
     }
+}
+
+/// The bucket name of a budget: the name itself, or the name and a client id.
+pub(crate) fn budget_suffix(client: Option<u64>) -> String {
+    client.map_or_else(String::new, |c| format!(":client:{c:016x}"))
 }
 
 /// Formats a node id as stored (16 hex digits).

@@ -14,8 +14,12 @@ use std::time::Duration;
 
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
-use super::{micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
+use super::{
+    budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
+};
+use crate::bucket::QuotaSource;
 use crate::clock::Clock;
+use crate::config::ConfigStore;
 use crate::error::{Error, StoreError};
 use crate::key;
 use crate::quota::Quota;
@@ -202,36 +206,71 @@ impl RedisStore {
         key::bucket_key(&self.prefix, name)
     }
 
+    /// The Redis hash holding `name`'s central config (fields `rate`, `period_us`, `burst`).
+    pub fn config_key(&self, name: &str) -> String {
+        format!("{}:config", self.key(name))
+    }
+
+    /// The script's four keys for `name`'s bucket of `client` (or its fleet-wide one).
+    fn keys(&self, name: &str, client: Option<u64>) -> [String; 4] {
+        let config = self.config_key(name);
+        let bucket = format!("{}{}", self.key(name), budget_suffix(client));
+        let (leasers, expiry) = (format!("{bucket}:leasers"), format!("{bucket}:expiry"));
+        [bucket, leasers, expiry, config]
+    }
+
     /// Runs the script: `op`, then the arguments after `burst`.
     async fn run(
         &self,
         name: &str,
+        client: Option<u64>,
         quota: &Quota,
         op: &str,
         args: [String; 9],
     ) -> Result<LeaseReply, StoreError> {
-        let bucket = self.key(name);
-        let (leasers, expiry) = (format!("{bucket}:leasers"), format!("{bucket}:expiry"));
-        let keys = [bucket, leasers, expiry];
-        let head = [
-            op.to_owned(),
-            quota.rate().to_string(),
-            quota.period_us().to_string(),
-            quota.burst().to_string(),
-        ];
+        let keys = self.keys(name, client);
+        let head = quota_args(op, quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(&args)).await?;
-        match reply[..] {
-            [granted, remaining, retry_us, reset_us, share_mtps] => Ok(LeaseReply {
-                granted,
-                remaining,
-                retry_after: Duration::from_micros(retry_us),
-                reset_after: Duration::from_micros(reset_us),
-                share_mtps,
-            }),
-            _ => Err(StoreError::BadReply(format!(
-                "expected 5 integers, got {reply:?}"
-            ))),
-        }
+        let bad = || StoreError::BadReply(format!("expected 9 integers, got {reply:?}"));
+        let [granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
+            reply[..]
+        else {
+            return Err(bad());
+        };
+        Ok(LeaseReply {
+            granted,
+            remaining,
+            retry_after: Duration::from_micros(retry_us),
+            reset_after: Duration::from_micros(reset_us),
+            share_mtps,
+            quota: Quota::with_parts(rate, Duration::from_micros(period), burst)
+                .map_err(|_| bad())?,
+            source: QuotaSource::from_code(source).ok_or_else(bad)?,
+        })
+    }
+
+    /// Runs a config operation; the reply is the config now stored (if any) and the flag.
+    async fn config_op(
+        &self,
+        name: &str,
+        op: &str,
+        quota: Option<&Quota>,
+    ) -> Result<(Option<Quota>, bool), StoreError> {
+        let keys = self.keys(name, None);
+        let one = Quota::per_second(1).expect("valid");
+        let head = quota_args(op, quota.unwrap_or(&one));
+        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter()).await?;
+        let bad = || StoreError::BadReply(format!("expected 4 integers, got {reply:?}"));
+        let [rate, period, burst, flag] = reply[..] else {
+            return Err(bad());
+        };
+        let quota = match (rate, period, burst) {
+            (0, 0, 0) => None,
+            _ => Some(
+                Quota::with_parts(rate, Duration::from_micros(period), burst).map_err(|_| bad())?,
+            ),
+        };
+        Ok((quota, flag == 1))
     }
 
     /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
@@ -268,6 +307,40 @@ impl RedisStore {
     }
 }
 
+/// `op` and the quota: the script's first four arguments.
+fn quota_args(op: &str, quota: &Quota) -> [String; 4] {
+    [
+        op.to_owned(),
+        quota.rate().to_string(),
+        quota.period_us().to_string(),
+        quota.burst().to_string(),
+    ]
+}
+
+impl ConfigStore for RedisStore {
+    async fn init_config(&self, name: &str, quota: &Quota) -> Result<(Quota, bool), StoreError> {
+        match self.config_op(name, "config_init", Some(quota)).await? {
+            (Some(q), written) => Ok((q, written)),
+            (None, _) => Err(StoreError::Rejected("invalid stored config".into())),
+        }
+    }
+
+    async fn modify_config(&self, name: &str, quota: &Quota) -> Result<bool, StoreError> {
+        Ok(self.config_op(name, "config_set", Some(quota)).await?.1)
+    }
+
+    async fn delete_config(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.config_op(name, "config_delete", None).await?.1)
+    }
+
+    async fn get_config(&self, name: &str) -> Result<Option<Quota>, StoreError> {
+        match self.config_op(name, "config_get", None).await? {
+            (None, true) => Err(StoreError::Rejected("invalid stored config".into())),
+            (q, _) => Ok(q),
+        }
+    }
+}
+
 impl LeaseStore for RedisStore {
     async fn lease(
         &self,
@@ -295,9 +368,9 @@ impl LeaseStore for RedisStore {
             demand,
             horizon,
             ttl,
-            String::new(),
+            if req.fallback_to_caller { "" } else { "none" }.to_owned(),
         ];
-        self.run(name, quota, "lease", args).await
+        self.run(name, req.client, quota, "lease", args).await
     }
 
     async fn release(
@@ -325,6 +398,6 @@ impl LeaseStore for RedisStore {
             String::new(),
             String::new(),
         ];
-        self.run(name, quota, "release", args).await
+        self.run(name, req.client, quota, "release", args).await
     }
 }

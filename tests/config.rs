@@ -1,0 +1,361 @@
+//! Central configuration and budgets against a real redis-server.
+//!
+//! - a fleet of hybrid limiters adopts a quota changed in Redis within one lease horizon, and
+//!   admits at most `burst + rate_old × t1 + rate_new × t2` (t1 up to the moment every instance
+//!   has seen the change, which is after the store switched);
+//! - a capacity cut below what is outstanding keeps `level + outstanding` within bounds;
+//! - init does not overwrite; delete falls back to the builder's choice;
+//! - bad values get typed errors and leave the state alone;
+//! - `Budget::PerClient` gives each client a bucket of its own, `Overall` one for all.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelease::{
+    Budget, ConfigStore, Error, FakeClock, HybridLimiter, LeaseRequest, LeaseStore, NodeLease,
+    Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
+};
+use support::RedisServer;
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_adopts_a_new_rate_within_one_horizon_and_stays_in_bounds() {
+    let server = RedisServer::start();
+    let admin = store(&server).await;
+    let old = Quota::per_second(400).unwrap().with_burst(40).unwrap();
+    let new = Quota::per_second(100).unwrap().with_burst(40).unwrap();
+    // The builders say 1 000/s: the stored config wins.
+    let builder = Quota::per_second(1_000).unwrap().with_burst(40).unwrap();
+    assert!(admin.init_config("fleet", &old).await.unwrap().1);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let denied = Arc::new(AtomicU64::new(0));
+    let mut fleet = Vec::new();
+    for i in 0..3 {
+        fleet.push(
+            HybridLimiter::builder("fleet", builder, store(&server).await)
+                .seed(i)
+                .build()
+                .unwrap(),
+        );
+    }
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for l in &fleet {
+        let (l, stop, admitted, denied) =
+            (l.clone(), stop.clone(), admitted.clone(), denied.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match l.try_acquire(1) {
+                    Ok(d) if d.is_allowed() => admitted.fetch_add(1, Ordering::Relaxed),
+                    _ => denied.fetch_add(1, Ordering::Relaxed),
+                };
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for l in &fleet {
+        assert_eq!(l.quota(), old, "every instance runs under the stored quota");
+    }
+    let changed_at = started.elapsed();
+    let before = admitted.load(Ordering::Relaxed);
+    assert!(admin.modify_config("fleet", &new).await.unwrap());
+    // One lease horizon of the automatic policy is at most 250 ms.
+    let deadline = Instant::now() + Duration::from_millis(400);
+    while fleet.iter().any(|l| l.quota() != new) {
+        assert!(Instant::now() < deadline, "an instance missed the change");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t1 = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = started.elapsed();
+    let admitted = admitted.load(Ordering::Relaxed);
+    let bound = 40.0 + 400.0 * t1.as_secs_f64() + 100.0 * (total - t1).as_secs_f64();
+    assert!(
+        (admitted as f64) <= bound,
+        "admitted {admitted} > bound {bound:.0} (t1 {t1:?}, total {total:?})"
+    );
+    // The old rate really was in force before the change, and the new one after it.
+    let after = admitted - before;
+    let after_span = (total - changed_at).as_secs_f64();
+    assert!(
+        before as f64 >= 0.7 * 400.0 * changed_at.as_secs_f64(),
+        "only {before} admitted before the change"
+    );
+    assert!(
+        (after as f64) < 250.0 * after_span,
+        "{after} admitted in {after_span:.2}s after a cut to 100/s"
+    );
+    assert!(
+        denied.load(Ordering::Relaxed) > 100,
+        "demand exceeded the limit"
+    );
+}
+
+#[tokio::test]
+async fn a_capacity_cut_below_outstanding_keeps_conservation() {
+    let server = RedisServer::start();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .explicit_clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let q = Quota::per_second(100).unwrap();
+    let node = |held| NodeLease {
+        id: 7,
+        held,
+        demand_mtps: 100_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(60),
+    };
+    let r = store
+        .lease("cut", &q, &LeaseRequest::new(80, 1).by(node(0)))
+        .await
+        .unwrap();
+    assert_eq!(r.granted, 80);
+    let cut = Quota::per_second(10).unwrap();
+    store.modify_config("cut", &cut).await.unwrap();
+    let outstanding = |server: &RedisServer| -> (u64, u64) {
+        let f: Vec<u64> = server.cmd(&["HMGET", "ratelease:{cut}", "v", "o"]);
+        (f[0], f[1])
+    };
+    // Ten seconds later: 80 still outstanding, above the new capacity of 10 — nothing refills.
+    clock.advance(Duration::from_secs(10));
+    let r = store
+        .lease("cut", &q, &LeaseRequest::new(5, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.granted, r.quota, r.source),
+        (0, cut, QuotaSource::Stored)
+    );
+    assert_eq!(outstanding(&server), (0, 80));
+    // The node reports it spent 75 (holds 5): room for 5 under the new capacity, no more.
+    store
+        .lease("cut", &q, &LeaseRequest::new(1, 1).by(node(5)))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(10));
+    let r = store
+        .lease("cut", &q, &LeaseRequest::new(10, 1))
+        .await
+        .unwrap();
+    let (_, o) = outstanding(&server);
+    assert!(
+        r.granted + o <= 10,
+        "granted {} + outstanding {o}",
+        r.granted
+    );
+    assert!(r.granted >= 4, "the bucket refilled up to the new capacity");
+}
+
+#[tokio::test]
+async fn init_does_not_overwrite_and_delete_falls_back() {
+    let server = RedisServer::start();
+    let admin = store(&server).await;
+    let builder = Quota::per_minute(5).unwrap();
+    let stored = Quota::per_minute(50).unwrap();
+    assert_eq!(admin.get_config("n").await.unwrap(), None);
+    assert_eq!(
+        admin.init_config("n", &stored).await.unwrap(),
+        (stored, true)
+    );
+    let other = Quota::per_second(7).unwrap();
+    assert_eq!(
+        admin.init_config("n", &other).await.unwrap(),
+        (stored, false)
+    );
+    assert_eq!(admin.get_config("n").await.unwrap(), Some(stored));
+
+    let use_quota = RedisLimiter::new("n", builder, store(&server).await).unwrap();
+    let unlimited = RedisLimiter::builder("n", builder, store(&server).await)
+        .if_unconfigured(Unconfigured::Unlimited)
+        .build()
+        .unwrap();
+    let refuse = RedisLimiter::builder("n", builder, store(&server).await)
+        .if_unconfigured(Unconfigured::Error)
+        .build()
+        .unwrap();
+    // Configured: all three run under the stored 50 per minute.
+    let mut allowed = 0;
+    for _ in 0..60 {
+        allowed += u64::from(use_quota.try_acquire(1).await.unwrap().is_allowed());
+    }
+    assert_eq!(allowed, 50);
+    assert_eq!(use_quota.quota(), stored);
+    assert!(!unlimited.try_acquire(1).await.unwrap().is_allowed());
+    assert!(!refuse.try_acquire(1).await.unwrap().is_allowed());
+
+    assert!(admin.delete_config("n").await.unwrap());
+    assert!(!admin.delete_config("n").await.unwrap());
+    // Unconfigured: the builder's 5 per minute, no limit at all, or an error.
+    let mut allowed = 0;
+    for _ in 0..10 {
+        allowed += u64::from(use_quota.try_acquire(1).await.unwrap().is_allowed());
+    }
+    assert!(allowed <= 5, "builder quota after delete: {allowed}");
+    assert_eq!(use_quota.quota(), builder);
+    for _ in 0..200 {
+        assert!(unlimited.try_acquire(1).await.unwrap().is_allowed());
+    }
+    assert!(matches!(
+        refuse.try_acquire(1).await,
+        Err(Error::Unconfigured(ref n)) if n == "n"
+    ));
+    // A hybrid limiter that treats the name as unlimited admits far beyond any bucket.
+    let hybrid = HybridLimiter::builder("n", builder, store(&server).await)
+        .if_unconfigured(Unconfigured::Unlimited)
+        .build()
+        .unwrap();
+    hybrid.acquire(1).await.unwrap_or(());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut allowed = 0;
+    for _ in 0..1_000 {
+        allowed += u64::from(hybrid.try_acquire(1).unwrap().is_allowed());
+    }
+    assert_eq!(allowed, 1_000);
+    hybrid.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_config_values_get_typed_errors_and_change_nothing() {
+    let server = RedisServer::start();
+    let s = store(&server).await;
+    let q = Quota::per_second(10).unwrap();
+    s.lease("bad", &q, &LeaseRequest::exact(3)).await.unwrap();
+    let key = s.key("bad");
+    let before: Vec<Option<String>> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
+    // Out-of-range values through the script itself: rejected, nothing written.
+    let script = redis::Script::new(ratelease::TOKEN_BUCKET_LUA);
+    let mut conn = server.client().get_connection().unwrap();
+    let config_key = s.config_key("bad");
+    for (rate, period, burst, field) in [
+        ("0", "1000000", "10", "rate"),
+        ("10", "-1", "10", "period_us"),
+        ("10", "1000000", "1e99", "burst"),
+        ("1", "4503599627370496", "4503599627370496", "burst"),
+    ] {
+        let err = script
+            .key(&key)
+            .key(format!("{key}:leasers"))
+            .key(format!("{key}:expiry"))
+            .key(&config_key)
+            .arg("config_set")
+            .arg(rate)
+            .arg(period)
+            .arg(burst)
+            .invoke::<Vec<u64>>(&mut conn)
+            .unwrap_err();
+        assert_eq!(
+            StoreError::from(err).to_string(),
+            format!("script rejected the call: invalid argument {field}")
+        );
+    }
+    assert_eq!(s.get_config("bad").await.unwrap(), None);
+    // A config corrupted by hand: typed errors, the bucket untouched.
+    let _: () = server.cmd(&[
+        "HSET",
+        &config_key,
+        "rate",
+        "abc",
+        "period_us",
+        "1",
+        "burst",
+        "1",
+    ]);
+    let err = s
+        .lease("bad", &q, &LeaseRequest::exact(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Rejected(ref m) if m == "invalid stored config"));
+    assert!(matches!(
+        s.get_config("bad").await,
+        Err(StoreError::Rejected(_))
+    ));
+    let after: Vec<Option<String>> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
+    assert_eq!(before, after);
+    // Deleting the bad config heals the name.
+    assert!(s.delete_config("bad").await.unwrap());
+    assert!(s.lease("bad", &q, &LeaseRequest::exact(1)).await.is_ok());
+}
+
+#[tokio::test]
+async fn per_client_budgets_are_separate_and_overall_is_shared() {
+    let server = RedisServer::start();
+    let q = Quota::per_minute(10).unwrap();
+    let count = |l: RedisLimiter| async move {
+        let mut n = 0;
+        for _ in 0..15 {
+            n += u64::from(l.try_acquire(1).await.unwrap().is_allowed());
+        }
+        n
+    };
+    let mut per_client = 0;
+    for id in 1..=3 {
+        let l = RedisLimiter::builder("pc", q, store(&server).await)
+            .budget(Budget::PerClient)
+            .client_id(id)
+            .build()
+            .unwrap();
+        assert_eq!(l.client_id(), Some(id));
+        per_client += count(l).await;
+    }
+    assert_eq!(per_client, 30, "three clients, ten each");
+    let mut overall = 0;
+    for _ in 0..3 {
+        let l = RedisLimiter::new("ov", q, store(&server).await).unwrap();
+        overall += count(l).await;
+    }
+    assert_eq!(overall, 10, "one budget for all");
+    // The name's central config applies to every client's bucket.
+    store(&server)
+        .await
+        .modify_config("pc", &Quota::per_minute(2).unwrap())
+        .await
+        .unwrap();
+    let l = RedisLimiter::builder("pc", q, store(&server).await)
+        .budget(Budget::PerClient)
+        .client_id(9)
+        .build()
+        .unwrap();
+    assert_eq!(count(l).await, 2);
+
+    // Hybrid: two instances with their own budgets each get a full burst.
+    let mut got = 0;
+    for seed in 0..2 {
+        let h = HybridLimiter::builder("hpc", q, store(&server).await)
+            .budget(Budget::PerClient)
+            .seed(seed)
+            .build()
+            .unwrap();
+        for _ in 0..15 {
+            if h.try_acquire_for(1, Duration::from_millis(20))
+                .await
+                .unwrap()
+                .is_allowed()
+            {
+                got += 1;
+            }
+        }
+        h.shutdown().await;
+    }
+    assert_eq!(got, 20, "two hybrid clients, ten each");
+}
