@@ -119,15 +119,19 @@ fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
 }
 
 /// The bucket's stored state is absent, or integers in range: the bucket's five fields (a
-/// bucket written before the lease protocol may lack `o` and `d`), each leaser record's six, and
-/// an expiry entry for every leaser record.
+/// bucket written before the lease protocol may lack `o` and `d`) and the quota it was written
+/// under (`r p b`, all or none), each leaser record's six, and an expiry entry for every leaser
+/// record. Given a fourth key, the name's config is absent or a valid quota.
 const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
     read: |keys, pipe| {
         pipe.cmd("HMGET")
             .arg(&keys[0])
-            .arg(&["v", "s", "t", "o", "d"]);
+            .arg(&["v", "s", "t", "o", "d", "r", "p", "b"]);
         pipe.cmd("HGETALL").arg(&keys[1]);
         pipe.cmd("ZRANGE").arg(&keys[2]).arg(0).arg(-1);
+        if let Some(config) = keys.get(3) {
+            pipe.cmd("HGETALL").arg(config);
+        }
     },
     check: |_, replies| {
         let fields: Vec<Option<String>> = redis::from_redis_value(replies[0].clone()).unwrap();
@@ -135,13 +139,18 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         let expiry: Vec<String> = redis::from_redis_value(replies[2].clone()).unwrap();
         const M: i64 = 1 << 52;
         let bucket_ok = match &fields[..] {
-            [None, None, None, None, None] => true,
-            [Some(v), Some(s), Some(t), Some(o), Some(d)] => {
+            [None, None, None, None, None, None, None, None] => true,
+            [Some(v), Some(s), Some(t), Some(o), Some(d), r, p, b] => {
                 int_in(v, 0, M)
                     && int_in(s, 1, M)
                     && int_in(t, 0, 2 * M)
                     && int_in(o, 0, M)
                     && int_in(d, 0, M)
+                    && match (r, p, b) {
+                        (None, None, None) => true,
+                        (Some(r), Some(p), Some(b)) => quota_ok(r, p, b),
+                        _ => false,
+                    }
             }
             _ => false,
         };
@@ -157,17 +166,46 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         if !(records_ok && index_ok) {
             return Err(format!("leasers {leasers:?}, expiry {expiry:?}"));
         }
+        if let Some(config) = replies.get(3) {
+            let config: HashMap<String, String> = redis::from_redis_value(config.clone()).unwrap();
+            let field = |k: &str| config.get(k).map(String::as_str).unwrap_or("");
+            let ok = config.is_empty()
+                || (config.len() == 3
+                    && quota_ok(field("rate"), field("period_us"), field("burst")));
+            if !ok {
+                return Err(format!("config {config:?}"));
+            }
+        }
         Ok(())
     },
 };
+
+/// Whether `rate`, `period_us` and `burst` make a quota the script accepts: each in
+/// `1..=2^52`, and the capacity in fixed-point units (`burst × period / gcd`) within `2^52`.
+fn quota_ok(rate: &str, period: &str, burst: &str) -> bool {
+    const M: i64 = 1 << 52;
+    if !(int_in(rate, 1, M) && int_in(period, 1, M) && int_in(burst, 1, M)) {
+        return false;
+    }
+    let [r, p, b] = [rate, period, burst].map(|x| x.parse::<u128>().unwrap());
+    let (mut x, mut y) = (r, p);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    b * (p / x) <= M as u128
+}
 
 /// `lua/token_bucket.lua` under the fuzz driver: mostly plausible vectors, so both the served
 /// and the rejected paths run.
 fn token_bucket_script() -> fuzz::Script {
     let ops = prop_oneof![
-        4 => Just("lease".to_string()),
-        2 => Just("release".to_string()),
-        1 => "[a-z]{0,4}",
+        8 => Just("lease".to_string()),
+        4 => Just("release".to_string()),
+        1 => Just("config_get".to_string()),
+        1 => Just("config_init".to_string()),
+        1 => Just("config_set".to_string()),
+        1 => Just("config_delete".to_string()),
+        2 => "[a-z]{0,4}",
     ];
     let plausible = prop_oneof![
         6 => (1u64..50).prop_map(|v| v.to_string()),
@@ -181,30 +219,55 @@ fn token_bucket_script() -> fuzz::Script {
         1 => fuzz::junk(),
         1 => Just("x".repeat(129)),
     ];
+    let unconfigured = prop_oneof![
+        3 => Just(String::new()),
+        1 => Just("caller".to_string()),
+        2 => Just("none".to_string()),
+        1 => fuzz::junk(),
+    ];
     let args = (
         (ops, prop::collection::vec(plausible.clone(), 5), now),
-        (node, prop::collection::vec(plausible, 4)),
+        (node, prop::collection::vec(plausible, 4), unconfigured),
     )
-        .prop_map(|((op, rest, now), (node, node_args))| {
+        .prop_map(|((op, rest, now), (node, node_args, unconfigured))| {
             let mut args = vec![op];
             args.extend(rest);
             args.push(now);
             args.push(node);
             args.extend(node_args);
+            args.push(unconfigured);
             args
         });
     fuzz::Script {
         name: "token_bucket.lua",
         source: TOKEN_BUCKET_LUA,
-        keys: |i| bucket_keys(&format!("fuzz{{{i}}}")),
+        keys: |i| {
+            let mut keys = bucket_keys(&format!("fuzz{{{i}}}"));
+            keys.push(format!("fuzz{{{i}}}:config"));
+            keys
+        },
+        // The config key: without it the script runs the 3-key protocol.
+        optional_keys: 1,
         args: args.boxed(),
-        reply: |_, reply| {
+        reply: |keys, args, reply| {
             let reply: Vec<i64> =
                 redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
-            if reply.len() == 5 && reply.iter().all(|v| *v >= 0) {
+            // Config ops: {rate, period_us, burst, flag}; lease and release: five fields,
+            // and with the config key the quota they ran under and its source.
+            let len = match (args[0].as_str(), keys.len()) {
+                (op, 4) if op.starts_with("config_") => 4,
+                (_, 4) => 9,
+                _ => 5,
+            };
+            let in_range = match len {
+                4 => reply[3] <= 1,
+                9 => reply[8] <= 2,
+                _ => true,
+            };
+            if reply.len() == len && reply.iter().all(|v| *v >= 0) && in_range {
                 Ok(())
             } else {
-                Err("expected 5 non-negative integers".into())
+                Err(format!("expected {len} non-negative integers"))
             }
         },
         state: BUCKET_STATE,
@@ -238,6 +301,7 @@ fn lock_script() -> fuzz::Script {
     fuzz::Script {
         name: "lock.lua",
         source: LOCK_LUA,
+        optional_keys: 0,
         keys: |i| {
             vec![
                 format!("fuzz:{{l{i}}}:lock"),
@@ -247,7 +311,7 @@ fn lock_script() -> fuzz::Script {
         args: (op, owner, lease, channel)
             .prop_map(|(op, owner, lease, channel)| vec![op, owner, lease, channel])
             .boxed(),
-        reply: |args, reply| {
+        reply: |_, args, reply| {
             let ok = match (args[0].as_str(), reply) {
                 ("acquire", redis::Value::Array(v)) => {
                     let v: Vec<i64> = redis::from_redis_value(redis::Value::Array(v.clone()))

@@ -8,7 +8,8 @@
 //! - arguments from the script's strategy (which mixes plausible values with [`junk`]: zero,
 //!   negative, huge, fractional, NaN/inf spellings, empty, non-numeric), sometimes cut short or
 //!   given an extra one;
-//! - usually the instance's keys, sometimes too few or too many;
+//! - usually the instance's keys (with or without its optional trailing keys), sometimes too
+//!   few or too many;
 //! - four instances, so consecutive calls build up and act on real state.
 //!
 //! Every reply must be a well-formed value or a clean `RATELEASE …` error reply — never a Lua
@@ -33,10 +34,13 @@ pub struct Script {
     pub source: &'static str,
     /// The keys instance `i` (0..4) owns, in the order the script expects them.
     pub keys: fn(u8) -> Vec<String>,
+    /// How many of those keys, counted from the end, a call may leave out (a script with an
+    /// optional key runs both protocols).
+    pub optional_keys: usize,
     /// Full argument vectors; the driver cuts them short or extends them now and then.
     pub args: BoxedStrategy<Vec<String>>,
-    /// Checks a successful reply to `args`.
-    pub reply: fn(args: &[String], reply: &redis::Value) -> Result<(), String>,
+    /// Checks a successful reply to a call with `keys` and `args`.
+    pub reply: fn(keys: &[String], args: &[String], reply: &redis::Value) -> Result<(), String>,
     /// Checks the state under `keys` (one instance's keys) after a call: first the commands
     /// that read it (sent as one pipeline), then the check of their replies.
     pub state: StateCheck,
@@ -98,8 +102,9 @@ pub fn run(script: &Script, con: &mut redis::Connection, cases: u32) -> Outcome 
     let strategy = (
         0u8..4,
         script.args.clone(),
-        // How many keys: mostly the right number.
-        prop_oneof![12 => Just(None), 1 => (0usize..5).prop_map(Some)],
+        // How many keys: mostly the right number, with or without the optional ones.
+        prop_oneof![12 => Just(None), 1 => (0usize..6).prop_map(Some)],
+        0..=script.optional_keys,
         // Arguments cut short at, or extended by one junk value.
         prop_oneof![12 => Just(None), 2 => (0usize..16).prop_map(Some)],
         junk(),
@@ -110,57 +115,61 @@ pub fn run(script: &Script, con: &mut redis::Connection, cases: u32) -> Outcome 
         ..Config::default()
     });
     runner
-        .run(&strategy, |(instance, mut args, key_count, cut, extra)| {
-            let owned = keys(instance);
-            let mut call_keys = owned.clone();
-            if let Some(n) = key_count {
-                call_keys.resize_with(n, || format!("{}:extra", owned[0]));
-            }
-            match cut {
-                Some(n) if n < args.len() => args.truncate(n),
-                Some(_) => args.push(extra),
-                None => {}
-            }
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&sha)
-                .arg(call_keys.len())
-                .arg(&call_keys)
-                .arg(&args);
-            let mut pipe = redis::pipe();
-            (script.state.read)(&owned, &mut pipe);
-            let con = &mut **con.borrow_mut();
-            match cmd.query::<redis::Value>(con) {
-                Ok(reply) => {
-                    if let Err(why) = (script.reply)(&args, &reply) {
-                        return Err(TestCaseError::fail(format!(
-                            "{}: bad reply {reply:?} to {call_keys:?} {args:?}: {why}",
-                            script.name
-                        )));
+        .run(
+            &strategy,
+            |(instance, mut args, key_count, left_out, cut, extra)| {
+                let owned = keys(instance);
+                let mut call_keys = owned.clone();
+                call_keys.truncate(owned.len() - left_out);
+                if let Some(n) = key_count {
+                    call_keys.resize_with(n, || format!("{}:extra", owned[0]));
+                }
+                match cut {
+                    Some(n) if n < args.len() => args.truncate(n),
+                    Some(_) => args.push(extra),
+                    None => {}
+                }
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&sha)
+                    .arg(call_keys.len())
+                    .arg(&call_keys)
+                    .arg(&args);
+                let mut pipe = redis::pipe();
+                (script.state.read)(&owned, &mut pipe);
+                let con = &mut **con.borrow_mut();
+                match cmd.query::<redis::Value>(con) {
+                    Ok(reply) => {
+                        if let Err(why) = (script.reply)(&call_keys, &args, &reply) {
+                            return Err(TestCaseError::fail(format!(
+                                "{}: bad reply {reply:?} to {call_keys:?} {args:?}: {why}",
+                                script.name
+                            )));
+                        }
+                        served.set(served.get() + 1);
                     }
-                    served.set(served.get() + 1);
+                    Err(e) => {
+                        prop_assert_eq!(
+                            e.code(),
+                            Some("RATELEASE"),
+                            "{}: {:?} for {:?} {:?}",
+                            script.name,
+                            e,
+                            call_keys,
+                            args
+                        );
+                        rejected.set(rejected.get() + 1);
+                    }
                 }
-                Err(e) => {
-                    prop_assert_eq!(
-                        e.code(),
-                        Some("RATELEASE"),
-                        "{}: {:?} for {:?} {:?}",
-                        script.name,
-                        e,
-                        call_keys,
-                        args
-                    );
-                    rejected.set(rejected.get() + 1);
+                let replies: Vec<redis::Value> = pipe.query(con).unwrap();
+                if let Err(why) = (script.state.check)(&owned, &replies) {
+                    return Err(TestCaseError::fail(format!(
+                        "{}: invalid state after {call_keys:?} {args:?}: {why}; read {replies:?}",
+                        script.name
+                    )));
                 }
-            }
-            let replies: Vec<redis::Value> = pipe.query(con).unwrap();
-            if let Err(why) = (script.state.check)(&owned, &replies) {
-                return Err(TestCaseError::fail(format!(
-                    "{}: invalid state after {call_keys:?} {args:?}: {why}; read {replies:?}",
-                    script.name
-                )));
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
         .unwrap();
     Outcome {
         served: served.get(),
