@@ -40,11 +40,15 @@ pub struct Script {
     /// Full argument vectors; the driver cuts them short or extends them now and then.
     pub args: BoxedStrategy<Vec<String>>,
     /// Checks a successful reply to a call with `keys` and `args`.
-    pub reply: fn(keys: &[String], args: &[String], reply: &redis::Value) -> Result<(), String>,
+    pub reply: ReplyCheck,
     /// Checks the state under `keys` (one instance's keys) after a call: first the commands
     /// that read it (sent as one pipeline), then the check of their replies.
     pub state: StateCheck,
 }
+
+/// Checks a successful reply to a call with `keys` and `args`.
+pub type ReplyCheck =
+    fn(keys: &[String], args: &[String], reply: &redis::Value) -> Result<(), String>;
 
 /// Reads an instance's state in one pipeline and judges the replies.
 pub struct StateCheck {
