@@ -45,7 +45,7 @@
 
 pub mod bucket;
 mod clock;
-mod config;
+pub mod config;
 mod connect;
 mod demand;
 mod error;
