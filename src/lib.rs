@@ -46,6 +46,8 @@
 pub mod bucket;
 mod clock;
 pub mod config;
+#[cfg(feature = "toml")]
+pub mod config_file;
 mod connect;
 mod demand;
 mod error;
@@ -64,6 +66,8 @@ mod store;
 pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use config::{Budget, ConfigStore, Unconfigured};
+#[cfg(feature = "toml")]
+pub use config_file::{AnyLimiter, ConfigFileError, LimiterSpec, Limiters, LimitersConfig};
 pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
