@@ -406,6 +406,13 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
             AnyLimiter::Pure(l) => l.try_acquire_for(n, timeout).await,
         }
     }
+
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+        match self {
+            AnyLimiter::Hybrid(l) => Some(l.try_acquire(n)),
+            AnyLimiter::Pure(_) => None,
+        }
+    }
 }
 
 /// The limiters of a file, running, by name.

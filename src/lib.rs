@@ -57,6 +57,8 @@ mod key;
 mod limiter;
 mod local;
 pub mod lock;
+#[cfg(feature = "tower")]
+pub mod middleware;
 mod policy;
 mod pure;
 mod quota;
@@ -72,7 +74,7 @@ pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
-pub use limiter::{Decision, Limiter};
+pub use limiter::{Decision, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,
