@@ -35,11 +35,12 @@
 //! Under [`Algorithm::FixedWindow`] leases are anonymous batches sized by the policy's `ask`
 //! (lease terms are the token bucket's), and local tokens belong to the window they were
 //! leased in (the reply's `at`): the task drops them at the window's end, which it puts at
-//! `sent + reset_after` less 0.1 % (`sent` precedes the store's clock reading, and the margin
-//! covers clock rates that differ by up to 1 000 ppm) — also while a lease call is in flight —
-//! and a grant from another window first drops the tokens of the old one. Idle and shutdown
-//! return unused tokens to their own window. So a fleet never spends more than `rate` in one
-//! window.
+//! `sent + reset_after` less 0.1 % and 2 ms (`sent` precedes the store's clock reading; the
+//! margin covers clock rates that differ by up to 1 000 ppm and a timer that fires late) —
+//! also while a lease call is in flight or the task pauses after a denial — and a grant from another window first drops the
+//! tokens of the old one. Idle and shutdown return unused tokens to their own window. So a
+//! fleet never spends more than `rate` in one window, provided the task's timer fires within
+//! that margin.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +79,9 @@ const DEFAULT_RTT: Duration = Duration::from_millis(1);
 /// Most jitter after a fixed window's "come back when it ends": a window's start is the
 /// same moment for every node, and a late node would waste the new window.
 const WINDOW_JITTER: Duration = Duration::from_millis(5);
+/// Fixed window: local tokens are dropped this long (plus 0.1 %) before their window ends,
+/// so a timer that fires a little late (tokio's resolution is 1 ms) still drops them in time.
+const WINDOW_MARGIN: Duration = Duration::from_millis(2);
 
 /// A limiter that leases batches of tokens from a shared store and spends them locally.
 ///
@@ -821,15 +825,28 @@ impl Task {
         self.window = None;
     }
 
+    /// Sleeps until `deadline`. Under the fixed window, callers keep spending the local tokens
+    /// meanwhile, so they are dropped on the way if their window ends first.
+    async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant) {
+        let windowed = s.algorithm == Algorithm::FixedWindow;
+        if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
+            tokio::time::sleep_until(end).await;
+            self.drop_window(s);
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+
     /// Adds granted tokens to the local bucket. Under the fixed window they belong to the
     /// reply's window: the tokens of another window are dropped first, and these are dropped
-    /// at once if their window (conservatively, `sent + reset_after` less 0.1 %) has ended.
+    /// at once if their window (conservatively, `sent + reset_after` less the margin) has
+    /// ended.
     fn keep<S>(&mut self, s: &Shared<S>, reply: &LeaseReply, sent: Instant) {
         if s.algorithm == Algorithm::FixedWindow {
             if self.window != reply.at {
                 self.drop_window(s);
             }
-            let end = sent + (reply.reset_after - reply.reset_after / 1_000);
+            let margin = reply.reset_after / 1_000 + WINDOW_MARGIN;
+            let end = sent + reply.reset_after.saturating_sub(margin);
             if end <= Instant::now() {
                 s.counters
                     .tokens_expired
@@ -1020,10 +1037,7 @@ impl Task {
         s.finished.notify_waiters();
         let after = s.local.available();
         if let Some(deadline) = pause {
-            let slept = s
-                .signal
-                .unless_closed(tokio::time::sleep_until(deadline))
-                .await;
+            let slept = s.signal.unless_closed(self.pause(s, deadline)).await;
             if slept.is_none() {
                 return false;
             }
