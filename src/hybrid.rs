@@ -37,10 +37,10 @@
 //! leased in (the reply's `at`): the task drops them at the window's end, which it puts at
 //! `sent + reset_after` less 0.1 % and 2 ms (`sent` precedes the store's clock reading; the
 //! margin covers clock rates that differ by up to 1 000 ppm and a timer that fires late) —
-//! also while a lease call is in flight or the task pauses after a denial — and a grant from another window first drops the
-//! tokens of the old one. Idle and shutdown return unused tokens to their own window. So a
-//! fleet never spends more than `rate` in one window, provided the task's timer fires within
-//! that margin.
+//! also while a lease call is in flight or the task pauses after a denial — and a grant from
+//! another window first drops the tokens of the old one. Idle and shutdown return unused
+//! tokens to their own window. So a fleet never spends more than `rate` in one window,
+//! provided the task's timer fires within that margin.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

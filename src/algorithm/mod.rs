@@ -34,12 +34,44 @@
 //! `:sw:n`, `:lb`) before the client suffix of [`Budget::PerClient`](crate::Budget::PerClient),
 //! all in the limiter's hash tag. So different algorithms on one name never share state.
 //!
-//! Central configuration ([`crate::config`]) applies to the token bucket only: the new scripts
-//! run under the caller's quota, and a limiter built with another algorithm and an
-//! [`Unconfigured`] other than [`Unconfigured::UseQuota`] is an [`Error::Config`].
+//! Central configuration ([`ConfigStore`](crate::ConfigStore)) applies to the token bucket
+//! only: the new scripts run under the caller's quota, and a limiter built with another
+//! algorithm and an [`Unconfigured`] other than [`Unconfigured::UseQuota`] is an
+//! [`Error::Config`].
 //!
 //! Explicit times (`now_us`, `at`) are limited to 2^52 µs (the year 2112) in the new scripts, so
 //! that a time plus a period stays an exact integer in a Lua double.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo(store: ratelease::RedisStore) -> Result<(), ratelease::Error> {
+//! use std::time::Duration;
+//! use ratelease::{Algorithm, HybridLimiter, Quota, RedisLimiter};
+//!
+//! // Fixed window (document 001): 1 000 calls per minute, leased in batches.
+//! let api = HybridLimiter::builder("partner-api", Quota::per_minute(1_000)?, store.clone())
+//!     .algorithm(Algorithm::FixedWindow)
+//!     .build()?;
+//!
+//! // Sliding window (Redisson's log): at most 5 logins in any 15 minutes.
+//! let logins = Quota::new(5, Duration::from_secs(900))?;
+//! let login = RedisLimiter::builder("login:alice", logins, store.clone())
+//!     .algorithm(Algorithm::SlidingWindow)
+//!     .build()?;
+//!
+//! // Leaky bucket (document 004's funnel): one SMS per 30 s per number, bursts of 3.
+//! let sms = Quota::new(1, Duration::from_secs(30))?.with_burst(3)?;
+//! let sms = RedisLimiter::builder("sms:+15550100", sms, store)
+//!     .algorithm(Algorithm::LeakyBucket)
+//!     .build()?;
+//!
+//! // Every pure limiter reports its budget, for X-RateLimit-* headers:
+//! let verdict = login.check(1).await?; // limit, remaining, reset_after, retry_after()
+//! let left = sms.available_permits().await?; // takes nothing
+//! # let _ = (api, verdict, left);
+//! # Ok(()) }
+//! ```
 
 pub mod fixed_window;
 pub mod leaky_bucket;
