@@ -1,4 +1,5 @@
 -- ratelease sliding window: at most `rate` tokens in any window of `period` (Redisson's log).
+-- Sent after lua/prelude.lua, which reads the arguments and documents the shared protocol.
 --
 -- Every grant is logged with the time it was made; a grant counts until `period` after it, so
 -- at any moment the tokens counted are those granted in the last `period`, and a lease is
@@ -14,25 +15,13 @@
 --          O(log N) plus the entries it drops, not O(N)).
 -- Both keys must share one {hash tag}.
 --
--- ARGV[1]  op: "lease", "release" or "peek" (reports the budget; drops entries that left)
--- ARGV[2]  rate       tokens per window                   (integer, 1 ..= 2^52)
--- ARGV[3]  period_us  window length in microseconds       (integer, 1 ..= 2^52)
--- ARGV[4]  burst      must equal rate
--- ARGV[5]  lease: want, the most tokens to grant          (integer, 1 ..= 2^52)
---          release: tokens to give back                   (integer, 0 ..= 2^52)
--- ARGV[6]  lease: min, the fewest acceptable (all-or-nothing below it; 1 ..= min(want, burst))
---          release: `at` from the reply to the lease the tokens came from (the time it was
---          logged, integer 0 ..= 2^52; may be "" when giving back 0 tokens). Tokens go back
---          only to that entry, and only while it is in the window.
--- ARGV[7]  now_us: "" to use the Redis server clock (TIME); an explicit time exists only for
---          deterministic tests and replays                (integer, 0 ..= 2^52)
+-- ARGV     as in prelude.lua (burst = rate); a peek also drops entries that left the window.
+--          A release's `at` is the time its lease was logged: tokens go back only to that
+--          entry, and only while it is in the window.
 --
 -- Reply: { granted, remaining, retry_after_us, reset_after_us, at_us }
---   granted        tokens taken (0 for release and peek, and for a lease below its min)
---   remaining      tokens that may be granted now
---   retry_after_us how long until a lease like this one could succeed: until enough of the
---                  oldest entries have left the window (also sent with a grant; 0 for release
---                  and peek). Looked up among the 128 oldest entries; with a longer log it may
+--   retry_after_us until enough of the oldest entries have left the window for a lease like
+--                  this one. Looked up among the 128 oldest entries; with a longer log it may
 --                  be too short (never too long), and the retry gets a new estimate.
 --   reset_after_us how long until the log is empty (the newest entry leaves)
 --   at_us          the time the grant is logged at: max(now, newest entry)
@@ -40,78 +29,15 @@
 -- Memory: one entry per distinct grant time in the last period, so at most min(rate,
 -- period_us) entries (about 60 bytes each); both keys expire 10 s after the newest entry
 -- leaves the window. Entries that left are dropped by the next call (its cost is proportional
--- to how many; a call that finds the whole log gone deletes it at once). Bad arguments get a
--- "RATELEASE …" error reply, never a Lua runtime error, and nothing is written. An invalid
--- total is recounted from the log; an entry that does not parse counts as 0 tokens.
+-- to how many; a call that finds the whole log gone deletes it at once). An invalid total is
+-- recounted from the log; an entry that does not parse counts as 0 tokens.
 
-local MAX = 4503599627370496 -- 2^52
-local SLACK_MS = 10000
 local WALK = 128
 
--- An integer in [lo, hi], or nil (`+ 0` turns -0 into 0).
-local function int_val(x, lo, hi)
-  local v = tonumber(x)
-  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
-    return nil
-  end
-  return v + 0
-end
-
-local function int_arg(i, lo, hi)
-  return int_val(ARGV[i], lo, hi)
-end
-
--- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
-local function int_str(x)
-  return string.format('%.0f', x + 0)
-end
-
--- Exact ceil(a / b) for integers 0 <= a, b <= 2^53.
-local function ceil_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 end
-  if (q + 1) * b <= a then q = q + 1 end
-  if q * b < a then q = q + 1 end
-  return q
-end
-
-local function bad(name)
-  return redis.error_reply('RATELEASE invalid argument ' .. name)
-end
-
-if #KEYS ~= 2 then return bad('keys: expected 2') end
-local op = ARGV[1]
-if op ~= 'lease' and op ~= 'release' and op ~= 'peek' then return bad('op') end
-local rate = int_arg(2, 1, MAX)
-if not rate then return bad('rate') end
-local period = int_arg(3, 1, MAX)
-if not period then return bad('period_us') end
-local burst = int_arg(4, 1, MAX)
-if not burst or burst ~= rate then return bad('burst') end
-
-local want, min, at
-if op == 'lease' then
-  want = int_arg(5, 1, MAX)
-  if not want then return bad('want') end
-  min = int_arg(6, 1, want)
-  if not min or min > burst then return bad('min') end
-elseif op == 'release' then
-  want = int_arg(5, 0, MAX)
-  if not want then return bad('tokens') end
-  if (ARGV[6] or '') ~= '' or want > 0 then
-    at = int_arg(6, 0, MAX)
-    if not at then return bad('at') end
-  end
-end
-
-local now
-if ARGV[7] == nil or ARGV[7] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = int_arg(7, 0, MAX)
-  if not now then return bad('now_us') end
-end
+local args, err = read_args(2, true)
+if not args then return err end
+local rate, period, op, want, min, at, now =
+  args.rate, args.period, args.op, args.want, args.min, args.at, args.now
 
 -- Tokens of an entry (0 if its member does not parse).
 local function count(member)

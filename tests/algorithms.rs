@@ -26,7 +26,7 @@ use ratelease::{
     LeaseStore, MemoryStore, NodeLease, Quota, RedisLimiter, RedisStore, ReleaseRequest,
     StoreError, Unconfigured, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA,
 };
-use support::RedisServer;
+use support::{max_in_window, RedisServer};
 
 const NEW: [Algorithm; 3] = [
     Algorithm::FixedWindow,
@@ -551,21 +551,6 @@ async fn a_fixed_window_admits_exactly_its_rate_per_window_and_almost_twice_acro
         (9, 1),
         "only the token of the first request left"
     );
-}
-
-/// The largest number of tokens admitted in any window of `window_us` (ending at an
-/// admission).
-fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
-    let (mut best, mut sum, mut start) = (0, 0, 0);
-    for &(t, n) in admissions {
-        sum += n;
-        while admissions[start].0 + window_us <= t {
-            sum -= admissions[start].1;
-            start += 1;
-        }
-        best = best.max(sum);
-    }
-    best
 }
 
 #[tokio::test]

@@ -88,14 +88,22 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
     assert!(pure.try_acquire(5).await.unwrap().is_allowed());
 
-    // Hybrid mode with node records (leasers hash, expiry index, releases).
-    let hybrid = HybridLimiter::builder("acl", quota, store(&server, "ratelease").await)
-        .on_store_failure(FailurePolicy::FailClosed)
-        .build()
-        .unwrap();
-    hybrid.acquire(3).await.unwrap();
-    hybrid.shutdown().await;
-    assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
+    // Hybrid mode with node records (leasers hash, expiry index, releases); and a fixed
+    // window leased in batches, the unused ones returned on shutdown.
+    let window = Quota::per_minute(20).unwrap();
+    for (algorithm, quota) in [
+        (Algorithm::TokenBucket, quota),
+        (Algorithm::FixedWindow, window),
+    ] {
+        let hybrid = HybridLimiter::builder("acl", quota, store(&server, "ratelease").await)
+            .algorithm(algorithm)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        hybrid.acquire(3).await.unwrap();
+        hybrid.shutdown().await;
+        assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
+    }
     assert!(!pure.try_acquire(20).await.unwrap().is_allowed());
 
     // The other algorithms in pure mode: a sliding log partly left behind (trimmed), a fixed
@@ -129,21 +137,11 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
         let r = store.release("acl-back", &short, &back).await.unwrap();
         assert_eq!(r.remaining, 10, "{algorithm}");
     }
-    // A hybrid fixed window: batches, and the unused ones returned on shutdown.
-    let window = Quota::per_minute(20).unwrap();
-    let hybrid = HybridLimiter::builder("acl-fw", window, store(&server, "ratelease").await)
-        .algorithm(Algorithm::FixedWindow)
-        .on_store_failure(FailurePolicy::FailClosed)
-        .build()
-        .unwrap();
-    hybrid.acquire(3).await.unwrap();
-    hybrid.shutdown().await;
-    assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
     let keys: Vec<String> = server.cmd(&["KEYS", "ratelease:*"]);
     for key in [
         "ratelease:{acl-algo}:fw",
         "ratelease:{acl-algo}:sw",
-        "ratelease:{acl-fw}:fw",
+        "ratelease:{acl}:fw",
     ] {
         assert!(keys.contains(&key.to_string()), "{key} in {keys:?}");
     }

@@ -97,24 +97,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    fn lease(st: &mut Option<State>, q: &Quota, want: u64, min: u64, now: u64) -> Reply {
-        step(st, q, Op::Lease { want, min }, now).unwrap().0
-    }
+    use crate::algorithm::lease_with;
 
     #[test]
     fn a_window_admits_its_rate_then_waits_for_its_end() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let mut st = None;
-        let r = lease(&mut st, &q, 4, 1, 500);
+        let r = lease_with(step, &mut st, &q, 4, 1, 500);
         assert_eq!((r.granted, r.remaining, r.at_us), (4, 6, 500));
         assert_eq!(r.reset_after_us, 1_000_000);
-        let r = lease(&mut st, &q, 10, 7, 600_500);
+        let r = lease_with(step, &mut st, &q, 10, 7, 600_500);
         assert_eq!((r.granted, r.remaining), (0, 6), "all or nothing below min");
         assert_eq!(r.retry_after_us, 400_000, "until the window ends");
-        assert_eq!(lease(&mut st, &q, 6, 6, 999_999).granted, 6);
+        assert_eq!(lease_with(step, &mut st, &q, 6, 6, 999_999).granted, 6);
         assert_eq!(
-            lease(&mut st, &q, 10, 10, 1_000_500).granted,
+            lease_with(step, &mut st, &q, 10, 10, 1_000_500).granted,
             10,
             "a new window"
         );
@@ -124,7 +121,7 @@ mod tests {
     fn a_release_goes_back_to_its_own_window_only() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let mut st = None;
-        let first = lease(&mut st, &q, 8, 8, 0);
+        let first = lease_with(step, &mut st, &q, 8, 8, 0);
         let give = |st: &mut Option<State>, at, now| {
             step(st, &q, Op::Release { tokens: 5, at }, now).unwrap()
         };
@@ -134,7 +131,7 @@ mod tests {
         let (r, _) = give(&mut st, Some(first.at_us), 10);
         assert_eq!(r.remaining, 7);
         // The next window opened: a late release of the first window's tokens is ignored.
-        assert_eq!(lease(&mut st, &q, 10, 10, 1_000_000).granted, 10);
+        assert_eq!(lease_with(step, &mut st, &q, 10, 10, 1_000_000).granted, 10);
         let (r, p) = give(&mut st, Some(first.at_us), 1_000_001);
         assert_eq!((r.remaining, p), (0, Persist::Unchanged));
     }
@@ -143,7 +140,7 @@ mod tests {
     fn denials_and_peeks_write_nothing_and_releasing_everything_deletes() {
         let q = Quota::per_second(3).unwrap();
         let mut st = None;
-        let r = lease(&mut st, &q, 3, 3, 0);
+        let r = lease_with(step, &mut st, &q, 3, 3, 0);
         assert_eq!(
             step(&mut st, &q, Op::Peek, 1).unwrap().1,
             Persist::Unchanged

@@ -99,24 +99,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    fn lease(st: &mut Option<State>, q: &Quota, want: u64, min: u64, now: u64) -> Reply {
-        step(st, q, Op::Lease { want, min }, now).unwrap().0
-    }
+    use crate::algorithm::lease_with;
 
     #[test]
     fn after_a_burst_grants_are_spaced_one_emission_interval_apart() {
         // 3 per 10 ms (one every 3 333.3 µs), capacity 2.
         let q = Quota::with_parts(3, Duration::from_millis(10), 2).unwrap();
         let mut st = None;
-        assert_eq!(lease(&mut st, &q, 2, 2, 0).granted, 2);
-        let r = lease(&mut st, &q, 1, 1, 0);
+        assert_eq!(lease_with(step, &mut st, &q, 2, 2, 0).granted, 2);
+        let r = lease_with(step, &mut st, &q, 1, 1, 0);
         assert_eq!((r.granted, r.retry_after_us), (0, 3_334));
         assert_eq!(r.reset_after_us, 6_667);
         // Three emission intervals are exactly 10 ms: no drift from the fractions.
         let mut admitted = 0;
         for us in 3_000..13_334 {
-            admitted += lease(&mut st, &q, 1, 1, us).granted;
+            admitted += lease_with(step, &mut st, &q, 1, 1, us).granted;
         }
         assert_eq!(
             admitted, 3,
@@ -137,27 +134,13 @@ mod tests {
         let mut st = None;
         let (_, p) = step(&mut st, &q, Op::Lease { want: 4, min: 4 }, 0).unwrap();
         assert_eq!(p, Persist::Keep { ms: 400 + 10_000 });
-        let (r, p) = step(
-            &mut st,
-            &q,
-            Op::Release {
-                tokens: 9,
-                at: None,
-            },
-            0,
-        )
-        .unwrap();
+        let release = Op::Release {
+            tokens: 9,
+            at: None,
+        };
+        let (r, p) = step(&mut st, &q, release, 0).unwrap();
         assert_eq!((r.remaining, r.reset_after_us, p), (10, 0, Persist::Delete));
-        let (_, p) = step(
-            &mut st,
-            &q,
-            Op::Release {
-                tokens: 9,
-                at: None,
-            },
-            0,
-        )
-        .unwrap();
+        let (_, p) = step(&mut st, &q, release, 0).unwrap();
         assert_eq!(p, Persist::Unchanged);
     }
 
@@ -168,7 +151,7 @@ mod tests {
             tat_us: 50_000_000,
             frac: 0,
         });
-        let r = lease(&mut st, &q, 1, 1, 0);
+        let r = lease_with(step, &mut st, &q, 1, 1, 0);
         assert_eq!(
             (r.granted, r.remaining, r.reset_after_us),
             (0, 0, 1_000_000)

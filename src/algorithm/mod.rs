@@ -20,7 +20,8 @@
 //! | [`SlidingWindow`](Algorithm::SlidingWindow) | `rate` in any window of `period` (`burst` must equal `rate`) | `rate` in any window of `period` | no |
 //! | [`LeakyBucket`](Algorithm::LeakyBucket) | a funnel of `burst` tokens leaking `rate` per `period` (GCRA) | as the token bucket; after a burst, grants spaced `period / rate` apart | no |
 //!
-//! The three new scripts share one protocol (see any of them for details):
+//! The three new scripts share one protocol, and one head that reads it (`lua/prelude.lua`,
+//! sent before each):
 //! `KEYS` = the state keys; `ARGV` = `op` (`lease`, `release` or `peek`), `rate`, `period_us`,
 //! `burst`, `want` or `tokens`, `min` or `at`, `now_us` (empty: the server's `TIME`); the reply
 //! is `{granted, remaining, retry_after_us, reset_after_us, at_us}`, redis-cell's fields plus
@@ -85,12 +86,21 @@ use crate::error::{Error, StoreError};
 use crate::quota::{Quota, MAX_VALUE};
 use crate::store::{micros, LeaseReply, LeaseRequest, ReleaseRequest};
 
-/// The fixed-window script, as shipped in `lua/fixed_window.lua`.
-pub const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
-/// The sliding-window script, as shipped in `lua/sliding_window.lua`.
-pub const SLIDING_WINDOW_LUA: &str = include_str!("../../lua/sliding_window.lua");
-/// The leaky-bucket (GCRA) script, as shipped in `lua/leaky_bucket.lua`.
-pub const LEAKY_BUCKET_LUA: &str = include_str!("../../lua/leaky_bucket.lua");
+/// The fixed-window script: `lua/prelude.lua` followed by `lua/fixed_window.lua`.
+pub const FIXED_WINDOW_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/fixed_window.lua")
+);
+/// The sliding-window script: `lua/prelude.lua` followed by `lua/sliding_window.lua`.
+pub const SLIDING_WINDOW_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/sliding_window.lua")
+);
+/// The leaky-bucket (GCRA) script: `lua/prelude.lua` followed by `lua/leaky_bucket.lua`.
+pub const LEAKY_BUCKET_LUA: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/leaky_bucket.lua")
+);
 
 /// Largest explicit time (µs) the new scripts accept: 2^52.
 pub const MAX_NOW_US: u64 = MAX_VALUE;
@@ -315,8 +325,8 @@ fn keep_for(us: u64) -> Persist {
     }
 }
 
-/// The scripts' argument checks, in the scripts' order (the quota's own ranges are guaranteed
-/// by [`Quota`]).
+/// `lua/prelude.lua`'s argument checks, in its order. A [`Quota`] guarantees the quota's own
+/// ranges, the capacity's included.
 fn validate(quota: &Quota, op: &Op, now_us: u64, windowed: bool) -> Result<(), InvalidArgument> {
     if windowed && quota.burst() != quota.rate() {
         return Err(InvalidArgument("burst"));
@@ -429,6 +439,22 @@ pub(crate) fn release_op(req: &ReleaseRequest) -> Result<Op, StoreError> {
             at: req.leased_at.map(micros),
         },
     })
+}
+
+/// A test's lease of between `min` and `want` tokens at `now` through one algorithm's `step`.
+#[cfg(test)]
+#[allow(clippy::type_complexity)]
+fn lease_with<T>(
+    step: fn(&mut Option<T>, &Quota, Op, u64) -> Result<(Reply, Persist), InvalidArgument>,
+    state: &mut Option<T>,
+    quota: &Quota,
+    want: u64,
+    min: u64,
+    now_us: u64,
+) -> Reply {
+    step(state, quota, Op::Lease { want, min }, now_us)
+        .unwrap()
+        .0
 }
 
 #[cfg(test)]

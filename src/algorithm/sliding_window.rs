@@ -131,22 +131,19 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    fn lease(st: &mut Option<State>, q: &Quota, want: u64, min: u64, now: u64) -> Reply {
-        step(st, q, Op::Lease { want, min }, now).unwrap().0
-    }
+    use crate::algorithm::lease_with;
 
     #[test]
     fn grants_count_for_one_period_after_they_were_made() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let mut st = None;
-        assert_eq!(lease(&mut st, &q, 6, 1, 0).granted, 6);
-        assert_eq!(lease(&mut st, &q, 4, 1, 500_000).granted, 4);
-        let r = lease(&mut st, &q, 5, 5, 900_000);
+        assert_eq!(lease_with(step, &mut st, &q, 6, 1, 0).granted, 6);
+        assert_eq!(lease_with(step, &mut st, &q, 4, 1, 500_000).granted, 4);
+        let r = lease_with(step, &mut st, &q, 5, 5, 900_000);
         assert_eq!((r.granted, r.remaining), (0, 0));
         assert_eq!(r.retry_after_us, 100_000, "the six of t = 0 leave at 1 s");
         assert_eq!(r.reset_after_us, 600_000, "the log empties at 1.5 s");
-        let r = lease(&mut st, &q, 10, 5, 1_000_000);
+        let r = lease_with(step, &mut st, &q, 10, 5, 1_000_000);
         assert_eq!(
             (r.granted, r.remaining),
             (6, 0),
@@ -159,8 +156,8 @@ mod tests {
     fn same_microsecond_grants_share_an_entry_and_releases_find_it() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let mut st = None;
-        let a = lease(&mut st, &q, 3, 1, 7);
-        let b = lease(&mut st, &q, 2, 1, 7);
+        let a = lease_with(step, &mut st, &q, 3, 1, 7);
+        let b = lease_with(step, &mut st, &q, 2, 1, 7);
         assert_eq!((a.at_us, b.at_us), (7, 7));
         assert_eq!(st.as_ref().unwrap().log.len(), 1);
         let release = |at| Op::Release {
@@ -180,8 +177,8 @@ mod tests {
     fn the_log_never_goes_back_in_time() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let mut st = None;
-        lease(&mut st, &q, 1, 1, 1_000);
-        let r = lease(&mut st, &q, 1, 1, 500);
+        lease_with(step, &mut st, &q, 1, 1, 1_000);
+        let r = lease_with(step, &mut st, &q, 1, 1, 500);
         assert_eq!(r.at_us, 1_000, "logged at the newest entry, not before it");
         assert_eq!(st.as_ref().unwrap().log[&1_000], 2);
     }
