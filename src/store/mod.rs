@@ -9,6 +9,9 @@
 //! - [`RedisStore`]: the real thing; runs `lua/token_bucket.lua` with EVALSHA.
 //! - [`MemoryStore`]: the same contract in process, over an injectable [`Clock`](crate::Clock),
 //!   for tests and the simulator. A differential test holds it to the script.
+//!
+//! A request names its [`Algorithm`] (default the token bucket); the others run their own
+//! scripts and twins ([`crate::algorithm`]) on keys of their own.
 
 mod memory;
 mod redis_store;
@@ -231,7 +234,7 @@ pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// A shared token bucket, addressed by limiter name.
+/// A shared token bucket (or another [`Algorithm`]'s budget), addressed by limiter name.
 ///
 /// Implementations must be atomic per name: concurrent calls behave as if run one at a time.
 pub trait LeaseStore: Send + Sync + 'static {
