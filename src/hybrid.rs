@@ -31,6 +31,16 @@
 //!
 //! When the last clone of a limiter is dropped (or [`shutdown`](HybridLimiter::shutdown) is
 //! called), the task takes the local tokens and gives them back to the store.
+//!
+//! Under [`Algorithm::FixedWindow`] leases are anonymous batches sized by the policy's `ask`
+//! (lease terms are the token bucket's), and local tokens belong to the window they were
+//! leased in (the reply's `at`): the task drops them at the window's end, which it puts at
+//! `sent + reset_after` less 0.1 % and 2 ms (`sent` precedes the store's clock reading; the
+//! margin covers clock rates that differ by up to 1 000 ppm and a timer that fires late) —
+//! also while a lease call is in flight or the task pauses after a denial — and a grant from
+//! another window first drops the tokens of the old one. Idle and shutdown return unused
+//! tokens to their own window. So a fleet never spends more than `rate` in one window,
+//! provided the task's timer fires within that margin.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +51,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::algorithm::Algorithm;
 use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
 use crate::demand::DemandEstimator;
@@ -52,7 +63,9 @@ use crate::local::LocalBucket;
 use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::quota::{Quota, MAX_VALUE};
 use crate::refill::{RefillSignal, Wake};
-use crate::store::{LeaseRequest, LeaseStore, NodeLease, NodeRelease, RedisStore, ReleaseRequest};
+use crate::store::{
+    LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, RedisStore, ReleaseRequest,
+};
 
 /// Shortest wait after an over-limit reply.
 const MIN_RETRY: Duration = Duration::from_micros(100);
@@ -63,6 +76,12 @@ const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Retry hint before any round trip was measured.
 const DEFAULT_RTT: Duration = Duration::from_millis(1);
+/// Most jitter after a fixed window's "come back when it ends": a window's start is the
+/// same moment for every node, and a late node would waste the new window.
+const WINDOW_JITTER: Duration = Duration::from_millis(5);
+/// Fixed window: local tokens are dropped this long (plus 0.1 %) before their window ends,
+/// so a timer that fires a little late (tokio's resolution is 1 ms) still drops them in time.
+const WINDOW_MARGIN: Duration = Duration::from_millis(2);
 
 /// A limiter that leases batches of tokens from a shared store and spends them locally.
 ///
@@ -156,9 +175,17 @@ pub struct HybridBuilder<S> {
     runtime: Option<tokio::runtime::Handle>,
     budget: Budget,
     unconfigured: Unconfigured,
+    algorithm: Algorithm,
 }
 
 impl<S: LeaseStore> HybridBuilder<S> {
+    /// How to count (default [`Algorithm::TokenBucket`]). Batches are leased under the token
+    /// bucket and the fixed window; the others are an [`Error::Config`] at build.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
     /// Sizes leases with `policy` (default: [`AdaptiveLease`]).
     pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
         self.policy = Box::new(policy);
@@ -220,9 +247,14 @@ impl<S: LeaseStore> HybridBuilder<S> {
     /// Builds the limiter and starts its background task.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name, [`Error::NoRuntime`] outside a tokio runtime.
+    /// [`Error::Config`] for a bad name, or an algorithm it cannot lease (see
+    /// [`algorithm`](Self::algorithm)) or combine with the builder's settings (as
+    /// [`RedisLimiterBuilder::build`](crate::RedisLimiterBuilder::build));
+    /// [`Error::NoRuntime`] outside a tokio runtime.
     pub fn build(self) -> Result<HybridLimiter<S>, Error> {
         key::validate_name(&self.name)?;
+        self.algorithm
+            .check_hybrid(&self.quota, self.unconfigured)?;
         let runtime = match self.runtime {
             Some(rt) => rt,
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
@@ -252,6 +284,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             effective: Mutex::new(self.quota),
             client: (self.budget == Budget::PerClient).then_some(node_id),
             unconfigured: self.unconfigured,
+            algorithm: self.algorithm,
             absent: AtomicBool::new(false),
             name: self.name,
             store: self.store,
@@ -312,6 +345,7 @@ struct Shared<S> {
     /// The client budget (`Some(node_id)` for [`Budget::PerClient`]).
     client: Option<u64>,
     unconfigured: Unconfigured,
+    algorithm: Algorithm,
     /// The store said the name is unconfigured (and `unconfigured` is not `UseQuota`).
     absent: AtomicBool,
     name: String,
@@ -367,6 +401,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
             runtime: None,
             budget: Budget::Overall,
             unconfigured: Unconfigured::UseQuota,
+            algorithm: Algorithm::TokenBucket,
         }
     }
 
@@ -503,6 +538,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// The low-water mark in effect.
     pub fn low_water(&self) -> u64 {
         self.handle.shared.low_water.load(Ordering::Relaxed)
+    }
+
+    /// How this limiter counts.
+    pub fn algorithm(&self) -> Algorithm {
+        self.handle.shared.algorithm
     }
 
     /// This node's id in the store's lease records.
@@ -669,6 +709,7 @@ async fn refill_loop<S: LeaseStore>(
         share: None,
         release_seq: 0,
         expires: None,
+        window: None,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -704,8 +745,11 @@ struct Task {
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
     release_seq: u64,
-    /// When the local tokens must be dropped (a little before the store forgets the lease).
+    /// When the local tokens must be dropped (a little before the store forgets the lease,
+    /// or before their window ends).
     expires: Option<Instant>,
+    /// Fixed window: where the local tokens were counted (their lease reply's `at`).
+    window: Option<Duration>,
 }
 
 impl Task {
@@ -757,8 +801,62 @@ impl Task {
     /// they count as expired.
     async fn expire<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
         if self.expires.is_some_and(|at| now >= at) {
-            self.give_back(s, true).await;
+            if s.algorithm == Algorithm::FixedWindow {
+                self.drop_window(s);
+            } else {
+                self.give_back(s, true).await;
+            }
         }
+    }
+
+    /// The terms leases are made on: the policy's, under the token bucket only.
+    fn node_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
+        self.terms.filter(|_| s.algorithm == Algorithm::TokenBucket)
+    }
+
+    /// Fixed window: the local tokens' window has ended (or is about to): they are gone,
+    /// with no store call (a release to an ended window gives nothing back).
+    fn drop_window<S>(&mut self, s: &Shared<S>) {
+        let tokens = s.local.take_all();
+        s.counters
+            .tokens_expired
+            .fetch_add(tokens, Ordering::Relaxed);
+        self.expires = None;
+        self.window = None;
+    }
+
+    /// Sleeps until `deadline`. Under the fixed window, callers keep spending the local tokens
+    /// meanwhile, so they are dropped on the way if their window ends first.
+    async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant) {
+        let windowed = s.algorithm == Algorithm::FixedWindow;
+        if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
+            tokio::time::sleep_until(end).await;
+            self.drop_window(s);
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+
+    /// Adds granted tokens to the local bucket. Under the fixed window they belong to the
+    /// reply's window: the tokens of another window are dropped first, and these are dropped
+    /// at once if their window (conservatively, `sent + reset_after` less the margin) has
+    /// ended.
+    fn keep<S>(&mut self, s: &Shared<S>, reply: &LeaseReply, sent: Instant) {
+        if s.algorithm == Algorithm::FixedWindow {
+            if self.window != reply.at {
+                self.drop_window(s);
+            }
+            let margin = reply.reset_after / 1_000 + WINDOW_MARGIN;
+            let end = sent + reply.reset_after.saturating_sub(margin);
+            if end <= Instant::now() {
+                s.counters
+                    .tokens_expired
+                    .fetch_add(reply.granted, Ordering::Relaxed);
+                return;
+            }
+            self.window = reply.at;
+            self.expires = Some(end);
+        }
+        s.local.add(reply.granted);
     }
 
     async fn give_back_if_idle<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
@@ -773,11 +871,15 @@ impl Task {
     /// its demand) from the store.
     async fn give_back<S: LeaseStore>(&mut self, s: &Shared<S>, leaving: bool) {
         let tokens = s.local.take_all();
-        if tokens == 0 && (self.terms.is_none() || self.expires.is_none()) {
+        let terms = self.node_terms(s);
+        if tokens == 0 && (terms.is_none() || self.expires.is_none()) {
             return;
         }
-        let mut request = ReleaseRequest::new(tokens).for_client(s.client);
-        if self.terms.is_some() {
+        let mut request = ReleaseRequest::new(tokens)
+            .for_client(s.client)
+            .algorithm(s.algorithm)
+            .leased_at(self.window.take());
+        if terms.is_some() {
             self.release_seq += 1;
             request = request.by(NodeRelease {
                 id: s.node_id,
@@ -843,10 +945,12 @@ impl Task {
     async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
         let ctx = self.context(s, s.signal.take_denied());
         let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
+        let terms = self.node_terms(s);
         let mut request = LeaseRequest::new(ask.want, ask.min)
             .for_client(s.client)
-            .configured_only(!s.unconfigured.falls_back());
-        if let Some(terms) = self.terms {
+            .configured_only(!s.unconfigured.falls_back())
+            .algorithm(s.algorithm);
+        if let Some(terms) = terms {
             request = request.by(NodeLease {
                 id: s.node_id,
                 held: ctx.local,
@@ -856,13 +960,30 @@ impl Task {
             });
         }
         let sent = Instant::now();
-        let result = s.store.lease(&s.name, &s.quota, &request).await;
+        let call = s.store.lease(&s.name, &s.quota, &request);
+        let result = match self
+            .expires
+            .filter(|_| s.algorithm == Algorithm::FixedWindow)
+        {
+            // The local tokens' window may end while the call is in flight.
+            Some(deadline) => {
+                let mut call = std::pin::pin!(call);
+                tokio::select! {
+                    result = &mut call => result,
+                    () = tokio::time::sleep_until(deadline) => {
+                        self.drop_window(s);
+                        call.await
+                    }
+                }
+            }
+            None => call.await,
+        };
         s.observe_rtt(sent.elapsed());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
         if let Ok(reply) = &result {
             self.adopt(s, reply.quota, reply.source);
         }
-        if let (Ok(reply), Some(terms)) = (&result, self.terms) {
+        if let (Ok(reply), Some(terms)) = (&result, terms) {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
@@ -878,7 +999,7 @@ impl Task {
             }
             Ok(reply) if reply.granted > 0 => {
                 s.recovered();
-                s.local.add(reply.granted);
+                self.keep(s, &reply, sent);
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
@@ -886,14 +1007,18 @@ impl Task {
                 self.backoff = ERROR_BACKOFF_MIN;
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
-                (self.terms.is_some() && !reply.retry_after.is_zero())
+                (terms.is_some() && !reply.retry_after.is_zero())
                     .then(|| Instant::now() + reply.retry_after)
             }
             Ok(reply) => {
                 s.recovered();
                 s.counters.over_limit.fetch_add(1, Ordering::Relaxed);
                 let wait = reply.retry_after.max(MIN_RETRY);
-                Some(Instant::now() + wait + jitter(&mut self.rng, wait / 8))
+                let spread = match s.algorithm {
+                    Algorithm::FixedWindow => (wait / 8).min(WINDOW_JITTER),
+                    _ => wait / 8,
+                };
+                Some(Instant::now() + wait + jitter(&mut self.rng, spread))
             }
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
@@ -912,10 +1037,7 @@ impl Task {
         s.finished.notify_waiters();
         let after = s.local.available();
         if let Some(deadline) = pause {
-            let slept = s
-                .signal
-                .unless_closed(tokio::time::sleep_until(deadline))
-                .await;
+            let slept = s.signal.unless_closed(self.pause(s, deadline)).await;
             if slept.is_none() {
                 return false;
             }

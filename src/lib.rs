@@ -19,6 +19,12 @@
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
 //!
+//! ## Algorithms
+//!
+//! The token bucket is the default; fixed window, sliding window and leaky bucket (GCRA) are
+//! one builder call away (`.algorithm(…)`, see [`Algorithm`]), each one more script with its
+//! Rust twin.
+//!
 //! ## Time
 //!
 //! The shared bucket runs on the Redis server's clock, so client clocks are never trusted.
@@ -43,6 +49,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod algorithm;
 pub mod bucket;
 mod clock;
 pub mod config;
@@ -64,7 +71,9 @@ mod pure;
 mod quota;
 mod refill;
 mod store;
+mod verdict;
 
+pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
 pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use config::{Budget, ConfigStore, Unconfigured};
@@ -90,3 +99,4 @@ pub use store::{
     RedisStoreBuilder, ReleaseRequest, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
+pub use verdict::Verdict;

@@ -10,6 +10,10 @@
 //! a mutex that is only touched next to a store call. An unconfigured name answered
 //! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
 //! unlimited name costs no store calls in between.
+//!
+//! Every [`Algorithm`] runs in pure mode. [`RedisLimiter::check`] answers with the budget left
+//! ([`Verdict`]), and [`RedisLimiter::available_permits`] reads it without taking anything (a
+//! release of 0 tokens: the new scripts' `peek`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,13 +22,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::algorithm::Algorithm;
 use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
-use crate::store::{LeaseRequest, LeaseStore, RedisStore};
+use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
+use crate::verdict::Verdict;
 
 /// Configures a [`RedisLimiter`].
 #[must_use]
@@ -36,9 +42,16 @@ pub struct RedisLimiterBuilder<S> {
     budget: Budget,
     client_id: Option<u64>,
     unconfigured: Unconfigured,
+    algorithm: Algorithm,
 }
 
 impl<S: LeaseStore> RedisLimiterBuilder<S> {
+    /// How to count (default [`Algorithm::TokenBucket`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
     /// Whose budget to spend (default [`Budget::Overall`]).
     pub fn budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
@@ -61,9 +74,12 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
     /// Builds the limiter.
     ///
     /// # Errors
-    /// [`Error::Config`] for an empty or overlong name.
+    /// [`Error::Config`] for an empty or overlong name; for a window whose burst is not its
+    /// rate; for an algorithm other than the token bucket with an [`Unconfigured`] other than
+    /// [`Unconfigured::UseQuota`] (central configuration is the token bucket's).
     pub fn build(self) -> Result<RedisLimiter<S>, Error> {
         key::validate_name(&self.name)?;
+        self.algorithm.check(&self.quota, self.unconfigured)?;
         let client = match self.budget {
             Budget::Overall => None,
             Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
@@ -74,6 +90,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             store: self.store,
             client,
             unconfigured: self.unconfigured,
+            algorithm: self.algorithm,
             state: Arc::new(State {
                 effective: Mutex::new(self.quota),
                 origin: Instant::now(),
@@ -113,6 +130,7 @@ pub struct RedisLimiter<S = RedisStore> {
     store: S,
     client: Option<u64>,
     unconfigured: Unconfigured,
+    algorithm: Algorithm,
     state: Arc<State>,
 }
 
@@ -124,6 +142,7 @@ impl<S: Clone> Clone for RedisLimiter<S> {
             store: self.store.clone(),
             client: self.client,
             unconfigured: self.unconfigured,
+            algorithm: self.algorithm,
             state: self.state.clone(),
         }
     }
@@ -147,12 +166,18 @@ impl<S: LeaseStore> RedisLimiter<S> {
             budget: Budget::Overall,
             client_id: None,
             unconfigured: Unconfigured::UseQuota,
+            algorithm: Algorithm::TokenBucket,
         }
     }
 
     /// The quota in effect: from the last store reply (a central config, or the builder's).
     pub fn quota(&self) -> Quota {
         *self.state.effective.lock()
+    }
+
+    /// How this limiter counts.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
     }
 
     /// This limiter's client id for [`Budget::PerClient`] (`None` for the fleet budget).
@@ -165,10 +190,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
     }
 
     /// The answer for a name known to be unconfigured, without a store call.
-    fn absent(&self) -> Result<Decision, Error> {
+    fn absent(&self) -> Result<Verdict, Error> {
         match self.unconfigured {
             Unconfigured::Error => Err(Error::Unconfigured(self.name.to_string())),
-            _ => Ok(Decision::Allowed),
+            _ => Ok(Verdict::UNLIMITED),
         }
     }
 
@@ -187,6 +212,15 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
     pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+        Ok(self.check(n).await?.decision)
+    }
+
+    /// Takes `n` tokens now, or says when to retry, and reports the budget left (for
+    /// `X-RateLimit-*` headers). One store call.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn check(&self, n: u64) -> Result<Verdict, Error> {
         check_request(&self.quota, n)?;
         // Relaxed: a cache of the store's answer; nothing else is published through it.
         if self.now_ns() < self.state.absent_until_ns.load(Ordering::Relaxed) {
@@ -194,7 +228,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
         }
         let request = LeaseRequest::exact(n)
             .for_client(self.client)
-            .configured_only(!self.unconfigured.falls_back());
+            .configured_only(!self.unconfigured.falls_back())
+            .algorithm(self.algorithm);
         let reply = self.store.lease(&self.name, &self.quota, &request).await?;
         if reply.source == QuotaSource::Absent {
             let until = self.now_ns().saturating_add(
@@ -205,13 +240,35 @@ impl<S: LeaseStore> RedisLimiter<S> {
         }
         *self.state.effective.lock() = reply.quota;
         check_request(&reply.quota, n)?;
-        Ok(if reply.granted >= n {
+        let decision = if reply.granted >= n {
             Decision::Allowed
         } else {
             Decision::Denied {
                 retry_after: reply.retry_after,
             }
+        };
+        Ok(Verdict {
+            decision,
+            limit: reply.quota.burst(),
+            remaining: reply.remaining,
+            reset_after: reply.reset_after,
         })
+    }
+
+    /// Tokens that could be taken now, without taking any (a release of 0 tokens). For the
+    /// token bucket, under the name's stored quota if it has one, else the builder's.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn available_permits(&self) -> Result<u64, Error> {
+        let request = ReleaseRequest::new(0)
+            .for_client(self.client)
+            .algorithm(self.algorithm);
+        let reply = self
+            .store
+            .release(&self.name, &self.quota, &request)
+            .await?;
+        Ok(reply.remaining)
     }
 
     /// Waits until `n` tokens are taken, sleeping for each reply's `retry_after`.

@@ -8,6 +8,8 @@
 //! The fleet shares one [`MemoryStore`] on tokio's paused clock (the store reads it through
 //! [`TokioClock`]), so time moves only when the test says. Random demand hits random nodes.
 
+mod support;
+
 use std::cell::Cell;
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use ratelease::{
     AdaptiveLease, Clock, FixedLease, HybridLimiter, MemoryStore, Quota, RedisLimiter, TokioClock,
 };
+use support::max_in_window;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -82,21 +85,6 @@ enum Node {
     Hybrid(HybridLimiter<MemoryStore>),
     Pure(RedisLimiter<MemoryStore>),
     Crashed,
-}
-
-/// The largest number of tokens admitted in any window of `window_us` (windows anchored at
-/// every admission).
-fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
-    let (mut best, mut sum, mut start) = (0, 0, 0);
-    for &(t, n) in admissions {
-        sum += n;
-        while admissions[start].0 + window_us <= t {
-            sum -= admissions[start].1;
-            start += 1;
-        }
-        best = best.max(sum);
-    }
-    best
 }
 
 struct Outcome {

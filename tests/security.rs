@@ -7,15 +7,15 @@ mod support;
 use std::time::Duration;
 
 use ratelease::{
-    Error, FailurePolicy, HybridLimiter, LockError, Quota, RedisLimiter, RedisLock, RedisStore,
-    StoreError,
+    Algorithm, Error, FailurePolicy, HybridLimiter, LeaseRequest, LeaseStore, LockError, Quota,
+    RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
 };
 use support::RedisServer;
 
 /// The ACL rules of RELIABILITY.md, "Security" (keep the two in step): the script commands,
-/// exactly the commands `lua/token_bucket.lua` and `lua/lock.lua` call (Redis 7 checks ACLs
-/// inside scripts), the two read-only commands `RedisLock` sends itself, and pub/sub on the
-/// lock channels; all on the `ratelease:` prefix.
+/// exactly the commands `lua/*.lua` call (Redis 7 checks ACLs inside scripts), the two
+/// read-only commands `RedisLock` sends itself, and pub/sub on the lock channels; all on the
+/// `ratelease:` prefix.
 const LEAST_PRIVILEGE: &[&str] = &[
     "resetkeys",
     "~ratelease:*",
@@ -37,6 +37,9 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+zrangebyscore",
     "+del",
     "+pexpire",
+    // lua/sliding_window.lua (+ the above; fixed_window.lua and leaky_bucket.lua use only
+    // commands above)
+    "+zremrangebyscore",
     // lua/lock.lua (+ HGET, HSET, DEL, PEXPIRE above)
     "+exists",
     "+hexists",
@@ -85,15 +88,63 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
     assert!(pure.try_acquire(5).await.unwrap().is_allowed());
 
-    // Hybrid mode with node records (leasers hash, expiry index, releases).
-    let hybrid = HybridLimiter::builder("acl", quota, store(&server, "ratelease").await)
-        .on_store_failure(FailurePolicy::FailClosed)
-        .build()
-        .unwrap();
-    hybrid.acquire(3).await.unwrap();
-    hybrid.shutdown().await;
-    assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
+    // Hybrid mode with node records (leasers hash, expiry index, releases); and a fixed
+    // window leased in batches, the unused ones returned on shutdown.
+    let window = Quota::per_minute(20).unwrap();
+    for (algorithm, quota) in [
+        (Algorithm::TokenBucket, quota),
+        (Algorithm::FixedWindow, window),
+    ] {
+        let hybrid = HybridLimiter::builder("acl", quota, store(&server, "ratelease").await)
+            .algorithm(algorithm)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        hybrid.acquire(3).await.unwrap();
+        hybrid.shutdown().await;
+        assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
+    }
     assert!(!pure.try_acquire(20).await.unwrap().is_allowed());
+
+    // The other algorithms in pure mode: a sliding log partly left behind (trimmed), a fixed
+    // window that ended, a funnel that leaked; peeks; leases given back in full (deleted).
+    let short = Quota::new(10, Duration::from_millis(50)).unwrap();
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::LeakyBucket,
+    ];
+    for algorithm in algorithms {
+        let store = store(&server, "ratelease").await;
+        let pure = RedisLimiter::builder("acl-algo", short, store.clone())
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        assert!(pure.try_acquire(4).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(pure.try_acquire(2).await.unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(
+            pure.try_acquire(8).await.unwrap().is_allowed(),
+            "{algorithm}"
+        );
+        assert!(pure.available_permits().await.unwrap() <= 2, "{algorithm}");
+        let lease = LeaseRequest::new(3, 3).algorithm(algorithm);
+        let got = store.lease("acl-back", &short, &lease).await.unwrap();
+        let back = ReleaseRequest::new(3)
+            .algorithm(algorithm)
+            .leased_at(got.at);
+        let r = store.release("acl-back", &short, &back).await.unwrap();
+        assert_eq!(r.remaining, 10, "{algorithm}");
+    }
+    let keys: Vec<String> = server.cmd(&["KEYS", "ratelease:*"]);
+    for key in [
+        "ratelease:{acl-algo}:fw",
+        "ratelease:{acl-algo}:sw",
+        "ratelease:{acl}:fw",
+    ] {
+        assert!(keys.contains(&key.to_string()), "{key} in {keys:?}");
+    }
 
     // The lock: acquire, re-enter, inspect, wait for an unlock (subscribe + publish).
     let lock = RedisLock::builder(url(&server, "ratelease"), "acl")
@@ -145,13 +196,18 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
     create_user(&server, "no-time-incr", &no_time);
 
     for user in ["other-keys", "no-evalsha", "no-time-incr"] {
-        let pure = RedisLimiter::new("x", quota, store(&server, user).await).unwrap();
-        let err = pure.try_acquire(1).await.unwrap_err();
-        assert!(
-            matches!(err, Error::Store(StoreError::NoPermission(_))),
-            "{user}: {err:?}"
-        );
-        assert!(err.to_string().contains("store failed"), "{err}");
+        for algorithm in Algorithm::ALL {
+            let pure = RedisLimiter::builder("x", quota, store(&server, user).await)
+                .algorithm(algorithm)
+                .build()
+                .unwrap();
+            let err = pure.try_acquire(1).await.unwrap_err();
+            assert!(
+                matches!(err, Error::Store(StoreError::NoPermission(_))),
+                "{user} {algorithm}: {err:?}"
+            );
+            assert!(err.to_string().contains("store failed"), "{err}");
+        }
 
         let hybrid = HybridLimiter::builder("x", quota, store(&server, user).await)
             .on_store_failure(FailurePolicy::FailClosed)

@@ -5,6 +5,8 @@
 //!   trip per decision.
 //! - `hybrid_redis/seq`: `HybridLimiter::try_acquire(1)` one at a time on the bench thread, its
 //!   leases coming from the same server.
+//! - `pure_{fixed_window,sliding_window,leaky_bucket}/seq`: the same as `pure_redis/seq` under
+//!   the other algorithms (their own scripts; a window of 10^12 tokens per second).
 //! - `…/64tasks`: 64 tokio tasks deciding concurrently on a two-worker runtime; an iteration is
 //!   one decision of the aggregate. Pure-Redis tasks share one multiplexed connection, so their
 //!   round trips are pipelined. The hybrid limiter's background task runs on a runtime of its
@@ -18,8 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput};
-use ratelease::{Decision, HybridLimiter, RedisLimiter, RedisStore};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use ratelease::{Algorithm, Decision, HybridLimiter, Quota, RedisLimiter, RedisStore};
 
 use crate::common::{runtime, unbounded_quota, BENCH_LEASE};
 use crate::support::{RedisServer, REDIS_SERVER_BIN_ENV};
@@ -70,18 +73,23 @@ pub fn benches(c: &mut Criterion) {
         let store = RedisStore::connect(url.clone()).await.expect("connect");
         Arc::new(RedisLimiter::new("bench-pure", quota, store).expect("pure limiter"))
     });
-    group.bench_function(BenchmarkId::new("pure_redis", "seq"), |b| {
-        b.iter_custom(|iters| {
-            tasks_rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let decision = pure.try_acquire(1).await.expect("redis decision");
-                    assert!(decision.is_allowed(), "the benchmark quota never binds");
-                }
-                start.elapsed()
-            })
-        })
-    });
+    pure_seq(&mut group, "pure_redis", &tasks_rt, &pure);
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::LeakyBucket,
+    ] {
+        let window = Quota::per_second(1_000_000_000_000).expect("valid benchmark quota");
+        let limiter = tasks_rt.block_on(async {
+            let store = RedisStore::connect(url.clone()).await.expect("connect");
+            RedisLimiter::builder(format!("bench-{algorithm}"), window, store)
+                .algorithm(algorithm)
+                .build()
+                .expect("pure limiter")
+        });
+        let id = format!("pure_{}", algorithm.name().replace('-', "_"));
+        pure_seq(&mut group, &id, &tasks_rt, &limiter);
+    }
     group.bench_function(BenchmarkId::new("pure_redis", "64tasks"), |b| {
         b.iter_custom(|iters| {
             let pure = pure.clone();
@@ -156,6 +164,27 @@ pub fn benches(c: &mut Criterion) {
     drop(pure);
     drop(tasks_rt);
     drop(server);
+}
+
+/// Case `<id>/seq`: `limiter.try_acquire(1)` awaited one at a time on `rt`.
+fn pure_seq(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    rt: &tokio::runtime::Runtime,
+    limiter: &RedisLimiter,
+) {
+    group.bench_function(BenchmarkId::new(id, "seq"), |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let decision = limiter.try_acquire(1).await.expect("redis decision");
+                    assert!(decision.is_allowed(), "the benchmark quota never binds");
+                }
+                start.elapsed()
+            })
+        })
+    });
 }
 
 /// Runs `iters` decisions split over [`TASKS`] tasks; returns the wall time from before the

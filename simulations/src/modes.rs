@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use ratelease::{
-    Decision, FailurePolicy, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota,
-    RedisLimiter, ReleaseRequest, TokioClock,
+    Algorithm, Decision, FailurePolicy, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota,
+    RedisLimiter, TokioClock,
 };
 
 use crate::demand::Arrival;
@@ -82,7 +82,6 @@ enum Nodes<S: LeaseStore> {
     },
     Static {
         limiters: Vec<RedisLimiter<MemoryStore>>,
-        share: Quota,
     },
     Lock {
         stores: Vec<SimStore>,
@@ -96,6 +95,7 @@ enum Nodes<S: LeaseStore> {
 pub struct Fleet<S: LeaseStore + Clone> {
     mode: Mode,
     quota: Quota,
+    algorithm: Algorithm,
     seed: u64,
     batch: u64,
     nodes: Nodes<S>,
@@ -143,6 +143,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         let mut fleet = Fleet {
             mode,
             quota,
+            algorithm: sc.algorithm,
             seed,
             batch: sc.batch(),
             nodes: Nodes::Pure(Vec::new()),
@@ -162,7 +163,11 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             Mode::PureRedis => Nodes::Pure(
                 stores
                     .into_iter()
-                    .map(|s| RedisLimiter::new(LIMITER_NAME, quota, s))
+                    .map(|s| {
+                        RedisLimiter::builder(LIMITER_NAME, quota, s)
+                            .algorithm(sc.algorithm)
+                            .build()
+                    })
                     .collect::<Result<_, _>>()?,
             ),
             Mode::Hybrid | Mode::HybridFixed => {
@@ -184,23 +189,28 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 }
             }
             Mode::StaticShare => {
-                // rate/N per second is `rate` tokens per N seconds: exact, no rounding.
-                let share = Quota::with_parts(
-                    quota.rate(),
-                    quota.period() * u32::try_from(n)?,
-                    (quota.burst() / n as u64).max(1),
-                )
+                // rate/N per second is `rate` tokens per N seconds: exact, no rounding. A
+                // window's share is rate/N (rounded down) per window of the same length.
+                let share = match sc.algorithm {
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                        Quota::new((quota.rate() / n as u64).max(1), quota.period())
+                    }
+                    _ => Quota::with_parts(
+                        quota.rate(),
+                        quota.period() * u32::try_from(n)?,
+                        (quota.burst() / n as u64).max(1),
+                    ),
+                }
                 .context("static share of the quota")?;
                 let limiters = (0..n)
                     .map(|_| {
-                        RedisLimiter::new(
-                            LIMITER_NAME,
-                            share,
-                            MemoryStore::with_clock(TokioClock::new()),
-                        )
+                        let store = MemoryStore::with_clock(TokioClock::new());
+                        RedisLimiter::builder(LIMITER_NAME, share, store)
+                            .algorithm(sc.algorithm)
+                            .build()
                     })
                     .collect::<Result<_, _>>()?;
-                Nodes::Static { limiters, share }
+                Nodes::Static { limiters }
             }
             Mode::LockBased => {
                 let stores = stores
@@ -225,11 +235,9 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     }
 
     fn build_hybrid(&self, node: usize, store: S) -> Result<HybridLimiter<S>> {
-        let builder = HybridLimiter::builder(LIMITER_NAME, self.quota, store).seed(derive_seed(
-            self.seed,
-            "hybrid",
-            node as u64,
-        ));
+        let builder = HybridLimiter::builder(LIMITER_NAME, self.quota, store)
+            .algorithm(self.algorithm)
+            .seed(derive_seed(self.seed, "hybrid", node as u64));
         // As the failure-policy docs tell users: size the local fallback to the fleet, so a
         // store outage does not multiply the limit by the number of nodes.
         let nodes = u32::try_from(self.up.len()).unwrap_or(u32::MAX);
@@ -314,19 +322,14 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 }
                 Some(Err(_)) | None => Outcome::Error,
             },
-            Nodes::Static { limiters, share } => match ready(limiters[node].try_acquire(1)) {
+            Nodes::Static { limiters } => match ready(limiters[node].try_acquire(1)) {
                 Ok(Decision::Allowed) => Outcome::Admitted,
                 Ok(Decision::Denied { .. }) => {
                     let idle = limiters.iter().enumerate().any(|(j, l)| {
-                        // A release of zero tokens only reads the (refilled) level.
+                        // Reads the (refilled) budget; takes nothing.
                         j != node
                             && self.up[j]
-                            && ready(l.store().release(
-                                LIMITER_NAME,
-                                share,
-                                &ReleaseRequest::new(0),
-                            ))
-                            .is_ok_and(|r| r.remaining >= 1)
+                            && ready(l.available_permits()).is_ok_and(|r| r >= 1)
                     });
                     self.idle_denials += u64::from(idle);
                     Outcome::Rejected

@@ -29,6 +29,11 @@
 //! default two thirds of the mean; the rest is an exponential tail), `service_us` (Redis server
 //! time per script call, default 6), `timeout_ms` (client response timeout, default 50) and
 //! `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
+//!
+//! `algorithm` picks what every limiter counts with: `token-bucket` (the default),
+//! `fixed-window` or `sliding-window` (both need `burst = rate`: one-second windows), or
+//! `leaky-bucket`. The hybrid modes need one that leases in batches (the token bucket or the
+//! fixed window); `lock-based` is a token bucket of its own.
 
 use std::fmt;
 use std::path::Path;
@@ -36,7 +41,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use ratelease::Quota;
+use ratelease::{Algorithm, Quota};
 use serde::{Deserialize, Serialize};
 
 /// One simulated fleet and its traffic, as read from a scenario file.
@@ -86,6 +91,39 @@ pub struct Scenario {
     /// Lease size of `hybrid-fixed` (default `burst / nodes`, at least 1).
     #[serde(default)]
     pub batch: Option<u64>,
+    /// What every limiter counts with (default the token bucket).
+    #[serde(
+        default,
+        with = "algorithm_name",
+        skip_serializing_if = "algorithm_name::is_default"
+    )]
+    pub algorithm: Algorithm,
+}
+
+/// An [`Algorithm`] in a scenario file: its name (`fixed-window`, …).
+mod algorithm_name {
+    use ratelease::Algorithm;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn is_default(a: &Algorithm) -> bool {
+        *a == Algorithm::default()
+    }
+
+    pub fn serialize<S: Serializer>(a: &Algorithm, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(a.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Algorithm, D::Error> {
+        let name = String::deserialize(d)?;
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                D::Error::custom(format!("unknown algorithm {name:?}; one of {known:?}"))
+            })
+    }
 }
 
 /// How traffic is spread over nodes and time.
@@ -331,6 +369,23 @@ impl Scenario {
             ensure!(!self.modes[..i].contains(m), "mode {m} is listed twice");
         }
         self.quota()?;
+        let a = self.algorithm;
+        ensure!(
+            !matches!(a, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+                || self.burst() == self.rate,
+            "algorithm {a} needs burst = rate (a window's budget is its rate)"
+        );
+        for m in &self.modes {
+            let hybrid = matches!(m, Mode::Hybrid | Mode::HybridFixed);
+            ensure!(
+                !hybrid || a.leases_in_batches(),
+                "mode {m} cannot lease batches of algorithm {a}"
+            );
+            ensure!(
+                *m != Mode::LockBased || a == Algorithm::TokenBucket,
+                "mode {m} runs only the token bucket"
+            );
+        }
         ensure!(
             self.rtt_us.is_finite() && self.rtt_us >= 0.0,
             "rtt_us must be ≥ 0"

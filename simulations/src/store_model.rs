@@ -235,6 +235,7 @@ impl StoreModel {
                     share_mtps: 0,
                     quota,
                     source: ratelease::QuotaSource::Caller,
+                    at: None,
                 };
                 (Ok(reply), false)
             }

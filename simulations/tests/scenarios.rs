@@ -25,6 +25,7 @@ fn every_shipped_scenario_parses() {
         names,
         [
             "bursty",
+            "fixed-window",
             "hot-node",
             "moving-hotspot",
             "node-crash",

@@ -46,6 +46,29 @@ fn skewed_hybrid_is_as_fair_and_exact_as_pure_redis_at_a_fiftieth_of_the_calls()
 }
 
 #[test]
+fn fixed_window_hybrid_is_as_exact_as_pure_redis_at_a_fraction_of_the_calls() {
+    let sc = shipped("fixed-window", 8.0);
+    let pure = run(&sc, Mode::PureRedis);
+    let hybrid = run(&sc, Mode::Hybrid);
+    let fixed = run(&sc, Mode::HybridFixed);
+    for m in [&pure, &hybrid, &fixed] {
+        // At most two windows' worth (2 × rate = burst + rate × 1 s) in any second.
+        assert_eq!(m.max_window_overshoot, 0, "{m:?}");
+    }
+    assert!(
+        hybrid.admitted as f64 >= 0.99 * pure.admitted as f64,
+        "hybrid {hybrid:?}\npure {pure:?}"
+    );
+    assert!(hybrid.jain_acceptance >= 0.95, "{hybrid:?}");
+    assert!(
+        hybrid.store_calls as f64 <= 0.05 * pure.store_calls as f64,
+        "{} calls vs pure's {}",
+        hybrid.store_calls,
+        pure.store_calls
+    );
+}
+
+#[test]
 fn hybrid_never_overshoots_in_any_shipped_scenario() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut checked = 0;

@@ -9,6 +9,11 @@
 //! Central configs ([`ConfigStore`]) live in a map of their own, never expire, and are read by
 //! every step as the script reads its config key. Per-client budgets are buckets keyed by
 //! name and client, as the script's `…:client:<id>` keys.
+//!
+//! The other algorithms ([`crate::algorithm`]) run their twins on a map of their own
+//! (`memory/algorithms.rs`).
+
+mod algorithms;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +23,7 @@ use dashmap::DashMap;
 use super::{
     budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
 };
+use crate::algorithm::{self, Algorithm};
 use crate::bucket::{self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ConfigStore;
@@ -54,6 +60,7 @@ pub struct MemoryStore {
 struct Inner {
     buckets: DashMap<String, Entry>,
     configs: DashMap<String, Quota>,
+    algorithms: DashMap<String, algorithms::Entry>,
     clock: Box<dyn Clock>,
     calls: AtomicU64,
 }
@@ -90,6 +97,7 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 buckets: DashMap::new(),
                 configs: DashMap::new(),
+                algorithms: DashMap::new(),
                 clock: Box::new(clock),
                 calls: AtomicU64::new(0),
             }),
@@ -101,20 +109,21 @@ impl MemoryStore {
         self.inner.calls.load(Ordering::Relaxed)
     }
 
-    /// Buckets currently stored (full buckets are not stored).
+    /// Buckets (and other algorithms' states) currently stored (full buckets are not stored).
     pub fn len(&self) -> usize {
-        self.inner.buckets.len()
+        self.inner.buckets.len() + self.inner.algorithms.len()
     }
 
     /// True when no bucket is stored.
     pub fn is_empty(&self) -> bool {
-        self.inner.buckets.is_empty()
+        self.len() == 0
     }
 
     /// Drops every stored bucket and config, as `FLUSHALL` would.
     pub fn clear(&self) {
         self.inner.buckets.clear();
         self.inner.configs.clear();
+        self.inner.algorithms.clear();
     }
 
     fn now_us(&self) -> u64 {
@@ -199,6 +208,10 @@ impl LeaseStore for MemoryStore {
         quota: &Quota,
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        if req.algorithm != Algorithm::TokenBucket {
+            let op = algorithm::lease_op(req)?;
+            return self.run_algorithm(name, req.client, quota, req.algorithm, op);
+        }
         let id = req.node.map(|n| node_key(n.id));
         let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeLease {
             id,
@@ -226,6 +239,10 @@ impl LeaseStore for MemoryStore {
         quota: &Quota,
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        if req.algorithm != Algorithm::TokenBucket {
+            let op = algorithm::release_op(req)?;
+            return self.run_algorithm(name, req.client, quota, req.algorithm, op);
+        }
         let id = req.node.map(|n| node_key(n.id));
         let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeRelease {
             id,

@@ -9,6 +9,9 @@
 //! - [`RedisStore`]: the real thing; runs `lua/token_bucket.lua` with EVALSHA.
 //! - [`MemoryStore`]: the same contract in process, over an injectable [`Clock`](crate::Clock),
 //!   for tests and the simulator. A differential test holds it to the script.
+//!
+//! A request names its [`Algorithm`] (default the token bucket); the others run their own
+//! scripts and twins ([`crate::algorithm`]) on keys of their own.
 
 mod memory;
 mod redis_store;
@@ -23,6 +26,7 @@ pub use redis_store::{
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
 
+use crate::algorithm::Algorithm;
 use crate::bucket::{QuotaSource, StepReply};
 use crate::error::StoreError;
 use crate::quota::Quota;
@@ -68,6 +72,8 @@ pub struct LeaseRequest {
     /// Without a stored config for the name, run under the caller's quota (`true`, the
     /// default) or do nothing and answer [`QuotaSource::Absent`].
     pub fallback_to_caller: bool,
+    /// The algorithm (default [`Algorithm::TokenBucket`]); each has keys of its own.
+    pub algorithm: Algorithm,
 }
 
 impl LeaseRequest {
@@ -79,6 +85,7 @@ impl LeaseRequest {
             node: None,
             client: None,
             fallback_to_caller: true,
+            algorithm: Algorithm::TokenBucket,
         }
     }
 
@@ -90,6 +97,7 @@ impl LeaseRequest {
             node: None,
             client: None,
             fallback_to_caller: true,
+            algorithm: Algorithm::TokenBucket,
         }
     }
 
@@ -110,6 +118,12 @@ impl LeaseRequest {
         self.fallback_to_caller = !only;
         self
     }
+
+    /// The same request under `algorithm`.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
 }
 
 /// A release request.
@@ -121,6 +135,12 @@ pub struct ReleaseRequest {
     pub node: Option<NodeRelease>,
     /// The budget, as in [`LeaseRequest::client`].
     pub client: Option<u64>,
+    /// The algorithm, as in [`LeaseRequest::algorithm`].
+    pub algorithm: Algorithm,
+    /// Where the lease that got these tokens was counted ([`LeaseReply::at`]): the fixed and
+    /// sliding windows take tokens back only there, so a late release never raises a later
+    /// window's budget. Required by them for a release of more than 0 tokens.
+    pub leased_at: Option<Duration>,
 }
 
 impl ReleaseRequest {
@@ -130,6 +150,8 @@ impl ReleaseRequest {
             tokens,
             node: None,
             client: None,
+            algorithm: Algorithm::TokenBucket,
+            leased_at: None,
         }
     }
 
@@ -142,6 +164,18 @@ impl ReleaseRequest {
     /// The same release made by `node`.
     pub fn by(mut self, node: NodeRelease) -> Self {
         self.node = Some(node);
+        self
+    }
+
+    /// The same release under `algorithm`.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The same release of tokens leased at `at` ([`LeaseReply::at`]).
+    pub fn leased_at(mut self, at: Option<Duration>) -> Self {
+        self.leased_at = at;
         self
     }
 }
@@ -164,6 +198,10 @@ pub struct LeaseReply {
     pub quota: Quota,
     /// Where that quota came from ([`QuotaSource::Absent`]: nothing was done).
     pub source: QuotaSource,
+    /// Where a grant was counted, on the store's clock (`None` from the token bucket): the
+    /// fixed window's start, the sliding window's log time, the leaky bucket's `now`. Pass it
+    /// back with a release ([`ReleaseRequest::leased_at`]).
+    pub at: Option<Duration>,
 }
 
 impl From<StepReply> for LeaseReply {
@@ -176,6 +214,7 @@ impl From<StepReply> for LeaseReply {
             share_mtps: r.share_mtps,
             quota: r.quota,
             source: r.source,
+            at: None,
         }
     }
 }
@@ -195,7 +234,7 @@ pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// A shared token bucket, addressed by limiter name.
+/// A shared token bucket (or another [`Algorithm`]'s budget), addressed by limiter name.
 ///
 /// Implementations must be atomic per name: concurrent calls behave as if run one at a time.
 pub trait LeaseStore: Send + Sync + 'static {

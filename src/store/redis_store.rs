@@ -7,7 +7,10 @@
 //! background, and given explicit connect and response timeouts so a slow Redis costs a bounded
 //! wait. Every key of one limiter carries the same hash tag ([`crate::key`]), so on a cluster a
 //! script call touches one slot. Time comes from the Redis server's clock (`TIME` inside the
-//! script) unless an explicit [`Clock`] is set for deterministic tests.
+//! script) unless an explicit [`Clock`] is set for deterministic tests. The other algorithms'
+//! scripts ([`crate::algorithm`]) go through the same path (`redis_store/algorithms.rs`).
+
+mod algorithms;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -17,6 +20,7 @@ use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connecti
 use super::{
     budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
 };
+use crate::algorithm::{self, Algorithm};
 use crate::bucket::QuotaSource;
 use crate::clock::Clock;
 use crate::config::ConfigStore;
@@ -246,6 +250,7 @@ impl RedisStore {
             quota: Quota::with_parts(rate, Duration::from_micros(period), burst)
                 .map_err(|_| bad())?,
             source: QuotaSource::from_code(source).ok_or_else(bad)?,
+            at: None,
         })
     }
 
@@ -348,6 +353,12 @@ impl LeaseStore for RedisStore {
         quota: &Quota,
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        if req.algorithm != Algorithm::TokenBucket {
+            let op = algorithm::lease_op(req)?;
+            return self
+                .run_algorithm(name, req.client, quota, req.algorithm, op)
+                .await;
+        }
         let node = match req.node {
             Some(n) => [
                 node_key(n.id),
@@ -379,6 +390,12 @@ impl LeaseStore for RedisStore {
         quota: &Quota,
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        if req.algorithm != Algorithm::TokenBucket {
+            let op = algorithm::release_op(req)?;
+            return self
+                .run_algorithm(name, req.client, quota, req.algorithm, op)
+                .await;
+        }
         let (id, seq, leaving) = match req.node {
             Some(n) => (
                 node_key(n.id),

@@ -19,6 +19,8 @@
 //!
 //! To add a script: write its `Script` (keys, argument strategy, reply check, state check) and
 //! call [`run`] with it from a test.
+// Each test binary that includes this driver uses part of it.
+#![allow(dead_code)]
 
 use std::cell::{Cell, RefCell};
 

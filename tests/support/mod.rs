@@ -722,3 +722,18 @@ impl RedisCluster {
         moved
     }
 }
+
+/// The largest number of tokens admitted in any window of `window_us` (windows anchored at
+/// every admission), from `(time µs, tokens)` admissions in time order.
+pub fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
+    let (mut best, mut sum, mut start) = (0, 0, 0);
+    for &(t, n) in admissions {
+        sum += n;
+        while admissions[start].0 + window_us <= t {
+            sum -= admissions[start].1;
+            start += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}

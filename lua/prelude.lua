@@ -1,0 +1,117 @@
+-- ratelease: the head of fixed_window.lua, sliding_window.lua and leaky_bucket.lua.
+--
+-- Each of those scripts is sent as this file followed by its own (the crate's
+-- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are the two put together; a client
+-- in another language concatenates them the same way). This file holds the helpers and reads
+-- the arguments the three share:
+--
+-- ARGV[1]  op: "lease", "release" or "peek" (changes nothing, reports the budget)
+-- ARGV[2]  rate       tokens per period                   (integer, 1 ..= 2^52)
+-- ARGV[3]  period_us  period in microseconds              (integer, 1 ..= 2^52)
+-- ARGV[4]  burst      tokens at once                      (integer, 1 ..= 2^52, and
+--                     burst × period_us / gcd(rate, period_us) ≤ 2^52, as a Quota keeps it);
+--                     the windows require burst = rate: a window's budget is its rate
+-- ARGV[5]  lease: want, the most tokens to grant          (integer, 1 ..= 2^52)
+--          release: tokens to give back                   (integer, 0 ..= 2^52)
+-- ARGV[6]  lease: min, the fewest acceptable (all-or-nothing below it; 1 ..= min(want, burst))
+--          release, windows: `at` from the reply to the lease the tokens came from (integer,
+--          0 ..= 2^52; may be "" when giving back 0 tokens); the leaky bucket ignores it
+-- ARGV[7]  now_us: "" to use the Redis server clock (TIME); an explicit time exists only for
+--          deterministic tests and replays                (integer, 0 ..= 2^52, so that a
+--          time plus a period stays an exact integer in a Lua double)
+--
+-- Reply: { granted, remaining, retry_after_us, reset_after_us, at_us }, redis-cell's fields
+-- and `at`, where the grant was counted (each script says what that is):
+--   granted        tokens taken (0 for release and peek, and for a lease below its min)
+--   remaining      tokens that could be taken now
+--   retry_after_us how long until a lease like this one could succeed (also sent with a
+--                  grant; 0 for release and peek)
+--   reset_after_us how long until the whole budget is back
+--
+-- Bad arguments get a "RATELEASE …" error reply, never a Lua runtime error, and nothing is
+-- written. Every value stays an exact integer in a Lua double (below 2^53).
+
+local MAX = 4503599627370496 -- 2^52
+local SLACK_MS = 10000
+
+-- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0.
+local function int_val(x, lo, hi)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
+    return nil
+  end
+  return v + 0
+end
+
+local function int_arg(i, lo, hi)
+  return int_val(ARGV[i], lo, hi)
+end
+
+-- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
+local function int_str(x)
+  return string.format('%.0f', x + 0)
+end
+
+-- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = floor_div(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local function gcd(a, b)
+  while b ~= 0 do a, b = b, a % b end
+  return a
+end
+
+local function bad(name)
+  return redis.error_reply('RATELEASE invalid argument ' .. name)
+end
+
+-- The shared arguments of a script with `nkeys` keys (`windowed`: burst must equal rate and a
+-- release names its window), with the quota's fixed point (one token is `scale` units, one µs
+-- `inc` units, the capacity `cap` units). Returns them, or nil and the error reply.
+local function read_args(nkeys, windowed)
+  if #KEYS ~= nkeys then return nil, bad('keys: expected ' .. nkeys) end
+  local a = { op = ARGV[1] }
+  if a.op ~= 'lease' and a.op ~= 'release' and a.op ~= 'peek' then return nil, bad('op') end
+  a.rate = int_arg(2, 1, MAX)
+  if not a.rate then return nil, bad('rate') end
+  a.period = int_arg(3, 1, MAX)
+  if not a.period then return nil, bad('period_us') end
+  a.burst = int_arg(4, 1, MAX)
+  if not a.burst or (windowed and a.burst ~= a.rate) then return nil, bad('burst') end
+  local g = gcd(a.rate, a.period)
+  a.scale, a.inc = a.period / g, a.rate / g
+  a.cap = a.burst * a.scale
+  if a.cap > MAX then return nil, bad('burst') end
+  if a.op == 'lease' then
+    a.want = int_arg(5, 1, MAX)
+    if not a.want then return nil, bad('want') end
+    a.min = int_arg(6, 1, a.want)
+    if not a.min or a.min > a.burst then return nil, bad('min') end
+  elseif a.op == 'release' then
+    a.want = int_arg(5, 0, MAX)
+    if not a.want then return nil, bad('tokens') end
+    if windowed and ((ARGV[6] or '') ~= '' or a.want > 0) then
+      a.at = int_arg(6, 0, MAX)
+      if not a.at then return nil, bad('at') end
+    end
+  end
+  if ARGV[7] == nil or ARGV[7] == '' then
+    local t = redis.call('TIME')
+    a.now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    a.now = int_arg(7, 0, MAX)
+    if not a.now then return nil, bad('now_us') end
+  end
+  return a
+end
+
