@@ -10,10 +10,10 @@
 //! ```toml
 //! [defaults]
 //! mode = "hybrid"                     # "hybrid" (default) or "pure"
-//! on_store_failure = "local_fallback" # "fail_open", "fail_closed", "local_fallback" (default)
-//! expected_nodes = 10                 # the fleet size, for local_fallback (default 1)
-//! unconfigured = "use_quota"          # "use_quota" (default), "unlimited", "error"
-//! budget = "overall"                  # "overall" (default) or "per_client"
+//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback" (default)
+//! expected_nodes = 10                 # the fleet size, for local-fallback (default 1)
+//! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
+//! budget = "overall"                  # "overall" (default) or "per-client"
 //!
 //! [limiters.partner-api]
 //! rate = 1000        # tokens per period
@@ -25,6 +25,8 @@
 //! rate = 1
 //! period = "30m"
 //! mode = "pure"
+//! algorithm = "sliding-window" # "token-bucket" (default), "fixed-window", "sliding-window",
+//!                              # "leaky-bucket" (see `Algorithm`)
 //!
 //! [limiters.search]
 //! rate = 200
@@ -44,6 +46,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
@@ -83,7 +86,7 @@ pub enum ConfigFileError {
 
 /// How a limiter decides: leasing batches, or one store call per decision.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Mode {
     /// [`HybridLimiter`] (the default).
@@ -95,7 +98,7 @@ pub enum Mode {
 
 /// The failure policy's name in a file; `expected_nodes` is a key of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 enum FailureName {
     FailOpen,
     FailClosed,
@@ -107,6 +110,7 @@ enum FailureName {
 #[serde(deny_unknown_fields)]
 struct Settings {
     mode: Option<Mode>,
+    algorithm: Option<String>,
     on_store_failure: Option<FailureName>,
     expected_nodes: Option<u32>,
     unconfigured: Option<UnconfiguredName>,
@@ -117,7 +121,7 @@ struct Settings {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 enum UnconfiguredName {
     UseQuota,
     Unlimited,
@@ -125,7 +129,7 @@ enum UnconfiguredName {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 enum BudgetName {
     Overall,
     PerClient,
@@ -165,6 +169,7 @@ pub struct LimiterSpec {
     name: String,
     quota: Quota,
     mode: Mode,
+    algorithm: Algorithm,
     failure: FailurePolicy,
     unconfigured: Unconfigured,
     budget: Budget,
@@ -183,6 +188,10 @@ impl LimiterSpec {
         let quota = Quota::with_parts(table.rate, period, table.burst.unwrap_or(table.rate))
             .map_err(|e| invalid(format!("invalid quota: {e}")))?;
         let mode = own.mode.or(defaults.mode).unwrap_or_default();
+        let algorithm = match own.algorithm.as_ref().or(defaults.algorithm.as_ref()) {
+            Some(name) => Algorithm::from_name(name).map_err(|e| invalid(e.to_string()))?,
+            None => Algorithm::default(),
+        };
         let nodes = own.expected_nodes.or(defaults.expected_nodes);
         if nodes == Some(0) {
             return Err(invalid("expected_nodes must be at least 1".into()));
@@ -233,15 +242,25 @@ impl LimiterSpec {
                 "horizon and lease_size are for hybrid mode; this limiter is pure".into(),
             ));
         }
-        Ok(LimiterSpec {
+        let spec = LimiterSpec {
             name: name.to_owned(),
             quota,
             mode,
+            algorithm,
             failure,
             unconfigured,
             budget,
             lease,
-        })
+        };
+        // What the builders would refuse (a window whose burst is not its rate, leasing
+        // batches of an algorithm that cannot, central config on another algorithm), refused
+        // now, without a runtime or a store.
+        let checked = match mode {
+            Mode::Hybrid => algorithm.check_hybrid(&quota, unconfigured),
+            Mode::Pure => algorithm.check(&quota, unconfigured),
+        };
+        checked.map_err(|e| invalid(e.to_string()))?;
+        Ok(spec)
     }
 
     /// The limiter's name.
@@ -259,6 +278,11 @@ impl LimiterSpec {
         self.mode
     }
 
+    /// Its algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
     /// Its failure policy (hybrid mode).
     pub fn failure_policy(&self) -> FailurePolicy {
         self.failure
@@ -267,6 +291,7 @@ impl LimiterSpec {
     /// A hybrid builder with every setting of the file, whatever the spec's mode.
     pub fn hybrid<S: LeaseStore>(&self, store: S) -> HybridBuilder<S> {
         let builder = HybridLimiter::builder(self.name.clone(), self.quota, store)
+            .algorithm(self.algorithm)
             .on_store_failure(self.failure)
             .if_unconfigured(self.unconfigured)
             .budget(self.budget);
@@ -280,6 +305,7 @@ impl LimiterSpec {
     /// A pure-mode builder with the file's settings, whatever the spec's mode.
     pub fn pure<S: LeaseStore>(&self, store: S) -> RedisLimiterBuilder<S> {
         RedisLimiter::builder(self.name.clone(), self.quota, store)
+            .algorithm(self.algorithm)
             .if_unconfigured(self.unconfigured)
             .budget(self.budget)
     }

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use ratelease::config_file::Mode;
 use ratelease::{
-    AnyLimiter, ConfigFileError, FailurePolicy, Limiter, LimitersConfig, Quota, RedisStore,
+    Algorithm, AnyLimiter, ConfigFileError, FailurePolicy, Limiter, LimitersConfig, Quota,
+    RedisStore,
 };
 use support::RedisServer;
 
 const FILE: &str = r#"
 [defaults]
-on_store_failure = "local_fallback"
+on_store_failure = "local-fallback"
 expected_nodes = 10
 horizon = "20ms"
 
@@ -26,12 +27,13 @@ burst = 100
 rate = 1
 period = "30m"
 mode = "pure"
+algorithm = "sliding-window"
 
 [limiters.search]
 rate = 200
 period = "500ms"
 lease_size = 20
-on_store_failure = "fail_closed"
+on_store_failure = "fail-closed"
 "#;
 
 #[test]
@@ -48,6 +50,8 @@ fn a_file_parses_with_its_defaults_applied() {
 
     let sms = file.get("sms").unwrap();
     assert_eq!(sms.mode(), Mode::Pure);
+    assert_eq!(sms.algorithm(), Algorithm::SlidingWindow);
+    assert_eq!(api.algorithm(), Algorithm::TokenBucket);
     assert_eq!(
         sms.quota(),
         Quota::new(1, Duration::from_secs(30 * 60)).unwrap()
@@ -119,6 +123,27 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
         "hybrid mode",
     );
     invalid("[limiters.\"\"]\nrate = 5", "", "name");
+    invalid(
+        "[limiters.a]\nrate = 5\nalgorithm = \"token-buckets\"",
+        "a",
+        "unknown algorithm",
+    );
+    // A window's budget is its rate; sliding windows cannot lease batches.
+    invalid(
+        "[limiters.a]\nrate = 5\nburst = 3\nalgorithm = \"fixed-window\"",
+        "a",
+        "burst",
+    );
+    invalid(
+        "[limiters.a]\nrate = 5\nalgorithm = \"sliding-window\"",
+        "a",
+        "sliding-window",
+    );
+    invalid(
+        "[limiters.a]\nrate = 5\nmode = \"pure\"\nalgorithm = \"leaky-bucket\"\nunconfigured = \"unlimited\"",
+        "a",
+        "token",
+    );
     unparsable("[limiters.a]\nrate = 5\nrat = 6", "rat");
     unparsable("[limiters.a]\nrate = -5", "rate");
     unparsable("[limiters.a]\nrate = \"fast\"", "rate");
@@ -152,6 +177,12 @@ async fn the_built_limiters_enforce_their_quotas_on_redis() {
         period = "1h"
         burst = 10
         lease_size = 5
+
+        [limiters.windowed]
+        rate = 4
+        period = "1h"
+        mode = "pure"
+        algorithm = "fixed-window"
         "#,
     )
     .unwrap();

@@ -116,13 +116,7 @@ mod algorithm_name {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Algorithm, D::Error> {
         let name = String::deserialize(d)?;
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == name)
-            .ok_or_else(|| {
-                let known: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                D::Error::custom(format!("unknown algorithm {name:?}; one of {known:?}"))
-            })
+        Algorithm::from_name(&name).map_err(D::Error::custom)
     }
 }
 

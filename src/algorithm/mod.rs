@@ -145,6 +145,14 @@ pub enum Algorithm {
     LeakyBucket,
 }
 
+impl std::str::FromStr for Algorithm {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self, Error> {
+        Algorithm::from_name(name)
+    }
+}
+
 impl Algorithm {
     /// Every algorithm.
     pub const ALL: [Algorithm; 4] = [
@@ -162,6 +170,20 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding-window",
             Algorithm::LeakyBucket => "leaky-bucket",
         }
+    }
+
+    /// The algorithm called `name` (one of the [`name`](Self::name)s).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the known algorithms.
+    pub fn from_name(name: &str) -> Result<Self, Error> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                Error::Config(format!("unknown algorithm {name:?}; one of {known:?}"))
+            })
     }
 
     /// Whether a [`HybridLimiter`](crate::HybridLimiter) can lease batches under it: the token
