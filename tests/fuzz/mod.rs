@@ -44,7 +44,7 @@ pub struct Script {
     /// Checks a successful reply to a call with `keys` and `args`.
     pub reply: ReplyCheck,
     /// Checks the state under `keys` (one instance's keys) after a call: first the commands
-    /// that read it (sent as one pipeline), then the check of their replies.
+    /// that read it (sent as one MULTI/EXEC pipeline), then the check of their replies.
     pub state: StateCheck,
 }
 
@@ -140,7 +140,9 @@ pub fn run(script: &Script, con: &mut redis::Connection, cases: u32) -> Outcome 
                     .arg(call_keys.len())
                     .arg(&call_keys)
                     .arg(&args);
+                // MULTI/EXEC, so a key cannot expire between two of the reads.
                 let mut pipe = redis::pipe();
+                pipe.atomic();
                 (script.state.read)(&owned, &mut pipe);
                 let con = &mut **con.borrow_mut();
                 match cmd.query::<redis::Value>(con) {
