@@ -60,6 +60,7 @@ mod pure;
 mod quota;
 mod refill;
 mod store;
+pub mod telemetry;
 
 pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};

@@ -25,6 +25,7 @@ use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
 use crate::store::{LeaseRequest, LeaseStore, RedisStore};
+use crate::telemetry::CallMetrics;
 
 /// Configures a [`RedisLimiter`].
 #[must_use]
@@ -68,6 +69,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             Budget::Overall => None,
             Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
         };
+        let metrics = CallMetrics::pure(&self.name);
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
@@ -78,6 +80,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                 effective: Mutex::new(self.quota),
                 origin: Instant::now(),
                 absent_until_ns: AtomicU64::new(0),
+                metrics,
             }),
         })
     }
@@ -91,6 +94,8 @@ struct State {
     origin: Instant,
     /// Until when (ns since `origin`) the name is known to be unconfigured.
     absent_until_ns: AtomicU64,
+    /// Metric handles, updated after each store call ([`crate::telemetry`]).
+    metrics: CallMetrics,
 }
 
 /// A limiter that asks the store for every decision (`min = want = n`).
@@ -195,7 +200,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
         let request = LeaseRequest::exact(n)
             .for_client(self.client)
             .configured_only(!self.unconfigured.falls_back());
-        let reply = self.store.lease(&self.name, &self.quota, &request).await?;
+        let sent = Instant::now();
+        let reply = self.store.lease(&self.name, &self.quota, &request).await;
+        self.state.metrics.lease_call(sent.elapsed(), reply.is_ok());
+        let reply = reply?;
         if reply.source == QuotaSource::Absent {
             let until = self.now_ns().saturating_add(
                 u64::try_from(Unconfigured::RECHECK.as_nanos()).unwrap_or(u64::MAX),
@@ -205,6 +213,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         }
         *self.state.effective.lock() = reply.quota;
         check_request(&reply.quota, n)?;
+        self.state.metrics.decided(n, reply.granted >= n);
         Ok(if reply.granted >= n {
             Decision::Allowed
         } else {
