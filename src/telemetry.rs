@@ -29,7 +29,7 @@
 //! | `ratelease_demand_tokens_per_second` | gauge | `limiter` | hybrid: measured demand (admitted and denied) |
 //! | `ratelease_fair_share_tokens_per_second` | gauge | `limiter` | hybrid: fair share the store last reported (0 if none) |
 //!
-//! The hybrid counters are the [`HybridStats`](crate::HybridStats) fields of the same names;
+//! The hybrid counters are the [`HybridStats`] fields of the same names;
 //! `admitted` is `tokens_leased − tokens_released − tokens_expired − local_tokens +
 //! tokens_admitted_degraded`. Admissions of a name that has no central config under
 //! [`Unconfigured::Unlimited`](crate::Unconfigured::Unlimited) are not limited and not counted.
@@ -40,9 +40,8 @@
 //! metric: a shared counter incremented per call would cost the cross-core contention the local
 //! bucket is sharded to avoid. The limiter already keeps every total it needs in its own
 //! atomics (admitted tokens are derived, see above), so its **background task publishes the
-//! differences** since its last publication: [`publishing`] runs the task's future and
-//! publishes after each time it is polled (every wake: a refill request, a store reply, a
-//! timer) and, while the limiter is active — it holds tokens, is blocked by an over-limit reply
+//! differences** since its last publication: a wrapper around the task's future publishes
+//! after each time it is polled (every wake: a refill request, a store reply, a timer) and, while the limiter is active — it holds tokens, is blocked by an over-limit reply
 //! or an error back-off, or its circuit is open — at least every [`PUBLISH_INTERVAL`]; once more
 //! when the task ends, so [`shutdown`](crate::HybridLimiter::shutdown) leaves exact totals.
 //! Counters and gauges therefore **lag by at most one interval** (one second) while the limiter
