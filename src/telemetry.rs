@@ -65,8 +65,30 @@
 //! argument: `lease`, `release`, `config_get`, …), `script` (its SHA-1) and, if the call failed,
 //! `error`; [`MemoryStore`](crate::MemoryStore) records `store = "memory"`, `limiter` and `op`.
 //!
+//! # Recorders
+//!
 //! Handles are registered once, when a limiter is built, with the recorder in force then
-//! (the global one, or a [`metrics::with_local_recorder`] scope around the build).
+//! (the global one, or a [`metrics::with_local_recorder`] scope around the build): install the
+//! recorder first. Reading the metrics back in a test:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ratelease::Error> {
+//! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+//! use ratelease::{telemetry, MemoryStore, Quota, RedisLimiter};
+//!
+//! let recorder = DebuggingRecorder::new();
+//! let snapshotter = recorder.snapshotter();
+//! let limiter = metrics::with_local_recorder(&recorder, || {
+//!     RedisLimiter::new("api", Quota::per_second(10)?, MemoryStore::new())
+//! })?;
+//! limiter.try_acquire(3).await?;
+//! let admitted = snapshotter.snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
+//!     (key.key().name() == telemetry::ADMITTED_TOKENS).then_some(value)
+//! });
+//! assert_eq!(admitted, Some(DebugValue::Counter(3)));
+//! # Ok(()) }
+//! ```
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
