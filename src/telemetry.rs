@@ -41,17 +41,20 @@
 //! bucket is sharded to avoid. The limiter already keeps every total it needs in its own
 //! atomics (admitted tokens are derived, see above), so its **background task publishes the
 //! differences** since its last publication: a wrapper around the task's future publishes
-//! after each time it is polled (every wake: a refill request, a store reply, a timer) and, while the limiter is active — it holds tokens, is blocked by an over-limit reply
-//! or an error back-off, or its circuit is open — at least every [`PUBLISH_INTERVAL`]; once more
-//! when the task ends, so [`shutdown`](crate::HybridLimiter::shutdown) leaves exact totals.
+//! after each time it is polled (every wake: a refill request, a store reply, a timer) and,
+//! while the limiter is active — it holds tokens, is blocked by an over-limit reply or an error
+//! back-off, or its circuit is open — at least every [`PUBLISH_INTERVAL`]; once more when the
+//! task ends, so [`shutdown`](crate::HybridLimiter::shutdown) leaves exact totals
+//! ([`abort`](crate::HybridLimiter::abort), a simulated crash, publishes nothing more).
 //! Counters and gauges therefore **lag by at most one interval** (one second) while the limiter
 //! is active. An inactive limiter holds no tokens, so its callers can only be denied, and a
 //! denial wakes the task (or a lease in flight does when it returns), which publishes. The two
 //! histograms are recorded by the task as each lease returns.
 //!
 //! Admitted tokens are read with the local bucket at rest (no chunk of tokens in transit
-//! between its words, which would otherwise read as spent), and a counter's publication never
-//! goes backwards.
+//! between its words, which would otherwise read as spent; for the few loads that read takes,
+//! callers that need a chunk take straight from the reserve instead), and a counter's
+//! publication never goes backwards.
 //!
 //! # Pure mode
 //!
