@@ -16,8 +16,9 @@
 //!   whole quota, which favours availability over the limit. Set it.
 //!
 //! Tokens leased before the failure are always spent first. [`HybridLimiter`]'s stats, a
-//! `tracing` event on each change, and the `metrics` gauge `ratelease_circuit_open` show the
-//! state; the counter `ratelease_store_failures_total` is labelled with the policy.
+//! `tracing` event on each change, and the `metrics` gauge `ratelease_circuit_open` (labelled
+//! with the policy) show the state; `ratelease_store_errors_total` counts failed calls and
+//! `ratelease_degraded_tokens_total` what the policy admitted (see [`crate::telemetry`]).
 //!
 //! [`HybridLimiter`]: crate::HybridLimiter
 

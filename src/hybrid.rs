@@ -66,6 +66,7 @@ use crate::refill::{RefillSignal, Wake};
 use crate::store::{
     LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, RedisStore, ReleaseRequest,
 };
+use crate::telemetry::{self, HybridMetrics, Published};
 
 /// Shortest wait after an over-limit reply.
 const MIN_RETRY: Duration = Duration::from_micros(100);
@@ -275,6 +276,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             .low_water
             .min(self.quota.burst());
         let terms = self.policy.terms(&self.quota);
+        let metrics = HybridMetrics::new(&self.name, self.failure.name());
         let shared = Arc::new(Shared {
             local: LocalBucket::default(),
             signal: RefillSignal::new(self.prefetch),
@@ -306,8 +308,12 @@ impl<S: LeaseStore> HybridBuilder<S> {
             error: Mutex::new(None),
             error_seq: AtomicU64::new(0),
             counters: Counters::default(),
+            metrics,
         });
-        let task = runtime.spawn(refill_loop(shared.clone(), rng, self.quota, terms));
+        let task = runtime.spawn(telemetry::publishing(
+            refill_loop(shared.clone(), rng, self.quota, terms),
+            publisher(shared.clone()),
+        ));
         Ok(HybridLimiter {
             handle: Arc::new(Handle {
                 shared,
@@ -370,6 +376,7 @@ struct Shared<S> {
     error: Mutex<Option<StoreError>>,
     error_seq: AtomicU64,
     counters: Counters,
+    metrics: HybridMetrics,
 }
 
 #[derive(Default)]
@@ -384,6 +391,8 @@ struct Counters {
     admitted_degraded: AtomicU64,
     demand_mtps: AtomicU64,
     share_mtps: AtomicU64,
+    /// Tokens taken from the local bucket for a release still in flight.
+    returning: AtomicU64,
 }
 
 impl<S: LeaseStore> HybridLimiter<S> {
@@ -505,23 +514,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// Counters of this limiter's store traffic.
     pub fn stats(&self) -> HybridStats {
-        let c = &self.handle.shared.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        HybridStats {
-            leases: get(&c.leases),
-            tokens_leased: get(&c.tokens_leased),
-            over_limit: get(&c.over_limit),
-            releases: get(&c.releases),
-            tokens_released: get(&c.tokens_released),
-            store_errors: get(&c.store_errors),
-            tokens_expired: get(&c.tokens_expired),
-            tokens_denied: get(&self.handle.shared.denied_total),
-            tokens_admitted_degraded: get(&c.admitted_degraded),
-            circuit_open: self.handle.shared.circuit_open.load(Ordering::Relaxed),
-            demand_mtps: get(&c.demand_mtps),
-            share_mtps: get(&c.share_mtps),
-            local_tokens: self.available(),
-        }
+        self.handle.shared.stats()
     }
 
     /// The limiter's name.
@@ -569,6 +562,51 @@ impl<S: LeaseStore> HybridLimiter<S> {
             task.abort();
         }
         self.handle.shared.local.take_all();
+    }
+}
+
+impl<S> Shared<S> {
+    fn stats(&self) -> HybridStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HybridStats {
+            leases: get(&c.leases),
+            tokens_leased: get(&c.tokens_leased),
+            over_limit: get(&c.over_limit),
+            releases: get(&c.releases),
+            tokens_released: get(&c.tokens_released),
+            store_errors: get(&c.store_errors),
+            tokens_expired: get(&c.tokens_expired),
+            tokens_denied: get(&self.denied_total),
+            tokens_admitted_degraded: get(&c.admitted_degraded),
+            circuit_open: self.circuit_open.load(Ordering::Relaxed),
+            demand_mtps: get(&c.demand_mtps),
+            share_mtps: get(&c.share_mtps),
+            local_tokens: self.local.available(),
+        }
+    }
+
+    /// Tokens spent from leases while `held` are still held: everything leased, less what
+    /// was returned (or is being returned) or dropped. Callers only ever take from the local
+    /// bucket, so this needs no counter of its own on the hot path.
+    fn spent(&self, held: u64) -> u64 {
+        let c = &self.counters;
+        let got = c.tokens_leased.load(Ordering::Relaxed);
+        let gone = c.tokens_released.load(Ordering::Relaxed)
+            + c.tokens_expired.load(Ordering::Relaxed)
+            + c.returning.load(Ordering::Relaxed);
+        got.saturating_sub(gone).saturating_sub(held)
+    }
+}
+
+/// Publishes a limiter's metrics (see [`crate::telemetry`]); says whether it is active.
+fn publisher<S: LeaseStore>(s: Arc<Shared<S>>) -> impl FnMut() -> bool {
+    let mut last = Published::default();
+    move || {
+        let stats = s.stats();
+        let admitted = s.spent(s.local.settled()) + stats.tokens_admitted_degraded;
+        s.metrics.publish(&mut last, &stats, admitted);
+        stats.local_tokens > 0 || stats.circuit_open || !s.blocked_for().is_zero()
     }
 }
 
@@ -643,7 +681,9 @@ impl<S: LeaseStore> Shared<S> {
         }
     }
 
+    /// A lease call took `rtt`.
     fn observe_rtt(&self, rtt: Duration) {
+        self.metrics.lease_returned(rtt);
         let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
         let old = self.rtt_ns.load(Ordering::Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
@@ -659,14 +699,7 @@ impl<S: LeaseStore> Shared<S> {
         let policy = self.failure.name();
         if !self.circuit_open.swap(true, Ordering::Relaxed) {
             tracing::warn!(limiter = %self.name, %error, policy, "store failing: circuit open");
-            metrics::gauge!("ratelease_circuit_open", "limiter" => self.name.clone()).set(1.0);
         }
-        metrics::counter!(
-            "ratelease_store_failures_total",
-            "limiter" => self.name.clone(),
-            "policy" => policy
-        )
-        .increment(1);
         *self.error.lock() = Some(error);
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.error_seq.fetch_add(1, Ordering::Release);
@@ -677,7 +710,6 @@ impl<S: LeaseStore> Shared<S> {
     fn recovered(&self) {
         if self.circuit_open.swap(false, Ordering::Relaxed) {
             tracing::info!(limiter = %self.name, "store answering again: circuit closed");
-            metrics::gauge!("ratelease_circuit_open", "limiter" => self.name.clone()).set(0.0);
         }
     }
 
@@ -753,15 +785,9 @@ struct Task {
 }
 
 impl Task {
-    /// Tokens spent so far: everything leased, less what was returned, dropped, or is still
-    /// held. Callers only ever take from the local bucket, so this needs no counter of its own
-    /// on the hot path.
+    /// Tokens spent so far (see [`Shared::spent`]).
     fn consumed<S>(s: &Shared<S>) -> u64 {
-        let c = &s.counters;
-        let got = c.tokens_leased.load(Ordering::Relaxed);
-        let gone =
-            c.tokens_released.load(Ordering::Relaxed) + c.tokens_expired.load(Ordering::Relaxed);
-        got.saturating_sub(gone).saturating_sub(s.local.available())
+        s.spent(s.local.available())
     }
 
     fn observe<S>(&mut self, s: &Shared<S>, now: Instant) {
@@ -890,7 +916,11 @@ impl Task {
         self.expires = None;
         self.share = None;
         s.counters.releases.fetch_add(1, Ordering::Relaxed);
-        match s.store.release(&s.name, &s.quota, &request).await {
+        // Relaxed: read by the metrics publisher, which runs on this task (between its polls).
+        s.counters.returning.store(tokens, Ordering::Relaxed);
+        let result = s.store.release(&s.name, &s.quota, &request).await;
+        s.counters.returning.store(0, Ordering::Relaxed);
+        match result {
             Ok(_) => {
                 s.counters
                     .tokens_released
@@ -999,6 +1029,7 @@ impl Task {
             }
             Ok(reply) if reply.granted > 0 => {
                 s.recovered();
+                s.metrics.granted(reply.granted);
                 self.keep(s, &reply, sent);
                 s.counters
                     .tokens_leased

@@ -72,6 +72,7 @@ mod quota;
 mod refill;
 mod store;
 mod verdict;
+pub mod telemetry;
 
 pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
 pub use bucket::QuotaSource;

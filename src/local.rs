@@ -97,7 +97,7 @@ pub(crate) struct LocalBucket {
     chunk: AtomicU64,
     /// Moves in progress: chunk moves and gathers, whose tokens are briefly in no word.
     moving: AtomicU64,
-    /// `take_all` calls in progress; no move may start while this is non-zero.
+    /// `take_all` (or `settled`) calls in progress; no move may start while this is non-zero.
     draining: AtomicU64,
     slots: [Slot; SLOTS],
     /// Successful steals from other slots, so tests can tell stealing really happened.
@@ -296,16 +296,33 @@ impl LocalBucket {
     /// instructions each; it yields the thread if a mover was preempted), then sweeps every
     /// word. Takes that race with it are either before the cut or find nothing.
     pub(crate) fn take_all(&self) -> u64 {
+        self.at_rest(|| {
+            let mut total = self.reserve.swap(0, Ordering::SeqCst);
+            for slot in self.slots.iter() {
+                total += slot.0.swap(0, Ordering::SeqCst);
+            }
+            total
+        })
+    }
+
+    /// Tokens available, summed with no move under way (as [`take_all`](Self::take_all)
+    /// cuts, without the sweep), so no token in transit between words is missed.
+    /// [`available`](Self::available) may miss a chunk in transit, which would read as tokens
+    /// spent; metrics read this instead.
+    pub(crate) fn settled(&self) -> u64 {
+        self.at_rest(|| self.available())
+    }
+
+    /// Runs `f` with no move under way: stops new moves, waits for the ones under way to
+    /// land, runs `f`, lets moves start again.
+    fn at_rest<T>(&self, f: impl FnOnce() -> T) -> T {
         self.draining.fetch_add(1, Ordering::SeqCst);
         while self.moving.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
-        let mut total = self.reserve.swap(0, Ordering::SeqCst);
-        for slot in self.slots.iter() {
-            total += slot.0.swap(0, Ordering::SeqCst);
-        }
+        let result = f();
         self.draining.fetch_sub(1, Ordering::SeqCst);
-        total
+        result
     }
 
     /// Tokens available now (the sum of the reserve and the slots).

@@ -30,6 +30,7 @@ use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
 use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
+use crate::telemetry::CallMetrics;
 use crate::verdict::Verdict;
 
 /// Configures a [`RedisLimiter`].
@@ -84,6 +85,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             Budget::Overall => None,
             Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
         };
+        let metrics = CallMetrics::pure(&self.name);
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
@@ -95,6 +97,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                 effective: Mutex::new(self.quota),
                 origin: Instant::now(),
                 absent_until_ns: AtomicU64::new(0),
+                metrics,
             }),
         })
     }
@@ -108,6 +111,8 @@ struct State {
     origin: Instant,
     /// Until when (ns since `origin`) the name is known to be unconfigured.
     absent_until_ns: AtomicU64,
+    /// Metric handles, updated after each store call ([`crate::telemetry`]).
+    metrics: CallMetrics,
 }
 
 /// A limiter that asks the store for every decision (`min = want = n`).
@@ -230,7 +235,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
             .for_client(self.client)
             .configured_only(!self.unconfigured.falls_back())
             .algorithm(self.algorithm);
-        let reply = self.store.lease(&self.name, &self.quota, &request).await?;
+        let sent = Instant::now();
+        let reply = self.store.lease(&self.name, &self.quota, &request).await;
+        self.state.metrics.lease_call(sent.elapsed(), reply.is_ok());
+        let reply = reply?;
         if reply.source == QuotaSource::Absent {
             let until = self.now_ns().saturating_add(
                 u64::try_from(Unconfigured::RECHECK.as_nanos()).unwrap_or(u64::MAX),
@@ -240,6 +248,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         }
         *self.state.effective.lock() = reply.quota;
         check_request(&reply.quota, n)?;
+        self.state.metrics.decided(n, reply.granted >= n);
         let decision = if reply.granted >= n {
             Decision::Allowed
         } else {

@@ -152,6 +152,14 @@ impl MemoryStore {
         };
         // Length-prefixed: no name can collide with another name's client bucket.
         let key = format!("{}:{name}{}", name.len(), budget_suffix(client));
+        let op_name = match op {
+            Op::Lease { .. } => "lease",
+            Op::Release { .. } => "release",
+        };
+        // Synchronous: the span is entered for the step and closed before returning.
+        let _span =
+            tracing::debug_span!("store_call", store = "memory", limiter = name, op = op_name)
+                .entered();
         let now = self.now_us();
         let calls = self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
         if calls.is_multiple_of(SWEEP_EVERY) {

@@ -15,6 +15,8 @@ mod algorithms;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
 use super::{
@@ -280,7 +282,7 @@ impl RedisStore {
 
     /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
     /// slower than the response timeout to [`StoreError::Timeout`]. Every script this crate
-    /// ships goes through here.
+    /// ships goes through here, in a `store_call` span ([`crate::telemetry`]).
     pub(crate) async fn eval<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
@@ -291,17 +293,36 @@ impl RedisStore {
         for key in keys {
             invocation.key(key);
         }
-        for arg in args {
+        let span = tracing::debug_span!(
+            "store_call",
+            store = "redis",
+            key = keys.first().map_or("", String::as_str),
+            op = tracing::field::Empty,
+            script = script.get_hash(),
+            error = tracing::field::Empty,
+        );
+        for (i, arg) in args.into_iter().enumerate() {
+            if i == 0 {
+                span.record("op", arg.as_str());
+            }
             invocation.arg(arg);
         }
         let mut conn = self.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(|e| {
-            if e.is_timeout() {
-                StoreError::Timeout(self.response_timeout)
-            } else {
-                StoreError::from(e)
-            }
-        })
+        let result = invocation
+            .invoke_async(&mut conn)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| {
+                if e.is_timeout() {
+                    StoreError::Timeout(self.response_timeout)
+                } else {
+                    StoreError::from(e)
+                }
+            });
+        if let Err(e) = &result {
+            span.record("error", tracing::field::display(e));
+        }
+        result
     }
 
     fn now_arg(&self) -> String {

@@ -1,0 +1,581 @@
+//! Metrics and traces, read back from real in-process recorders: `metrics-util`'s
+//! `DebuggingRecorder` (one per test, scoped to the limiter's build with
+//! `metrics::with_local_recorder`, so tests running in parallel do not mix) and a `tracing`
+//! layer that captures spans (`set_default`: this thread only).
+//!
+//! The hybrid limiter's counters are checked against its own [`HybridStats`] and against
+//! exact values on virtual time; store errors against a redis-server the test stops.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::MetricKind;
+use ratelease::telemetry::{self, PUBLISH_INTERVAL};
+use ratelease::{
+    Decision, FailurePolicy, FakeClock, HybridLimiter, HybridStats, LeaseReply, LeaseRequest,
+    LeaseStore, MemoryStore, Quota, RedisLimiter, RedisStore, ReleaseRequest, StoreError,
+    TokioClock,
+};
+use support::RedisServer;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+/// A metric: kind, name and sorted labels.
+type Key = (MetricKind, String, Vec<(String, String)>);
+
+/// What a recorder has seen: counters and histogram samples summed over snapshots (taking a
+/// snapshot drains them), gauges as of the last snapshot (which resets them to 0, so read each
+/// gauge once per publication).
+struct Recorded {
+    snapshotter: Snapshotter,
+    seen: Mutex<HashMap<Key, Seen>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    counter: u64,
+    gauge: f64,
+    samples: Vec<f64>,
+    described: bool,
+}
+
+/// Everything seen up to one snapshot.
+struct Reading(HashMap<Key, Seen>);
+
+impl Recorded {
+    /// Runs `build` with a fresh recorder in force, so the handles it registers report to it.
+    fn build<T>(build: impl FnOnce() -> T) -> (T, Recorded) {
+        let recorder = DebuggingRecorder::new();
+        let built = metrics::with_local_recorder(&recorder, build);
+        let recorded = Recorded {
+            snapshotter: recorder.snapshotter(),
+            seen: Mutex::default(),
+        };
+        (built, recorded)
+    }
+
+    /// Takes a snapshot and returns everything seen so far.
+    fn read(&self) -> Reading {
+        let mut seen = self.seen.lock().unwrap();
+        for (key, _unit, description, value) in self.snapshotter.snapshot().into_vec() {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<_> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            let entry = seen
+                .entry((kind, key.name().to_owned(), labels))
+                .or_default();
+            entry.described = description.is_some();
+            match value {
+                DebugValue::Counter(n) => entry.counter += n,
+                DebugValue::Gauge(v) => entry.gauge = v.into_inner(),
+                DebugValue::Histogram(v) => entry.samples.extend(v.into_iter().map(|x| x.0)),
+            }
+        }
+        Reading(seen.clone())
+    }
+}
+
+impl Reading {
+    fn get(&self, kind: MetricKind, name: &str, labels: &[(&str, &str)]) -> &Seen {
+        let mut labels: Vec<_> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        labels.sort();
+        let key = (kind, name.to_owned(), labels);
+        self.0
+            .get(&key)
+            .unwrap_or_else(|| panic!("no {key:?} in {:?}", self.0.keys()))
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.get(MetricKind::Counter, name, labels).counter
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(MetricKind::Gauge, name, labels).gauge
+    }
+
+    fn samples(&self, name: &str, labels: &[(&str, &str)]) -> &[f64] {
+        &self.get(MetricKind::Histogram, name, labels).samples
+    }
+}
+
+/// A hybrid limiter's counters, read from the recorder, in [`HybridStats`]' terms.
+fn published(m: &Reading, name: &str) -> (HybridStats, u64) {
+    let both = [("limiter", name), ("mode", "hybrid")];
+    let one = [("limiter", name)];
+    let mut s = HybridStats::default();
+    s.leases = m.counter(telemetry::LEASES, &both);
+    s.store_errors = m.counter(telemetry::STORE_ERRORS, &both);
+    s.tokens_denied = m.counter(telemetry::DENIED_TOKENS, &both);
+    s.tokens_leased = m.counter(telemetry::LEASED_TOKENS, &one);
+    s.over_limit = m.counter(telemetry::OVER_LIMIT, &one);
+    s.releases = m.counter(telemetry::RELEASES, &one);
+    s.tokens_released = m.counter(telemetry::RELEASED_TOKENS, &one);
+    s.tokens_expired = m.counter(telemetry::EXPIRED_TOKENS, &one);
+    s.local_tokens = m.gauge(telemetry::LOCAL_TOKENS, &one) as u64;
+    (s, m.counter(telemetry::ADMITTED_TOKENS, &both))
+}
+
+/// The counters `published` reads, as the limiter's own stats have them, and the admitted
+/// tokens derived from them.
+fn expected(s: &HybridStats) -> (HybridStats, u64) {
+    let mut e = HybridStats::default();
+    e.leases = s.leases;
+    e.store_errors = s.store_errors;
+    e.tokens_denied = s.tokens_denied;
+    e.tokens_leased = s.tokens_leased;
+    e.over_limit = s.over_limit;
+    e.releases = s.releases;
+    e.tokens_released = s.tokens_released;
+    e.tokens_expired = s.tokens_expired;
+    e.local_tokens = s.local_tokens;
+    let admitted = s.tokens_leased - s.tokens_released - s.tokens_expired - s.local_tokens
+        + s.tokens_admitted_degraded;
+    (e, admitted)
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(5)).await;
+}
+
+/// 30 tokens an hour, leased 10 at a time, and 50 callers one after another: exactly 30 are
+/// admitted in three leases, the fourth lease is over the limit (the next 10 tokens are 20
+/// minutes away), and 20 callers are denied locally meanwhile.
+#[tokio::test(start_paused = true)]
+async fn hybrid_counters_are_exact_on_virtual_time_and_match_the_stats() {
+    let quota = Quota::new(30, Duration::from_secs(3_600)).unwrap();
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let (limiter, m) = Recorded::build(|| {
+        HybridLimiter::builder("exact", quota, store)
+            .lease_size(10)
+            .build()
+            .unwrap()
+    });
+    settle().await;
+    // Past the first interval tick, which fires whether or not the limiter is active.
+    tokio::time::sleep(2 * PUBLISH_INTERVAL).await;
+    let (mut allowed, mut denied) = (0, 0);
+    for _ in 0..50 {
+        match limiter.try_acquire(1).unwrap() {
+            Decision::Allowed => allowed += 1,
+            Decision::Denied { .. } => denied += 1,
+        }
+        settle().await;
+    }
+    assert_eq!((allowed, denied), (30, 20));
+    // The task sleeps out the over-limit reply; the denials since it last ran are published
+    // by the interval tick.
+    tokio::time::sleep(PUBLISH_INTERVAL).await;
+    let r = m.read();
+    let (counted, admitted) = published(&r, "exact");
+    assert_eq!((counted, admitted), expected(&limiter.stats()));
+    assert_eq!(admitted, 30);
+    assert_eq!(
+        (counted.leases, counted.over_limit, counted.tokens_leased),
+        (4, 1, 30)
+    );
+    assert_eq!(counted.tokens_denied, 20);
+    assert_eq!(counted.local_tokens, 0);
+    let one = [("limiter", "exact")];
+    assert_eq!(r.samples(telemetry::LEASE_SIZE, &one), [10.0; 3]);
+    let both = [("limiter", "exact"), ("mode", "hybrid")];
+    // Virtual time stands still during a MemoryStore call.
+    assert_eq!(r.samples(telemetry::LEASE_DURATION, &both), [0.0; 4]);
+    let policy = [("limiter", "exact"), ("policy", "local_fallback")];
+    assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 0.0);
+
+    limiter.shutdown().await;
+    let r = m.read();
+    assert_eq!(published(&r, "exact"), expected(&limiter.stats()));
+    assert_eq!(published(&r, "exact").1, 30, "nothing more was admitted");
+}
+
+/// A store that fails while its switch is on, and whose calls take `delay` of virtual time.
+#[derive(Clone)]
+struct Switch {
+    inner: MemoryStore,
+    failing: Arc<AtomicBool>,
+    delay: Duration,
+}
+
+impl Switch {
+    fn new(delay: Duration) -> Self {
+        Switch {
+            inner: MemoryStore::with_clock(TokioClock::new()),
+            failing: Arc::default(),
+            delay,
+        }
+    }
+}
+
+impl LeaseStore for Switch {
+    async fn lease(
+        &self,
+        name: &str,
+        q: &Quota,
+        r: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Timeout(Duration::from_millis(50)));
+        }
+        self.inner.lease(name, q, r).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        q: &Quota,
+        r: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Timeout(Duration::from_millis(50)));
+        }
+        self.inner.release(name, q, r).await
+    }
+}
+
+/// Tokens spent without waking the background task show up within one interval, and
+/// shutdown publishes the tokens given back — not as spent while the release is in flight.
+#[tokio::test(start_paused = true)]
+async fn local_spending_is_published_within_one_interval() {
+    let quota = Quota::per_second(1_000).unwrap();
+    let store = Switch::new(Duration::from_millis(2));
+    let (limiter, m) = Recorded::build(|| {
+        HybridLimiter::builder("lag", quota, store)
+            .lease_size(100)
+            .build()
+            .unwrap()
+    });
+    settle().await;
+    let both = [("limiter", "lag"), ("mode", "hybrid")];
+    let one = [("limiter", "lag")];
+    let r = m.read();
+    assert_eq!(
+        r.gauge(telemetry::LOCAL_TOKENS, &one),
+        100.0,
+        "published after the lease"
+    );
+    // Past the first interval tick, which fires whether or not the limiter is active.
+    tokio::time::sleep(2 * PUBLISH_INTERVAL + Duration::from_millis(500)).await;
+    // Ten hits above the low-water mark (50): no refill, no wake-up, nothing published yet.
+    for _ in 0..10 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    settle().await;
+    assert_eq!(limiter.stats().leases, 1);
+    let r = m.read();
+    assert_eq!(
+        r.counter(telemetry::ADMITTED_TOKENS, &both),
+        0,
+        "not yet published"
+    );
+    tokio::time::sleep(PUBLISH_INTERVAL).await;
+    let r = m.read();
+    assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &both), 10);
+    assert_eq!(r.gauge(telemetry::LOCAL_TOKENS, &one), 90.0);
+
+    limiter.shutdown().await;
+    let stats = limiter.stats();
+    assert_eq!((stats.releases, stats.tokens_released), (1, 90));
+    let r = m.read();
+    assert_eq!(published(&r, "lag"), expected(&stats));
+    assert_eq!(r.counter(telemetry::RELEASED_TOKENS, &one), 90);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_policy_admissions_store_errors_and_the_circuit_are_published() {
+    let store = Switch::new(Duration::ZERO);
+    let failing = store.failing.clone();
+    failing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(100).unwrap();
+    let (limiter, m) = Recorded::build(|| {
+        HybridLimiter::builder("down", quota, store)
+            .lease_size(10)
+            .on_store_failure(FailurePolicy::FailOpen)
+            .build()
+            .unwrap()
+    });
+    settle().await;
+    for _ in 0..7 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed(), "fail open");
+    }
+    tokio::time::sleep(PUBLISH_INTERVAL).await;
+    let stats = limiter.stats();
+    assert!(stats.circuit_open && stats.store_errors >= 1, "{stats:?}");
+    let r = m.read();
+    assert_eq!(published(&r, "down"), expected(&stats));
+    let policy = [("limiter", "down"), ("policy", "fail_open")];
+    assert_eq!(r.counter(telemetry::DEGRADED_TOKENS, &policy), 7);
+    assert_eq!(stats.tokens_admitted_degraded, 7);
+    assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 1.0);
+    let both = [("limiter", "down"), ("mode", "hybrid")];
+    assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &both), 7);
+    assert_eq!(
+        r.counter(telemetry::STORE_ERRORS, &both),
+        stats.store_errors
+    );
+    assert_eq!(
+        r.counter(telemetry::LEASES, &both),
+        stats.leases,
+        "failed leases count"
+    );
+
+    failing.store(false, Ordering::SeqCst);
+    // The task probes again on demand; the probe succeeds and closes the circuit.
+    assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    tokio::time::sleep(PUBLISH_INTERVAL).await;
+    let stats = limiter.stats();
+    assert!(!stats.circuit_open, "{stats:?}");
+    let r = m.read();
+    assert_eq!(published(&r, "down"), expected(&stats));
+    assert!(r.gauge(telemetry::LOCAL_TOKENS, &[("limiter", "down")]) > 0.0);
+    limiter.shutdown().await;
+}
+
+#[tokio::test]
+async fn pure_mode_counts_every_call() {
+    let store = MemoryStore::with_clock(FakeClock::new());
+    let quota = Quota::new(5, Duration::from_secs(3_600)).unwrap();
+    let (limiter, m) = Recorded::build(|| RedisLimiter::new("pure", quota, store).unwrap());
+    let mut allowed = 0;
+    for _ in 0..8 {
+        allowed += u64::from(limiter.try_acquire(2).await.unwrap().is_allowed());
+    }
+    assert_eq!(allowed, 2, "5 tokens serve two requests of 2");
+    let both = [("limiter", "pure"), ("mode", "pure")];
+    let r = m.read();
+    assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &both), 4);
+    assert_eq!(r.counter(telemetry::DENIED_TOKENS, &both), 12);
+    assert_eq!(r.counter(telemetry::LEASES, &both), 8);
+    assert_eq!(r.counter(telemetry::STORE_ERRORS, &both), 0);
+    assert_eq!(r.samples(telemetry::LEASE_DURATION, &both).len(), 8);
+}
+
+#[tokio::test]
+async fn every_metric_is_registered_and_described() {
+    let (limiters, m) = Recorded::build(|| {
+        let store = MemoryStore::new();
+        let quota = Quota::per_second(10).unwrap();
+        (
+            HybridLimiter::new("all", quota, store.clone()).unwrap(),
+            RedisLimiter::new("all", quota, store).unwrap(),
+        )
+    });
+    let seen = m.read().0;
+    let names = [
+        telemetry::ADMITTED_TOKENS,
+        telemetry::DENIED_TOKENS,
+        telemetry::LEASES,
+        telemetry::STORE_ERRORS,
+        telemetry::LEASE_DURATION,
+        telemetry::LEASED_TOKENS,
+        telemetry::LEASE_SIZE,
+        telemetry::OVER_LIMIT,
+        telemetry::RELEASES,
+        telemetry::RELEASED_TOKENS,
+        telemetry::EXPIRED_TOKENS,
+        telemetry::DEGRADED_TOKENS,
+        telemetry::LOCAL_TOKENS,
+        telemetry::CIRCUIT_OPEN,
+        telemetry::DEMAND,
+        telemetry::FAIR_SHARE,
+    ];
+    for name in names {
+        let found: Vec<_> = seen.iter().filter(|(k, _)| k.1 == name).collect();
+        assert!(!found.is_empty(), "{name} not registered");
+        for ((_, _, labels), s) in found {
+            assert!(s.described, "{name} has no description");
+            assert_eq!(
+                labels[0],
+                ("limiter".to_owned(), "all".to_owned()),
+                "{name}"
+            );
+        }
+    }
+    let modes: Vec<_> = seen
+        .keys()
+        .filter(|k| k.1 == telemetry::LEASES)
+        .map(|k| k.2[1].1.clone())
+        .collect();
+    assert_eq!(modes.len(), 2, "one series per mode: {modes:?}");
+    assert_eq!(
+        seen.len(),
+        names.len() + 5,
+        "the five shared metrics have a series per mode"
+    );
+    limiters.0.shutdown().await;
+}
+
+/// One captured span: its name and fields (`Debug`-formatted, strings unquoted).
+#[derive(Debug, Clone)]
+struct SpanRecord {
+    name: &'static str,
+    fields: BTreeMap<String, String>,
+}
+
+/// A layer that keeps every span it sees.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<SpanRecord>>>);
+
+struct Index(usize);
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let mut spans = self.0.lock().unwrap();
+        spans.push(SpanRecord {
+            name: attrs.metadata().name(),
+            fields,
+        });
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(Index(spans.len() - 1));
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(Index(i)) = span.extensions().get::<Index>() {
+                values.record(&mut Fields(&mut self.0.lock().unwrap()[*i].fields));
+            }
+        }
+    }
+}
+
+impl Spans {
+    /// Captures spans on this thread (and the tasks of a current-thread runtime) until the
+    /// guard is dropped.
+    fn capture() -> (Spans, tracing::subscriber::DefaultGuard) {
+        let spans = Spans::default();
+        let subscriber = tracing_subscriber::registry().with(spans.clone());
+        (spans, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn store_calls(&self) -> Vec<SpanRecord> {
+        let spans = self.0.lock().unwrap();
+        spans
+            .iter()
+            .filter(|s| s.name == "store_call")
+            .cloned()
+            .collect()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_calls_run_in_spans() {
+    let (spans, _guard) = Spans::capture();
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let limiter = HybridLimiter::builder("traced", Quota::per_second(100).unwrap(), store)
+        .lease_size(10)
+        .build()
+        .unwrap();
+    limiter.acquire(1).await.unwrap();
+    limiter.shutdown().await;
+    let calls = spans.store_calls();
+    let ops: Vec<_> = calls.iter().map(|s| s.fields["op"].as_str()).collect();
+    assert_eq!(ops, ["lease", "release"], "{calls:?}");
+    for call in &calls {
+        assert_eq!(call.fields["store"], "memory");
+        assert_eq!(call.fields["limiter"], "traced");
+    }
+}
+
+/// Against a real redis-server: every script call runs in a span, and once the server is
+/// stopped, failed calls are counted (both modes) and their spans carry the error.
+#[tokio::test]
+async fn store_errors_are_counted_and_traced_when_redis_dies() {
+    let mut server = RedisServer::start();
+    let (spans, _guard) = Spans::capture();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    let ((hybrid, pure), m) = Recorded::build(|| {
+        (
+            HybridLimiter::builder("dies", quota, store.clone())
+                .lease_size(10)
+                .on_store_failure(FailurePolicy::FailClosed)
+                .build()
+                .unwrap(),
+            RedisLimiter::new("dies", quota, store.clone()).unwrap(),
+        )
+    });
+    hybrid.acquire(1).await.unwrap();
+    assert!(pure.try_acquire(1).await.unwrap().is_allowed());
+    let healthy = spans.store_calls();
+    let leases = hybrid.stats().leases;
+    assert_eq!(healthy.len() as u64, leases + 1, "{healthy:?}");
+    for call in &healthy {
+        assert_eq!(call.fields["store"], "redis");
+        assert_eq!(call.fields["op"], "lease");
+        assert!(call.fields["key"].contains("{dies}"), "{call:?}");
+        assert_eq!(call.fields["script"].len(), 40, "a SHA-1: {call:?}");
+        assert!(!call.fields.contains_key("error"), "{call:?}");
+    }
+
+    server.stop();
+    for _ in 0..3 {
+        assert!(pure.try_acquire(1).await.is_err());
+    }
+    let pure_labels = [("limiter", "dies"), ("mode", "pure")];
+    let r = m.read();
+    assert_eq!(r.counter(telemetry::STORE_ERRORS, &pure_labels), 3);
+    assert_eq!(r.counter(telemetry::LEASES, &pure_labels), 4);
+    assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &pure_labels), 1);
+
+    // Spend the hybrid limiter's tokens: its refills fail, the circuit opens.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !hybrid.stats().circuit_open {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            hybrid.stats()
+        );
+        let _ = hybrid.try_acquire(1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    hybrid.shutdown().await;
+    let stats = hybrid.stats();
+    assert!(stats.store_errors >= 1, "{stats:?}");
+    assert_eq!(published(&m.read(), "dies"), expected(&stats));
+    let failed: Vec<_> = spans
+        .store_calls()
+        .into_iter()
+        .filter(|s| s.fields.contains_key("error"))
+        .collect();
+    assert_eq!(
+        failed.len() as u64,
+        3 + stats.store_errors,
+        "one span with an error per failed call: {failed:?}"
+    );
+}
