@@ -52,6 +52,7 @@ mod error;
 pub mod failure;
 mod hybrid;
 mod key;
+mod keyed;
 mod limiter;
 mod local;
 pub mod lock;
@@ -68,7 +69,11 @@ pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
-pub use limiter::{Decision, Limiter};
+pub use keyed::{
+    KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
+};
+pub use limiter::{Decision, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,

@@ -1,6 +1,9 @@
 //! What every limiter mode offers, so callers, the simulator and middleware can swap modes.
 
+use std::borrow::Borrow;
+use std::fmt::Display;
 use std::future::Future;
+use std::hash::Hash;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -60,6 +63,58 @@ pub trait Limiter: Send + Sync {
         n: u64,
         timeout: Duration,
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
+}
+
+/// A limiter with one budget per key, in any mode: what middleware keyed by user, API key or
+/// address calls.
+///
+/// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers `try_acquire` without awaiting
+/// anything (its inherent `try_acquire` is synchronous); [`KeyedRedisLimiter`](crate::KeyedRedisLimiter)
+/// makes one store call per decision. Keys are passed in any borrowed form of `K` (`&str`
+/// for `String` keys), so a lookup allocates nothing.
+pub trait KeyedLimiter<K>: Send + Sync {
+    /// The quota every key gets.
+    fn quota(&self) -> Quota;
+
+    /// Takes `n` tokens of `key` now, or says when to retry.
+    ///
+    /// # Errors
+    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
+    fn try_acquire<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
+
+    /// Waits until `n` tokens of `key` are taken.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future takes no tokens.
+    fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
+
+    /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
+    /// earliest possible grant is known to lie beyond the timeout.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    fn try_acquire_for<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
 }
 
 /// Rejects requests that can never succeed.
