@@ -1,5 +1,6 @@
 //! The hot path allocates nothing: a counting global allocator watches
-//! `HybridLimiter::try_acquire` on the calling thread.
+//! `HybridLimiter::try_acquire` (and `KeyedHybridLimiter::try_acquire` on an existing key) on
+//! the calling thread.
 //!
 //! Only allocations made *by the measuring thread* while a region is open are counted (a
 //! thread-local switch), so the limiter's background task, the tokio workers and tests running
@@ -10,7 +11,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use ratelease::{Decision, HybridLimiter, MemoryStore, Quota};
+use ratelease::{Decision, HybridLimiter, KeyedHybridLimiter, MemoryStore, Quota};
 
 struct CountingAlloc;
 
@@ -188,4 +189,73 @@ fn local_denial_allocates_nothing() {
         "expected a denial, got {decision:?}"
     );
     assert_eq!(n, 0, "a local denial allocated {n} times");
+}
+
+/// A keyed limiter whose key `k` holds a batch of 999 tokens with a low-water mark of 500: the
+/// first `acquire` leases exactly one token, the second (demand now measured) a batch of 1 000.
+fn ready_keyed<K>(
+    key: &K::Borrowed,
+) -> (tokio::runtime::Runtime, KeyedHybridLimiter<K, MemoryStore>)
+where
+    K: KeyOf,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let limiter = KeyedHybridLimiter::builder("alloc-keyed", quota, MemoryStore::new())
+        .lease_size(1_000)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    rt.block_on(limiter.acquire(key, 1)).unwrap();
+    rt.block_on(limiter.acquire(key, 1)).unwrap();
+    assert_eq!(limiter.available(key), 999);
+    (rt, limiter)
+}
+
+/// Key types the keyed test runs with, and the borrowed form callers look them up by.
+trait KeyOf:
+    std::borrow::Borrow<Self::Borrowed>
+    + std::hash::Hash
+    + Eq
+    + Clone
+    + std::fmt::Display
+    + Send
+    + Sync
+    + 'static
+{
+    type Borrowed: std::hash::Hash + Eq + ToOwned<Owned = Self> + ?Sized;
+}
+
+impl KeyOf for u64 {
+    type Borrowed = u64;
+}
+
+impl KeyOf for String {
+    type Borrowed = str;
+}
+
+fn keyed_hits_allocate_nothing<K: KeyOf>(key: &K::Borrowed) {
+    let (_rt, limiter) = ready_keyed::<K>(key);
+    let leases = limiter.stats().leases;
+    // 998 → 500 tokens: above the low-water mark, so no refill is requested.
+    let (allowed, n) = allocations(|| {
+        (0..498)
+            .filter(|_| matches!(limiter.try_acquire(key, 1), Ok(Decision::Allowed)))
+            .count()
+    });
+    assert_eq!(allowed, 498, "every call was a local hit");
+    assert_eq!(n, 0, "498 keyed hits allocated {n} times");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(limiter.stats().leases, leases, "no refill was triggered");
+}
+
+#[test]
+fn keyed_hit_on_an_existing_key_allocates_nothing() {
+    keyed_hits_allocate_nothing::<u64>(&42);
+    // A `String` key looked up by `&str`, as middleware holding a header value would.
+    keyed_hits_allocate_nothing::<String>("api-key-42");
 }

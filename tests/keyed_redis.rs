@@ -86,7 +86,10 @@ async fn two_instances_sharing_keys_stay_within_each_keys_budget() {
             total >= 0.7 * bound,
             "key {key}: demand was far above the rate, yet only {total} of {bound:.1}"
         );
-        assert!(x > 0 && y > 0, "key {key}: both instances admitted ({x}, {y})");
+        assert!(
+            x > 0 && y > 0,
+            "key {key}: both instances admitted ({x}, {y})"
+        );
         println!("key {key}: {x} + {y} = {total} admitted, bound {bound:.1}");
     }
     // Contention was real: both instances leased and were told no by the store.
@@ -110,12 +113,21 @@ async fn pure_keyed_limiters_give_every_key_its_burst_and_hostile_keys_stay_insi
         "k#1".to_owned(),
         "x".repeat(10_000),
     ];
-    let keys: Vec<String> = (0..50).map(|i| format!("user-{i}")).chain(hostile).collect();
+    let keys: Vec<String> = (0..50)
+        .map(|i| format!("user-{i}"))
+        .chain(hostile)
+        .collect();
     for key in &keys {
         for _ in 0..3 {
-            assert!(limiter.try_acquire(key, 1).await.unwrap().is_allowed(), "{key:.20}");
+            assert!(
+                limiter.try_acquire(key, 1).await.unwrap().is_allowed(),
+                "{key:.20}"
+            );
         }
-        assert!(!limiter.try_acquire(key, 1).await.unwrap().is_allowed(), "{key:.20}");
+        assert!(
+            !limiter.try_acquire(key, 1).await.unwrap().is_allowed(),
+            "{key:.20}"
+        );
     }
     // One bucket per key, each under the prefix with the whole bucket name as its hash tag.
     let stored: Vec<String> = server.cmd(&["KEYS", "*"]);
@@ -127,8 +139,8 @@ async fn pure_keyed_limiters_give_every_key_its_burst_and_hostile_keys_stay_insi
         assert_eq!(open + k[open..].find('}').unwrap(), k.len() - 1, "{k}");
     }
     // A plain limiter on a key's bucket name shares that key's budget.
-    let plain = RedisLimiter::new(limiter.bucket_name("user-0"), quota, store(&server).await)
-        .unwrap();
+    let plain =
+        RedisLimiter::new(limiter.bucket_name("user-0"), quota, store(&server).await).unwrap();
     assert!(!plain.try_acquire(1).await.unwrap().is_allowed());
 }
 
@@ -147,12 +159,19 @@ async fn an_evicted_keys_tokens_are_back_in_its_redis_bucket() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     while limiter.live_keys() > 0 {
-        assert!(Instant::now() < deadline, "not evicted: {:?}", limiter.stats());
+        assert!(
+            Instant::now() < deadline,
+            "not evicted: {:?}",
+            limiter.stats()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let stats = limiter.stats();
     assert_eq!((stats.evicted_idle, stats.tokens_released), (1, 4));
     // Without the return the bucket would hold 6 (an hour refills 10).
     let bucket = RedisLimiter::new(limiter.bucket_name("k"), quota, store(&server).await).unwrap();
-    assert!(bucket.try_acquire(10).await.unwrap().is_allowed(), "the 4 tokens are back");
+    assert!(
+        bucket.try_acquire(10).await.unwrap().is_allowed(),
+        "the 4 tokens are back"
+    );
 }

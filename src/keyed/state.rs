@@ -166,6 +166,11 @@ impl KeyState {
         self.blocked_until.store(until_ns, Ordering::Relaxed);
     }
 
+    /// Adds `n` tokens.
+    pub(crate) fn add(&self, n: u64) {
+        self.tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Adds a grant at `now_ms`, of which `to_waiter` went straight to a waiting caller and
     /// the rest into the key; sets the next low-water mark.
     pub(crate) fn grant(&self, rest: u64, to_waiter: u64, low_water: u64, now_ms: u32) {

@@ -310,21 +310,35 @@ where
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
                 Shared::<K, S>::count(&c.tokens_leased, reply.granted);
-                let mut rest = reply.granted;
-                let mut to_waiter = 0;
-                if let Some(waiter) = request.reply.take() {
-                    // The grant is at least `min`, which is at least the waiter's `n`.
-                    if waiter.send(Answer::Granted).is_ok() {
-                        to_waiter = request.n.min(rest);
-                        rest -= to_waiter;
-                    }
-                }
+                // The waiter's share first (the grant is at least `min`, which is at least
+                // its `n`); the rest is in the key before the waiter is told, so a caller
+                // woken by the answer finds it.
+                let waiting = request.reply.as_ref().is_some_and(|w| !w.is_closed());
+                let to_waiter = if waiting {
+                    request.n.min(reply.granted)
+                } else {
+                    0
+                };
+                let rest = reply.granted - to_waiter;
                 match &state {
                     Some(state) => state.grant(rest, to_waiter, ask.low_water, self.now_ms()),
                     None if rest > 0 => self
                         .releases
                         .push_back((bucket_name(&s.name, &request.key), rest)),
                     None => {}
+                }
+                let told = request
+                    .reply
+                    .take()
+                    .is_some_and(|w| w.send(Answer::Granted).is_ok());
+                if to_waiter > 0 && !told {
+                    // The waiter left meanwhile: its tokens stay with the key (or go back).
+                    match &state {
+                        Some(state) => state.add(to_waiter),
+                        None => self
+                            .releases
+                            .push_back((bucket_name(&s.name, &request.key), to_waiter)),
+                    }
                 }
                 (None, None)
             }
