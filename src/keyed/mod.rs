@@ -121,7 +121,7 @@ use worker::{Answer, Request};
 
 /// The coarse clock's tick: last-use times and idle ages are counted in these.
 const TICK: Duration = Duration::from_millis(100);
-/// Most keys' leases queued at once (fewer with a smaller cap).
+/// Most leases queued at once in each of the two queues (fewer with a smaller cap).
 const MAX_QUEUE: usize = 4096;
 
 /// One budget per key, shared by the fleet, spent locally like a
@@ -184,6 +184,8 @@ pub struct KeyedStats {
     pub evicted_at_cap: u64,
     /// New keys turned away (for a moment) because the cap was reached.
     pub refused_at_cap: u64,
+    /// New keys turned away (for a moment) because the queue of first leases was full.
+    pub refused_busy: u64,
     /// Lease calls made to the store (including failed ones).
     pub leases: u64,
     /// Tokens granted by those calls.
@@ -213,6 +215,7 @@ struct Counters {
     evicted_idle: AtomicU64,
     evicted_at_cap: AtomicU64,
     refused_at_cap: AtomicU64,
+    refused_busy: AtomicU64,
     leases: AtomicU64,
     tokens_leased: AtomicU64,
     over_limit: AtomicU64,
@@ -333,7 +336,10 @@ where
             .give_back_after
             .or(terms.map(|t| t.idle_after))
             .unwrap_or(Duration::from_millis(500));
-        let (queue, requests) = mpsc::channel(self.max_keys.min(MAX_QUEUE));
+        // New keys wait for their first lease with the request flag set, which keeps them
+        // from being evicted: a quarter of the cap at most, so there is always room to make.
+        let (known, known_requests) = mpsc::channel(self.max_keys.min(MAX_QUEUE));
+        let (fresh, fresh_requests) = mpsc::channel((self.max_keys / 4).clamp(1, MAX_QUEUE));
         let shared = Arc::new(Shared {
             map: DashMap::new(),
             live: AtomicUsize::new(0),
@@ -344,7 +350,8 @@ where
             give_back_ticks: ticks(give_back_after),
             sweep_every: (idle_ttl.min(give_back_after) / 2).clamp(TICK, Duration::from_secs(1)),
             max_in_flight: self.max_in_flight,
-            queue,
+            known,
+            fresh,
             fallback: match self.failure {
                 FailurePolicy::LocalFallback { expected_nodes } => {
                     Some(LocalRate::share_of(&self.quota, expected_nodes))
@@ -364,6 +371,10 @@ where
             policy: self.policy,
         });
         let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let requests = worker::Requests {
+            known: known_requests,
+            fresh: fresh_requests,
+        };
         let task = runtime.spawn(worker::run(shared.clone(), requests, seed));
         Ok(KeyedHybridLimiter {
             handle: Arc::new(Handle {
@@ -409,7 +420,10 @@ struct Shared<K, S> {
     give_back_ticks: u32,
     sweep_every: Duration,
     max_in_flight: usize,
-    queue: mpsc::Sender<Request<K>>,
+    /// Leases for keys that were granted tokens before: served first.
+    known: mpsc::Sender<Request<K>>,
+    /// First leases (new keys, and keys never granted yet).
+    fresh: mpsc::Sender<Request<K>>,
     failure: FailurePolicy,
     /// The per-key rate of [`FailurePolicy::LocalFallback`] (each key has its own word).
     fallback: Option<LocalRate>,
@@ -521,6 +535,9 @@ where
         if self.is_closed() {
             return Err(Error::Closed);
         }
+        if let Some(state) = state {
+            state.seen(self.tick());
+        }
         let blocked = state.map_or(Duration::ZERO, |s| s.blocked_for(self.now_ns()));
         let mut outcome = None;
         if self.circuit.is_open() {
@@ -573,7 +590,7 @@ where
         if !state.mark_queued() {
             return;
         }
-        match self.queue.try_reserve() {
+        match self.queue_for(Some(state)).try_reserve() {
             Ok(permit) => permit.send(Request {
                 key: key.to_owned(),
                 n,
@@ -584,19 +601,28 @@ where
         }
     }
 
+    /// The queue for a lease of a key in `state`: keys that were granted tokens before have a
+    /// queue of their own, served first, so a flood of new keys cannot delay their refills.
+    fn queue_for(&self, state: Option<&KeyState>) -> &mpsc::Sender<Request<K>> {
+        match state {
+            Some(state) if state.flags() & state::GRANTED != 0 => &self.known,
+            _ => &self.fresh,
+        }
+    }
+
     /// Creates the state of a new key and queues its first lease, if the cap and the queue
     /// allow.
     fn admit<Q>(&self, key: &Q, n: u64)
     where
         Q: ToOwned<Owned = K> + ?Sized,
     {
+        let Ok(permit) = self.fresh.try_reserve() else {
+            Self::count(&self.counters.refused_busy, 1);
+            return;
+        };
         if !self.reserve_slot() {
             return;
         }
-        let Ok(permit) = self.queue.try_reserve() else {
-            self.live.fetch_sub(1, Ordering::Relaxed);
-            return;
-        };
         match self.map.entry(key.to_owned()) {
             Entry::Vacant(slot) => {
                 let key = slot.key().clone();
@@ -638,22 +664,27 @@ where
     /// Reserves room for one more key; at the cap, counts the refusal and asks the worker to
     /// make room.
     fn reserve_slot(&self) -> bool {
-        // Relaxed: a counter; the cap is exact because every insert reserves first.
-        if self.live.fetch_add(1, Ordering::Relaxed) < self.max_keys {
-            return true;
+        // Relaxed: a counter; a CAS, so it never reads above the cap even for a moment.
+        let reserved = self
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |live| {
+                (live < self.max_keys).then_some(live + 1)
+            })
+            .is_ok();
+        if !reserved {
+            Self::count(&self.counters.refused_at_cap, 1);
+            if !self.pressure.swap(true, Ordering::Relaxed) {
+                self.wake.notify_one();
+            }
         }
-        self.live.fetch_sub(1, Ordering::Relaxed);
-        Self::count(&self.counters.refused_at_cap, 1);
-        if !self.pressure.swap(true, Ordering::Relaxed) {
-            self.wake.notify_one();
-        }
-        false
+        reserved
     }
 
     /// Asks the worker for `n` tokens of `key` and waits for its answer.
     async fn ask<Q>(&self, key: &Q, n: u64) -> Result<Answer, Error>
     where
-        Q: ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (reply, answer) = oneshot::channel();
         let request = Request {
@@ -661,7 +692,8 @@ where
             n,
             reply: Some(reply),
         };
-        self.queue.send(request).await.map_err(|_| Error::Closed)?;
+        let queue = self.queue_for(self.map.get(key).as_deref());
+        queue.send(request).await.map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)
     }
 
@@ -845,6 +877,7 @@ where
             evicted_idle: get(&c.evicted_idle),
             evicted_at_cap: get(&c.evicted_at_cap),
             refused_at_cap: get(&c.refused_at_cap),
+            refused_busy: get(&c.refused_busy),
             leases: get(&c.leases),
             tokens_leased: get(&c.tokens_leased),
             over_limit: get(&c.over_limit),

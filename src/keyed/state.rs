@@ -20,7 +20,7 @@ use std::time::Duration;
 
 /// A lease for the key is queued or in flight (at most one per key from sync callers).
 pub(crate) const QUEUED: u32 = 1;
-/// A caller took tokens of this key at least once (evicted last under a flood).
+/// A caller got tokens of this key at least once (evicted last under a flood).
 pub(crate) const USED: u32 = 2;
 /// The worker granted this key tokens at least once (`granted_at` is valid).
 pub(crate) const GRANTED: u32 = 4;
@@ -87,11 +87,17 @@ impl KeyState {
     /// written again on every call.
     #[inline]
     pub(crate) fn touch(&self, tick: u32) {
-        if self.last_use.load(Ordering::Relaxed) != tick {
-            self.last_use.store(tick, Ordering::Relaxed);
-        }
+        self.seen(tick);
         if self.flags.load(Ordering::Relaxed) & USED == 0 {
             self.flags.fetch_or(USED, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a call at `tick`, admitted or not: the key is in use.
+    #[inline]
+    pub(crate) fn seen(&self, tick: u32) {
+        if self.last_use.load(Ordering::Relaxed) != tick {
+            self.last_use.store(tick, Ordering::Relaxed);
         }
     }
 
@@ -180,7 +186,8 @@ impl KeyState {
         self.granted_at_ms.store(now_ms, Ordering::Relaxed);
         self.low_water.store(saturate(low_water), Ordering::Relaxed);
         self.blocked_until.store(0, Ordering::Relaxed);
-        self.flags.fetch_or(GRANTED, Ordering::Relaxed);
+        let used = if to_waiter > 0 { USED } else { 0 };
+        self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
     }
 
     /// Tokens per second spent since the last grant (0 if never granted): the key's demand,

@@ -1,9 +1,13 @@
 //! The keyed limiter's one background worker: leases, releases, the coarse clock, sweeps and
 //! evictions for every key.
 //!
-//! The worker loops over four events: a finished store call, a queued request (taken only
-//! while fewer than `max_in_flight` calls are running), a tick of the coarse clock (only while
-//! there are keys or tokens to give back), and a wake-up for shutdown or for room at the cap.
+//! The worker loops over five events, in this order of priority: a wake-up for shutdown or
+//! for room at the cap, a finished store call, a request from the queue of keys granted tokens
+//! before, a request from the queue of first leases (both taken only while fewer than
+//! `max_in_flight` calls are running, first leases only while fewer than
+//! [`MAX_RELEASE_BACKLOG`] releases wait), and a tick of the coarse clock (only while there are
+//! keys or tokens to give back). Refills of known keys thus never wait behind a flood of new
+//! ones.
 //! Store calls run as tasks of a `JoinSet`, so a `RedisStore` pipelines them on its
 //! connection; everything else runs in the worker and never awaits while holding a reference
 //! into the map. Releases wait in a queue of their own and start as slots free up.
@@ -27,8 +31,19 @@ use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
 use crate::policy::{LeaseAsk, LeaseContext};
 use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 
+/// Releases waiting to start above which no new key is taken from the queue of first leases:
+/// under a flood, evictions (each returning a key's tokens) then cannot outpace releases and
+/// pile up.
+const MAX_RELEASE_BACKLOG: usize = 4096;
+
 /// How long a key whose requests exceed a per-key config's burst is left alone.
 const TOO_LARGE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The worker's two queues (see `Shared::queue_for`).
+pub(super) struct Requests<K> {
+    pub(super) known: mpsc::Receiver<Request<K>>,
+    pub(super) fresh: mpsc::Receiver<Request<K>>,
+}
 
 /// A lease wanted for a key.
 pub(super) struct Request<K> {
@@ -74,6 +89,9 @@ struct Worker<K, S> {
     jobs: JoinSet<Done<K>>,
     /// Tokens waiting to be given back: (bucket name, tokens).
     releases: VecDeque<(String, u64)>,
+    /// Release calls in flight: at most half of `max_in_flight` (at least one), so evictions
+    /// under a flood cannot starve leases.
+    releasing: usize,
     rng: fastrand::Rng,
     backoff: Duration,
     /// While the circuit is open: when to probe the store next.
@@ -84,11 +102,8 @@ struct Worker<K, S> {
 }
 
 /// The worker: runs until the limiter closes, then gives every token back.
-pub(super) async fn run<K, S>(
-    s: Arc<Shared<K, S>>,
-    mut requests: mpsc::Receiver<Request<K>>,
-    seed: u64,
-) where
+pub(super) async fn run<K, S>(s: Arc<Shared<K, S>>, mut requests: Requests<K>, seed: u64)
+where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
 {
@@ -97,6 +112,7 @@ pub(super) async fn run<K, S>(
         s,
         jobs: JoinSet::new(),
         releases: VecDeque::new(),
+        releasing: 0,
         rng: fastrand::Rng::with_seed(seed),
         backoff: ERROR_BACKOFF_MIN,
         probe_at: None,
@@ -113,14 +129,13 @@ pub(super) async fn run<K, S>(
         w.start_releases();
         let tick = w.next_tick();
         let can_start = w.jobs.len() < w.s.max_in_flight;
+        let can_create = can_start && w.releases.len() < MAX_RELEASE_BACKLOG;
         tokio::select! {
             biased;
             () = w.s.wake.notified() => {}
             Some(done) = w.jobs.join_next(), if !w.jobs.is_empty() => w.finish(done),
-            request = requests.recv(), if can_start => match request {
-                Some(request) => w.start(request),
-                None => break,
-            },
+            Some(request) = requests.known.recv(), if can_start => w.start(request),
+            Some(request) = requests.fresh.recv(), if can_create => w.start(request),
             () = tokio::time::sleep_until(tick.unwrap_or_else(Instant::now)), if tick.is_some() => {
                 w.advance_clock();
                 if Instant::now() >= w.next_sweep {
@@ -268,14 +283,17 @@ where
         };
         let c = &self.s.counters;
         match done {
-            Done::Release { tokens, result } => match result {
-                Ok(_) => Shared::<K, S>::count(&c.tokens_released, tokens),
-                Err(error) => {
-                    Shared::<K, S>::count(&c.store_errors, 1);
-                    Shared::<K, S>::count(&c.tokens_lost, tokens);
-                    tracing::warn!(limiter = %self.s.name, %error, tokens, "could not return tokens");
+            Done::Release { tokens, result } => {
+                self.releasing -= 1;
+                match result {
+                    Ok(_) => Shared::<K, S>::count(&c.tokens_released, tokens),
+                    Err(error) => {
+                        Shared::<K, S>::count(&c.store_errors, 1);
+                        Shared::<K, S>::count(&c.tokens_lost, tokens);
+                        tracing::warn!(limiter = %self.s.name, %error, tokens, "could not return tokens");
+                    }
                 }
-            },
+            }
             Done::Lease {
                 req,
                 ask,
@@ -386,11 +404,13 @@ where
 
     /// Starts queued releases while there is room.
     fn start_releases(&mut self) {
-        while self.jobs.len() < self.s.max_in_flight {
+        let most = (self.s.max_in_flight / 2).max(1);
+        while self.releasing < most && self.jobs.len() < self.s.max_in_flight {
             let Some((name, tokens)) = self.releases.pop_front() else {
                 return;
             };
             Shared::<K, S>::count(&self.s.counters.releases, 1);
+            self.releasing += 1;
             let s = self.s.clone();
             self.jobs.spawn(async move {
                 let result = s
@@ -506,11 +526,13 @@ where
     }
 
     /// Shutdown: answer what is queued, finish what is in flight, give every token back.
-    async fn close(mut self, mut requests: mpsc::Receiver<Request<K>>) {
-        requests.close();
-        while let Some(request) = requests.recv().await {
-            if let Some(reply) = request.reply {
-                let _ = reply.send(Answer::Closed);
+    async fn close(mut self, requests: Requests<K>) {
+        for mut queue in [requests.known, requests.fresh] {
+            queue.close();
+            while let Some(request) = queue.recv().await {
+                if let Some(reply) = request.reply {
+                    let _ = reply.send(Answer::Closed);
+                }
             }
         }
         while let Some(done) = self.jobs.join_next().await {
