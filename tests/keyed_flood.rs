@@ -15,11 +15,4 @@ fn a_flood_of_unique_keys_keeps_memory_bounded_by_the_cap() {
         report.rss_churned_kib > 0,
         "the flood should churn through the cap several times: {report:#?}"
     );
-    // The legitimate key kept being served: its refills have a queue of their own, and keys
-    // never admitted are evicted before it.
-    let (calls, allowed) = report.legit;
-    assert!(
-        allowed * 100 >= calls * 95,
-        "legitimate key: {allowed} of {calls}"
-    );
 }
