@@ -164,7 +164,7 @@ impl std::fmt::Display for InvalidArgument {
 pub enum QuotaSource {
     /// The caller's quota: the name has no stored configuration.
     Caller,
-    /// The quota stored centrally for the name (see [`crate::config`]).
+    /// The quota stored centrally for the name (see [`ConfigStore`](crate::ConfigStore)).
     Stored,
     /// The name has no stored configuration and the caller asked not to fall back to its own
     /// quota: nothing was done.

@@ -52,7 +52,7 @@ mod error;
 pub mod failure;
 mod hybrid;
 mod key;
-mod keyed;
+pub mod keyed;
 mod limiter;
 mod local;
 pub mod lock;

@@ -7,12 +7,12 @@
 //! # Implementation details
 //!
 //! **Buckets.** Key `k` of limiter `name` lives in the store as the bucket named `name#k`
-//! (see [`name`]: encoded so that a key cannot break the `{hash tag}` or escape the prefix,
+//! (see `src/keyed/name.rs`: encoded so that a key cannot break the `{hash tag}` or escape the prefix,
 //! long keys hashed, every key in a hash tag of its own so keys spread over a cluster).
 //!
 //! **Per-key state is small.** A `HybridLimiter` is about 1.2 KiB of cache-padded slots plus a
 //! tokio task: fine for a few limiters, far too heavy for 100 000 keys. Here a key is 48 bytes
-//! of atomics ([`state`]) stored inline in a [`DashMap`] (plus the key itself and the map's own
+//! of atomics (`src/keyed/state.rs`) stored inline in a [`DashMap`] (plus the key itself and the map's own
 //! overhead; `BENCHMARKS.md` measures the total), and **one background worker** serves every
 //! key: callers put lease requests on a bounded queue, the worker runs up to
 //! [`max_in_flight`](KeyedHybridBuilder::max_in_flight) store calls at a time, and it runs the
@@ -125,7 +125,7 @@ const TICK: Duration = Duration::from_millis(100);
 const MAX_QUEUE: usize = 4096;
 
 /// One budget per key, shared by the fleet, spent locally like a
-/// [`HybridLimiter`](crate::HybridLimiter). See the [module docs](self) for the design.
+/// [`HybridLimiter`](crate::HybridLimiter). See the [module docs](crate::keyed) for the design.
 ///
 /// Keys are any `K: Hash + Eq + Clone + Display`; methods take any borrowed form (`&str` for
 /// `String` keys), so looking up a key allocates nothing. The key's `Display` form names its
