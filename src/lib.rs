@@ -73,7 +73,7 @@ pub use keyed::{
     KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
 };
-pub use limiter::{Decision, KeyedLimiter, Limiter};
+pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,

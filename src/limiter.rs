@@ -65,6 +65,12 @@ pub trait Limiter: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
 }
 
+/// A borrowed form of a key of type `K`, as keyed limiters take it: `&str` for `String` keys,
+/// `&K` for any key. Implemented for every type with these bounds.
+pub trait KeyRef<K>: Hash + Eq + Display + ToOwned<Owned = K> + Sync {}
+
+impl<K, Q> KeyRef<K> for Q where Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized {}
+
 /// A limiter with one budget per key, in any mode: what middleware keyed by user, API key or
 /// address calls.
 ///
@@ -87,7 +93,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Error>> + Send
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
+        Q: KeyRef<K> + ?Sized;
 
     /// Waits until `n` tokens of `key` are taken.
     ///
@@ -99,7 +105,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), Error>> + Send
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
+        Q: KeyRef<K> + ?Sized;
 
     /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
     /// earliest possible grant is known to lie beyond the timeout.
@@ -114,7 +120,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Error>> + Send
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized;
+        Q: KeyRef<K> + ?Sized;
 }
 
 /// Rejects requests that can never succeed.

@@ -11,7 +11,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use ratelease::{Decision, HybridLimiter, KeyedHybridLimiter, MemoryStore, Quota};
+use ratelease::{Decision, HybridLimiter, KeyRef, KeyedHybridLimiter, MemoryStore, Quota};
 
 struct CountingAlloc;
 
@@ -66,15 +66,20 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
     (result, COUNT.with(Cell::get))
 }
 
+/// A multi-thread runtime with one worker, for limiters' background tasks.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A limiter whose first lease of `lease` tokens has arrived and whose refill flag is down
 /// again, with its background task on a multi-thread runtime (so a refill request from this
 /// thread really wakes another thread).
 fn ready_limiter(lease: u64) -> (tokio::runtime::Runtime, HybridLimiter<MemoryStore>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let quota = Quota::per_second(1_000_000).unwrap();
     let limiter = HybridLimiter::builder("alloc", quota, MemoryStore::new())
         .lease_size(lease)
@@ -171,11 +176,7 @@ fn local_hit_that_requests_a_refill_allocates_nothing() {
 /// still without allocating.
 #[test]
 fn local_denial_allocates_nothing() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     // One token per hour: after the first lease the store cannot serve another.
     let quota = Quota::new(1, Duration::from_secs(3_600)).unwrap();
     let limiter = HybridLimiter::builder("alloc-denied", quota, MemoryStore::new())
@@ -199,11 +200,7 @@ fn ready_keyed<K>(
 where
     K: KeyOf,
 {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let quota = Quota::per_second(1_000_000).unwrap();
     let limiter = KeyedHybridLimiter::builder("alloc-keyed", quota, MemoryStore::new())
         .lease_size(1_000)
@@ -227,7 +224,7 @@ trait KeyOf:
     + Sync
     + 'static
 {
-    type Borrowed: std::hash::Hash + Eq + ToOwned<Owned = Self> + ?Sized;
+    type Borrowed: KeyRef<Self> + ?Sized;
 }
 
 impl KeyOf for u64 {

@@ -29,13 +29,16 @@ fn memory() -> MemoryStore {
     MemoryStore::with_clock(TokioClock::new())
 }
 
+/// A keyed limiter with `String` keys and default settings.
+fn keyed<S: LeaseStore>(name: &str, quota: Quota, store: S) -> KeyedHybridLimiter<String, S> {
+    KeyedHybridLimiter::new(name, quota, store).unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_new_key_is_denied_once_then_served_from_an_exact_lease() {
     let store = Wrapped::new(RTT);
     let quota = Quota::per_second(100).unwrap();
-    let limiter = KeyedHybridLimiter::<String, _>::builder("first", quota, store.clone())
-        .build()
-        .unwrap();
+    let limiter = keyed("first", quota, store.clone());
     let first = limiter.try_acquire("alice", 3).unwrap();
     assert!(
         matches!(first, Decision::Denied { retry_after } if retry_after <= Duration::from_millis(1)),
@@ -121,9 +124,7 @@ async fn every_key_has_its_own_budget_as_exact_as_pure_mode() {
 async fn a_hot_key_leases_batches_and_a_cold_key_leases_exactly() {
     let store = Wrapped::new(RTT);
     let quota = Quota::per_second(10_000).unwrap();
-    let limiter = KeyedHybridLimiter::<String, _>::builder("mixed", quota, store.clone())
-        .build()
-        .unwrap();
+    let limiter = keyed("mixed", quota, store.clone());
     // Hot: 5 000 calls per second for two seconds (tokio's timer has millisecond ticks).
     let mut admitted = 0;
     for _ in 0..2_000 {

@@ -108,7 +108,7 @@ use tokio::time::Instant;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::hybrid::DEFAULT_RTT;
-use crate::limiter::{check_tokens, Decision, KeyedLimiter};
+use crate::limiter::{check_tokens, Decision, KeyRef, KeyedLimiter};
 use crate::policy::{AdaptiveLease, FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
@@ -501,7 +501,7 @@ where
     fn take<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         check_tokens(n, self.quota.burst())?;
         if let Some(state) = self.map.get(key) {
@@ -530,7 +530,7 @@ where
     ) -> Result<Outcome, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         if self.is_closed() {
             return Err(Error::Closed);
@@ -645,7 +645,7 @@ where
     fn ensure_state<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         if self.map.contains_key(key) || !self.reserve_slot() {
             return;
@@ -684,7 +684,7 @@ where
     async fn ask<Q>(&self, key: &Q, n: u64) -> Result<Answer, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         let (reply, answer) = oneshot::channel();
         let request = Request {
@@ -701,7 +701,7 @@ where
     async fn wait<Q>(&self, key: &Q, n: u64, deadline: Option<Instant>) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         loop {
             let (retry_after, why) = match self.take(key, n, false)? {
@@ -798,7 +798,7 @@ where
     pub fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         Ok(match self.handle.shared.take(key, n, true)? {
             Outcome::Allowed => Decision::Allowed,
@@ -818,7 +818,7 @@ where
     pub async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         self.handle.shared.wait(key, n, None).await.map(|_| ())
     }
@@ -836,7 +836,7 @@ where
     ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
         let deadline = Instant::now() + timeout;
@@ -930,7 +930,7 @@ where
     async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedHybridLimiter::try_acquire(self, key, n)
     }
@@ -938,7 +938,7 @@ where
     async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedHybridLimiter::acquire(self, key, n).await
     }
@@ -951,7 +951,7 @@ where
     ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedHybridLimiter::try_acquire_for(self, key, n, timeout).await
     }

@@ -8,11 +8,10 @@
 
 use std::borrow::Borrow;
 use std::fmt::Display;
-use std::hash::Hash;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::limiter::{Decision, KeyedLimiter};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::pure::RedisLimiter;
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
@@ -115,7 +114,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
     async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedRedisLimiter::try_acquire(self, key, n).await
     }
@@ -123,7 +122,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
     async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedRedisLimiter::acquire(self, key, n).await
     }
@@ -136,7 +135,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
     ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized,
+        Q: KeyRef<K> + ?Sized,
     {
         KeyedRedisLimiter::try_acquire_for(self, key, n, timeout).await
     }
