@@ -75,9 +75,10 @@ impl<K, Q> KeyRef<K> for Q where Q: Hash + Eq + Display + ToOwned<Owned = K> + S
 /// address calls.
 ///
 /// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers `try_acquire` without awaiting
-/// anything (its inherent `try_acquire` is synchronous); [`KeyedRedisLimiter`](crate::KeyedRedisLimiter)
-/// makes one store call per decision. Keys are passed in any borrowed form of `K` (`&str`
-/// for `String` keys), so a lookup allocates nothing.
+/// anything (its inherent `try_acquire` is synchronous);
+/// [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) makes one store call per decision. Keys are
+/// passed in any borrowed form of `K` (`&str` for `String` keys), so a lookup allocates
+/// nothing.
 pub trait KeyedLimiter<K>: Send + Sync {
     /// The quota every key gets.
     fn quota(&self) -> Quota;

@@ -46,8 +46,9 @@ async fn a_new_key_is_denied_once_then_served_from_an_exact_lease() {
     let quota = Quota::per_second(100).unwrap();
     let limiter = keyed("first", quota, store.clone());
     let first = limiter.try_acquire("alice", 3).unwrap();
+    let one_round_trip = Duration::from_millis(1);
     assert!(
-        matches!(first, Decision::Denied { retry_after } if retry_after <= Duration::from_millis(1)),
+        matches!(first, Decision::Denied { retry_after } if retry_after <= one_round_trip),
         "{first:?}"
     );
     assert_eq!(limiter.live_keys(), 1);

@@ -7,28 +7,31 @@
 //! # Implementation details
 //!
 //! **Buckets.** Key `k` of limiter `name` lives in the store as the bucket named `name#k`
-//! (see `src/keyed/name.rs`: encoded so that a key cannot break the `{hash tag}` or escape the prefix,
-//! long keys hashed, every key in a hash tag of its own so keys spread over a cluster).
+//! (see `src/keyed/name.rs`: encoded so that a key cannot break the `{hash tag}` or escape the
+//! prefix, long keys hashed, every key in a hash tag of its own so keys spread over a
+//! cluster).
 //!
 //! **Per-key state is small.** A `HybridLimiter` is about 1.2 KiB of cache-padded slots plus a
 //! tokio task: fine for a few limiters, far too heavy for 100 000 keys. Here a key is 48 bytes
-//! of atomics (`src/keyed/state.rs`) stored inline in a [`DashMap`] (plus the key itself and the map's own
-//! overhead; `BENCHMARKS.md` measures the total), and **one background worker** serves every
-//! key: callers put lease requests on a bounded queue, the worker runs up to
-//! [`max_in_flight`](KeyedHybridBuilder::max_in_flight) store calls at a time, and it runs the
-//! eviction sweeps.
+//! of atomics (`src/keyed/state.rs`) stored inline in a [`DashMap`] (plus the key itself and
+//! the map's own overhead; RELIABILITY.md measures the total), and **one background worker**
+//! serves every key: callers put lease requests on bounded queues, the worker runs up to
+//! [`max_in_flight`](KeyedHybridBuilder::max_in_flight) store calls at a time (a `RedisStore`
+//! pipelines them), and it runs the eviction sweeps.
 //!
 //! **The hot path** for a key that has tokens is a `DashMap` read (hash the key, take its
 //! shard's read lock: one atomic add and sub) and one CAS on the key's token word; on a hit it
 //! also records the coarse time of use (a load, and a store once per 100 ms tick). No clock
-//! read, no allocation, no I/O. The shard lock is contended only by inserts and evictions of
-//! keys in the same shard, which happen off the hit path.
+//! read, no allocation, no I/O. The shard lock is reader-preferring: hits never wait for a
+//! writer; only inserts and evictions in the same shard wait, for each other and for the
+//! worker's sweep of that shard.
 //!
 //! **A key without tokens.** A sync [`try_acquire`](KeyedHybridLimiter::try_acquire) cannot
 //! wait, so the first call on a new key (or on a key whose tokens are spent) answers
 //! `Denied { retry_after }` of about one store round trip and queues a lease for the key (at
-//! most one queued per key); a retry then finds the tokens. [`acquire`](KeyedHybridLimiter::acquire)
-//! and [`try_acquire_for`](KeyedHybridLimiter::try_acquire_for) send their own request with a
+//! most one queued per key); a retry then finds the tokens.
+//! [`acquire`](KeyedHybridLimiter::acquire) and
+//! [`try_acquire_for`](KeyedHybridLimiter::try_acquire_for) send their own request with a
 //! reply channel and get their tokens straight from the grant, one round trip later. When the
 //! store says the key's bucket is empty, its `retry_after` is kept in the key: callers are
 //! denied locally until then, so an over-limit key costs one store call per `retry_after`.
@@ -52,7 +55,8 @@
 //! counted in the store while it holds them, so in a window `W` a key admits at most
 //! `burst + rate × W` **plus what the nodes held when the window opened** — for exact leases
 //! nothing beyond the request in hand, for a hot key at most one batch per node (with
-//! `AdaptiveLease` capped at the rate, about `rate × horizon`, a quarter of the burst or less).
+//! `AdaptiveLease` capped at the rate, about `1.25 × rate × horizon`: a third of the burst at
+//! most with the automatic horizon).
 //! Over a whole run the fleet never exceeds `burst + rate × elapsed` per key.
 //!
 //! **Eviction.** The worker keeps a coarse clock (a 100 ms tick in one atomic word that callers
@@ -74,6 +78,15 @@
 //! histogram of last-use ticks, then the victims): O(cap) work per `cap / 16` new keys, in
 //! the worker, never on a caller's thread. Async callers at the cap are still served: their
 //! lease is exact and handed to them without creating state.
+//!
+//! **Under a flood** of unique keys the worker stays ahead of what it keeps in memory. First
+//! leases have a queue of their own (a quarter of the cap long, since a key waiting for its
+//! first lease cannot be evicted), served only after the queue of keys that were granted
+//! tokens before, so a flood cannot delay the refills of keys in use; a new key whose queue is
+//! full is denied without state. Releases (an evicted flood key gives back its one leased
+//! token) use at most half of the calls in flight, and first leases pause while more than a
+//! few thousand releases wait, so neither can pile up. The cap counts keys, not bytes: a key's
+//! memory includes the key itself, so bound key length where keys come in (or key by a hash).
 //!
 //! **Store failures** are the limiter-wide circuit of [`crate::failure`]: the first failed
 //! lease opens it, the worker then makes one probe per back-off (10 ms to 500 ms, jittered)
@@ -138,7 +151,8 @@ const MAX_QUEUE: usize = 4096;
 /// use ratelease::{KeyedHybridLimiter, MemoryStore, Quota};
 ///
 /// // 5 SMS per minute per phone number, across the fleet.
-/// let sms = KeyedHybridLimiter::<String, _>::builder("sms", Quota::per_minute(5)?, MemoryStore::new())
+/// let quota = Quota::per_minute(5)?;
+/// let sms = KeyedHybridLimiter::<String, _>::builder("sms", quota, MemoryStore::new())
 ///     .max_keys(100_000)
 ///     .build()?;
 /// assert!(sms.try_acquire_for("+4912345", 1, Duration::from_millis(50)).await?.is_allowed());

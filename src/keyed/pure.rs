@@ -42,7 +42,8 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// A keyed limiter `name` giving every key `quota` on `store`.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name (see [`KeyedHybridBuilder::build`](crate::KeyedHybridBuilder::build)).
+    /// [`Error::Config`] for a bad name (see
+    /// [`KeyedHybridBuilder::build`](crate::KeyedHybridBuilder::build)).
     pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
         let name = name.into();
         name::validate_keyed_name(&name)?;

@@ -290,7 +290,8 @@ where
                     Err(error) => {
                         Shared::<K, S>::count(&c.store_errors, 1);
                         Shared::<K, S>::count(&c.tokens_lost, tokens);
-                        tracing::warn!(limiter = %self.s.name, %error, tokens, "could not return tokens");
+                        let limiter = &self.s.name;
+                        tracing::warn!(limiter, %error, tokens, "could not return tokens");
                     }
                 }
             }
