@@ -7,10 +7,14 @@
 //!   holds tokens: the keyed hot path (a map read and a CAS) next to the plain one (a CAS).
 //! - `hybrid_keyed/1k`, `hybrid_keyed/1m`: a random key of a thousand / a million, every key
 //!   present and holding tokens (leased before the case; refills happen in the background).
+//! - `hybrid_keyed/hot-foldhash`, `hybrid_keyed/1m-foldhash`: the same with a seeded
+//!   `foldhash` hasher instead of std's SipHash (`KeyedHybridBuilder::hasher`).
 //!
 //! Keys are `u64`, drawn inside the measured loop (wyrand: about a nanosecond), as a server
 //! would see them.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,12 +30,14 @@ const KEYS_1M: u64 = 1_000_000;
 
 /// A keyed limiter whose keys `0..keys` each hold a batch of about `lease` tokens: the first
 /// `acquire` of a key leases exactly one token, the second (its demand now measured) a batch.
-fn filled(
+fn filled<H: BuildHasher + Clone + Send + Sync + 'static>(
     rt: &tokio::runtime::Runtime,
     keys: u64,
     lease: u64,
-) -> KeyedHybridLimiter<u64, MemoryStore> {
+    hasher: H,
+) -> KeyedHybridLimiter<u64, MemoryStore, H> {
     let limiter = KeyedHybridLimiter::builder("bench-keyed", unbounded_quota(), MemoryStore::new())
+        .hasher(hasher)
         .lease_size(lease)
         .max_keys(keys as usize)
         .max_in_flight(256)
@@ -61,10 +67,10 @@ fn filled(
 }
 
 /// Benchmarks `limiter.try_acquire(&pick(), 1)` as `id` and prints what happened meanwhile.
-fn bench_keyed(
+fn bench_keyed<H: BuildHasher + Clone + Send + Sync + 'static>(
     group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
     id: &str,
-    limiter: &KeyedHybridLimiter<u64, MemoryStore>,
+    limiter: &KeyedHybridLimiter<u64, MemoryStore, H>,
     mut pick: impl FnMut() -> u64,
 ) {
     let (calls, denied) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -126,17 +132,24 @@ pub fn benches(c: &mut Criterion) {
     });
     drop(hybrid);
 
-    let hot = filled(&rt, 1, BENCH_LEASE);
+    let hot = filled(&rt, 1, BENCH_LEASE, RandomState::new());
     bench_keyed(&mut group, "hot", &hot, || 0);
+    drop(hot);
+    let hot = filled(&rt, 1, BENCH_LEASE, foldhash::fast::RandomState::default());
+    bench_keyed(&mut group, "hot-foldhash", &hot, || 0);
     drop(hot);
 
     // Without `cargo bench`, a small map: the smoke run only checks that the case runs.
     let million = if is_bench_run() { KEYS_1M } else { 1_000 };
     for (id, keys, lease) in [("1k", 1_000, BENCH_LEASE / 100), ("1m", million, 10_000)] {
-        let limiter = filled(&rt, keys, lease);
+        let limiter = filled(&rt, keys, lease, RandomState::new());
         let mut rng = fastrand::Rng::with_seed(7);
         bench_keyed(&mut group, id, &limiter, || rng.u64(0..keys));
     }
+    let limiter = filled(&rt, million, 10_000, foldhash::fast::RandomState::default());
+    let mut rng = fastrand::Rng::with_seed(7);
+    bench_keyed(&mut group, "1m-foldhash", &limiter, || rng.u64(0..million));
+    drop(limiter);
     group.finish();
     drop(rt);
 }

@@ -105,8 +105,9 @@ mod state;
 mod worker;
 
 use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::fmt::Display;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,11 +161,11 @@ const MAX_QUEUE: usize = 4096;
 /// assert!(!sms.try_acquire("+4967890", 1)?.is_allowed());
 /// # Ok(()) }
 /// ```
-pub struct KeyedHybridLimiter<K, S: LeaseStore = RedisStore> {
-    handle: Arc<Handle<K, S>>,
+pub struct KeyedHybridLimiter<K, S: LeaseStore = RedisStore, H = RandomState> {
+    handle: Arc<Handle<K, S, H>>,
 }
 
-impl<K, S: LeaseStore> Clone for KeyedHybridLimiter<K, S> {
+impl<K, S: LeaseStore, H> Clone for KeyedHybridLimiter<K, S, H> {
     fn clone(&self) -> Self {
         KeyedHybridLimiter {
             handle: self.handle.clone(),
@@ -172,7 +173,7 @@ impl<K, S: LeaseStore> Clone for KeyedHybridLimiter<K, S> {
     }
 }
 
-impl<K, S: LeaseStore> std::fmt::Debug for KeyedHybridLimiter<K, S> {
+impl<K, S: LeaseStore, H> std::fmt::Debug for KeyedHybridLimiter<K, S, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.handle.shared;
         f.debug_struct("KeyedHybridLimiter")
@@ -243,7 +244,7 @@ struct Counters {
 
 /// Configures a [`KeyedHybridLimiter`].
 #[must_use]
-pub struct KeyedHybridBuilder<K, S> {
+pub struct KeyedHybridBuilder<K, S, H = RandomState> {
     name: String,
     quota: Quota,
     store: S,
@@ -255,6 +256,7 @@ pub struct KeyedHybridBuilder<K, S> {
     failure: FailurePolicy,
     seed: Option<u64>,
     runtime: Option<tokio::runtime::Handle>,
+    hasher: H,
     _key: std::marker::PhantomData<fn(K)>,
 }
 
@@ -263,10 +265,11 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 /// Default [`KeyedHybridBuilder::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
-impl<K, S> KeyedHybridBuilder<K, S>
+impl<K, S, H> KeyedHybridBuilder<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// Sizes the leases of keys with measured demand (default: [`AdaptiveLease`]). Its
     /// `want` and low-water mark are used, `min` is the request in hand, and its terms are
@@ -325,6 +328,28 @@ where
         self
     }
 
+    /// Hashes keys with `hasher` (default: std's `RandomState`, SipHash with a random key).
+    /// Hashing is about a third of a hit on a `u64` key; a faster hasher (such as
+    /// `foldhash::fast::RandomState`) is fine where keys cannot be chosen by an attacker, or
+    /// if it is seeded at random too — an unseeded one lets crafted keys collide in one shard.
+    pub fn hasher<H2>(self, hasher: H2) -> KeyedHybridBuilder<K, S, H2> {
+        KeyedHybridBuilder {
+            name: self.name,
+            quota: self.quota,
+            store: self.store,
+            policy: self.policy,
+            max_keys: self.max_keys,
+            idle_ttl: self.idle_ttl,
+            give_back_after: self.give_back_after,
+            max_in_flight: self.max_in_flight,
+            failure: self.failure,
+            seed: self.seed,
+            runtime: self.runtime,
+            hasher,
+            _key: std::marker::PhantomData,
+        }
+    }
+
     /// Runs the worker on `runtime` (default: the runtime `build` is called on).
     pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
         self.runtime = Some(runtime);
@@ -336,7 +361,7 @@ where
     /// # Errors
     /// [`Error::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
     /// [`MAX_KEY_BYTES`] − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
-    pub fn build(self) -> Result<KeyedHybridLimiter<K, S>, Error> {
+    pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
         name::validate_keyed_name(&self.name)?;
         let runtime = match self.runtime {
             Some(rt) => rt,
@@ -355,7 +380,7 @@ where
         let (known, known_requests) = mpsc::channel(self.max_keys.min(MAX_QUEUE));
         let (fresh, fresh_requests) = mpsc::channel((self.max_keys / 4).clamp(1, MAX_QUEUE));
         let shared = Arc::new(Shared {
-            map: DashMap::new(),
+            map: DashMap::with_hasher(self.hasher),
             live: AtomicUsize::new(0),
             tick: AtomicU32::new(0),
             origin: Instant::now(),
@@ -399,6 +424,12 @@ where
     }
 }
 
+/// Adds `n` to a statistics counter.
+fn count(counter: &AtomicU64, n: u64) {
+    // Relaxed: statistics.
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
 /// Whole ticks in `d`, rounded up, at least one.
 fn ticks(d: Duration) -> u32 {
     let n = d.as_nanos().div_ceil(TICK.as_nanos()).max(1);
@@ -406,24 +437,24 @@ fn ticks(d: Duration) -> u32 {
 }
 
 /// What the user holds; dropping the last one closes the limiter.
-struct Handle<K, S> {
-    shared: Arc<Shared<K, S>>,
+struct Handle<K, S, H> {
+    shared: Arc<Shared<K, S, H>>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl<K, S> Drop for Handle<K, S> {
+impl<K, S, H> Drop for Handle<K, S, H> {
     fn drop(&mut self) {
         self.shared.close();
     }
 }
 
 /// State shared by the callers and the worker.
-struct Shared<K, S> {
+struct Shared<K, S, H> {
     name: String,
     quota: Quota,
     store: S,
     policy: Box<dyn LeasePolicy>,
-    map: DashMap<K, KeyState>,
+    map: DashMap<K, KeyState, H>,
     /// Keys in `map`, reserved before each insert (so never above `max_keys`).
     live: AtomicUsize,
     max_keys: usize,
@@ -472,7 +503,7 @@ enum Why {
     Failing,
 }
 
-impl<K, S> Shared<K, S> {
+impl<K, S, H> Shared<K, S, H> {
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.wake.notify_one();
@@ -497,17 +528,13 @@ impl<K, S> Shared<K, S> {
             ns => Duration::from_nanos(ns),
         }
     }
-
-    fn count(counter: &AtomicU64, n: u64) {
-        // Relaxed: statistics.
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
 }
 
-impl<K, S> Shared<K, S>
+impl<K, S, H> Shared<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy and (if
     /// `queue`) queues a lease. Never waits.
@@ -565,7 +592,7 @@ where
             };
             outcome = Some(match admit {
                 Ok(()) => {
-                    Self::count(&self.counters.admitted_degraded, n);
+                    count(&self.counters.admitted_degraded, n);
                     Outcome::Allowed
                 }
                 Err((retry_after, why)) => Outcome::Denied { retry_after, why },
@@ -591,7 +618,7 @@ where
             why: Why::Pending,
         });
         if matches!(outcome, Outcome::Denied { .. }) {
-            Self::count(&self.counters.tokens_denied, n);
+            count(&self.counters.tokens_denied, n);
         }
         Ok(outcome)
     }
@@ -631,7 +658,7 @@ where
         Q: ToOwned<Owned = K> + ?Sized,
     {
         let Ok(permit) = self.fresh.try_reserve() else {
-            Self::count(&self.counters.refused_busy, 1);
+            count(&self.counters.refused_busy, 1);
             return;
         };
         if !self.reserve_slot() {
@@ -641,7 +668,7 @@ where
             Entry::Vacant(slot) => {
                 let key = slot.key().clone();
                 slot.insert(KeyState::new(self.tick(), state::QUEUED));
-                Self::count(&self.counters.keys_created, 1);
+                count(&self.counters.keys_created, 1);
                 permit.send(Request {
                     key,
                     n,
@@ -667,7 +694,7 @@ where
         match self.map.entry(key.to_owned()) {
             Entry::Vacant(slot) => {
                 slot.insert(KeyState::new(self.tick(), 0));
-                Self::count(&self.counters.keys_created, 1);
+                count(&self.counters.keys_created, 1);
             }
             Entry::Occupied(_) => {
                 self.live.fetch_sub(1, Ordering::Relaxed);
@@ -686,7 +713,7 @@ where
             })
             .is_ok();
         if !reserved {
-            Self::count(&self.counters.refused_at_cap, 1);
+            count(&self.counters.refused_at_cap, 1);
             if !self.pressure.swap(true, Ordering::Relaxed) {
                 self.wake.notify_one();
             }
@@ -757,7 +784,7 @@ where
 
     fn fail(&self, error: StoreError) {
         self.circuit.fail(&self.name, self.failure, error);
-        Self::count(&self.counters.store_errors, 1);
+        count(&self.counters.store_errors, 1);
     }
 
     fn observe_rtt(&self, rtt: Duration) {
@@ -787,6 +814,7 @@ where
             failure: FailurePolicy::default(),
             seed: None,
             runtime: None,
+            hasher: RandomState::new(),
             _key: std::marker::PhantomData,
         }
     }
@@ -798,7 +826,14 @@ where
     pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
         Self::builder(name, quota, store).build()
     }
+}
 
+impl<K, S, H> KeyedHybridLimiter<K, S, H>
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
     /// Takes `n` tokens of `key` locally, or says when to retry. Never waits.
     ///
     /// The hot path: a map read and a CAS on the key's token word. A key without tokens (a new
@@ -932,10 +967,11 @@ where
     }
 }
 
-impl<K, S> KeyedLimiter<K> for KeyedHybridLimiter<K, S>
+impl<K, S, H> KeyedLimiter<K> for KeyedHybridLimiter<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
 {
     fn quota(&self) -> Quota {
         KeyedHybridLimiter::quota(self)

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Display;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::name::bucket_name;
 use super::state::{KeyState, QUEUED};
-use super::{Shared, TICK};
+use super::{count, Shared, TICK};
 use crate::error::StoreError;
 use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
 use crate::policy::{LeaseAsk, LeaseContext};
@@ -84,8 +84,8 @@ enum Done<K> {
     },
 }
 
-struct Worker<K, S> {
-    s: Arc<Shared<K, S>>,
+struct Worker<K, S, H> {
+    s: Arc<Shared<K, S, H>>,
     jobs: JoinSet<Done<K>>,
     /// Tokens waiting to be given back: (bucket name, tokens).
     releases: VecDeque<(String, u64)>,
@@ -102,10 +102,11 @@ struct Worker<K, S> {
 }
 
 /// The worker: runs until the limiter closes, then gives every token back.
-pub(super) async fn run<K, S>(s: Arc<Shared<K, S>>, mut requests: Requests<K>, seed: u64)
+pub(super) async fn run<K, S, H>(s: Arc<Shared<K, S, H>>, mut requests: Requests<K>, seed: u64)
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
 {
     let mut w = Worker {
         next_sweep: Instant::now() + s.sweep_every,
@@ -148,10 +149,11 @@ where
     w.close(requests).await;
 }
 
-impl<K, S> Worker<K, S>
+impl<K, S, H> Worker<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// Sets the coarse clock from the time since the limiter's origin.
     fn advance_clock(&self) {
@@ -286,10 +288,10 @@ where
             Done::Release { tokens, result } => {
                 self.releasing -= 1;
                 match result {
-                    Ok(_) => Shared::<K, S>::count(&c.tokens_released, tokens),
+                    Ok(_) => count(&c.tokens_released, tokens),
                     Err(error) => {
-                        Shared::<K, S>::count(&c.store_errors, 1);
-                        Shared::<K, S>::count(&c.tokens_lost, tokens);
+                        count(&c.store_errors, 1);
+                        count(&c.tokens_lost, tokens);
                         let limiter = &self.s.name;
                         tracing::warn!(limiter, %error, tokens, "could not return tokens");
                     }
@@ -319,7 +321,7 @@ where
         let c = &s.counters;
         let now = Instant::now();
         s.observe_rtt(now - sent);
-        Shared::<K, S>::count(&c.leases, 1);
+        count(&c.leases, 1);
         if probe {
             self.probing = false;
         }
@@ -328,7 +330,7 @@ where
         let (answer, block) = match result {
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
-                Shared::<K, S>::count(&c.tokens_leased, reply.granted);
+                count(&c.tokens_leased, reply.granted);
                 // The waiter's share first (the grant is at least `min`, which is at least
                 // its `n`); the rest is in the key before the waiter is told, so a caller
                 // woken by the answer finds it.
@@ -363,7 +365,7 @@ where
             }
             Ok(reply) => {
                 self.recovered();
-                Shared::<K, S>::count(&c.over_limit, 1);
+                count(&c.over_limit, 1);
                 if reply.retry_after.is_zero() && ask.min > reply.quota.burst() {
                     (
                         Some(Answer::TooLarge(reply.quota.burst())),
@@ -410,7 +412,7 @@ where
             let Some((name, tokens)) = self.releases.pop_front() else {
                 return;
             };
-            Shared::<K, S>::count(&self.s.counters.releases, 1);
+            count(&self.s.counters.releases, 1);
             self.releasing += 1;
             let s = self.s.clone();
             self.jobs.spawn(async move {
@@ -464,7 +466,7 @@ where
         }
         for key in expired {
             if self.evict(&key, |state| idle(state) >= ttl) {
-                Shared::<K, S>::count(&self.s.counters.evicted_idle, 1);
+                count(&self.s.counters.evicted_idle, 1);
             }
         }
         for key in holding {
@@ -521,7 +523,7 @@ where
         }
         for key in victims {
             if self.evict(&key, |state| state.eviction_rank() <= threshold) {
-                Shared::<K, S>::count(&self.s.counters.evicted_at_cap, 1);
+                count(&self.s.counters.evicted_at_cap, 1);
             }
         }
     }
