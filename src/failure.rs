@@ -23,11 +23,13 @@
 //! [`HybridLimiter`]: crate::HybridLimiter
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::error::StoreError;
 use crate::quota::Quota;
 
 /// What to answer when local tokens are spent and the store is failing.
@@ -112,25 +114,84 @@ impl LocalRate {
 
     /// Takes `n` tokens, or says how long until it could.
     pub(crate) fn try_take(&self, n: u64) -> Result<(), Duration> {
+        self.try_take_at(&self.tat, n)
+    }
+
+    /// [`try_take`](Self::try_take) at this rate on another arrival-time word: a keyed limiter
+    /// keeps one word per key and shares the rate (`tat` starts at 0).
+    pub(crate) fn try_take_at(&self, tat_word: &AtomicU64, n: u64) -> Result<(), Duration> {
         let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let cost = n.saturating_mul(self.emission_ns.load(Ordering::Relaxed));
         let tolerance = self.tolerance_ns.load(Ordering::Relaxed);
         // Relaxed: the word publishes nothing else; the CAS orders the updates among callers.
-        let mut tat = self.tat.load(Ordering::Relaxed);
+        let mut tat = tat_word.load(Ordering::Relaxed);
         loop {
             let new = tat.max(now).saturating_add(cost);
             let ahead = new - now;
             if ahead > tolerance {
                 return Err(Duration::from_nanos(ahead - tolerance));
             }
-            match self
-                .tat
-                .compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            match tat_word.compare_exchange_weak(tat, new, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(actual) => tat = actual,
             }
         }
+    }
+}
+
+/// Whether a limiter's store is failing: open from a failed lease until a lease succeeds, with
+/// the last error for waiters. Each change is a `tracing` event (the metrics are
+/// [`telemetry`](crate::telemetry)'s).
+#[derive(Debug, Default)]
+pub(crate) struct Circuit {
+    open: AtomicBool,
+    error: Mutex<Option<StoreError>>,
+    /// Failures so far; bumped after `error` is written.
+    seq: AtomicU64,
+}
+
+impl Circuit {
+    /// Whether the circuit is open.
+    pub(crate) fn is_open(&self) -> bool {
+        // Relaxed: a state flag; a caller that reads it a little late answers as before.
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// A store call of `limiter` (answering by `policy`) failed: open the circuit.
+    pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) {
+        let policy = policy.name();
+        if !self.open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
+        }
+        *self.error.lock() = Some(error);
+        // Release: publishes the error slot to waiters that see the new sequence number.
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// A lease call succeeded: close the circuit.
+    pub(crate) fn recovered(&self, limiter: &str) {
+        if self.open.swap(false, Ordering::Relaxed) {
+            tracing::info!(limiter = %limiter, "store answering again: circuit closed");
+        }
+    }
+
+    /// Failures so far, to compare with later in [`error_since`](Self::error_since).
+    pub(crate) fn failures(&self) -> u64 {
+        // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
+        self.seq.load(Ordering::Acquire)
+    }
+
+    /// The last error, if any.
+    pub(crate) fn last_error(&self) -> Option<StoreError> {
+        self.error.lock().clone()
+    }
+
+    /// The last error, if a failure happened since [`failures`](Self::failures) said `seen`.
+    pub(crate) fn error_since(&self, seen: u64) -> Option<StoreError> {
+        if self.failures() == seen {
+            return None;
+        }
+        self.error.lock().clone()
     }
 }
 

@@ -56,7 +56,7 @@ use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
 use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
-use crate::failure::{FailurePolicy, LocalRate};
+use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::key;
 use crate::limiter::{check_tokens, Decision, Limiter};
 use crate::local::LocalBucket;
@@ -69,14 +69,14 @@ use crate::store::{
 use crate::telemetry::{self, HybridMetrics, Published};
 
 /// Shortest wait after an over-limit reply.
-const MIN_RETRY: Duration = Duration::from_micros(100);
+pub(crate) const MIN_RETRY: Duration = Duration::from_micros(100);
 /// First back-off after a store error.
-const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
+pub(crate) const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest back-off after store errors.
 /// Longest back-off after store errors (so leasing resumes within this long of recovery).
-const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+pub(crate) const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Retry hint before any round trip was measured.
-const DEFAULT_RTT: Duration = Duration::from_millis(1);
+pub(crate) const DEFAULT_RTT: Duration = Duration::from_millis(1);
 /// Most jitter after a fixed window's "come back when it ends": a window's start is the
 /// same moment for every node, and a late node would waste the new window.
 const WINDOW_JITTER: Duration = Duration::from_millis(5);
@@ -300,13 +300,11 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 }
                 _ => None,
             },
-            circuit_open: AtomicBool::new(false),
+            circuit: Circuit::default(),
             origin: Instant::now(),
             blocked_until_ns: AtomicU64::new(0),
             rtt_ns: AtomicU64::new(0),
             finished: Notify::new(),
-            error: Mutex::new(None),
-            error_seq: AtomicU64::new(0),
             counters: Counters::default(),
             metrics,
         });
@@ -363,8 +361,8 @@ struct Shared<S> {
     failure: FailurePolicy,
     /// The local bucket of [`FailurePolicy::LocalFallback`].
     fallback: Option<LocalRate>,
-    /// Set from a failed lease until a lease succeeds.
-    circuit_open: AtomicBool,
+    /// Open from a failed lease until a lease succeeds.
+    circuit: Circuit,
     /// Origin of the nanosecond timestamps below.
     origin: Instant,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
@@ -373,8 +371,6 @@ struct Shared<S> {
     rtt_ns: AtomicU64,
     /// Signalled after every store call.
     finished: Notify,
-    error: Mutex<Option<StoreError>>,
-    error_seq: AtomicU64,
     counters: Counters,
     metrics: HybridMetrics,
 }
@@ -460,8 +456,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
         let s = &*self.handle.shared;
         check_tokens(n, s.burst.load(Ordering::Relaxed))?;
-        // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
-        let errors_seen = s.error_seq.load(Ordering::Acquire);
+        let errors_seen = s.circuit.failures();
         loop {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);
@@ -472,10 +467,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
             };
             // Woken by the next store call's outcome, or when the answer said to retry.
             let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
-            if s.failure == FailurePolicy::FailClosed
-                && s.error_seq.load(Ordering::Acquire) != errors_seen
-            {
-                if let Some(e) = s.error.lock().clone() {
+            if s.failure == FailurePolicy::FailClosed {
+                if let Some(e) = s.circuit.error_since(errors_seen) {
                     return Err(Error::Store(e));
                 }
             }
@@ -579,7 +572,7 @@ impl<S> Shared<S> {
             tokens_expired: get(&c.tokens_expired),
             tokens_denied: get(&self.denied_total),
             tokens_admitted_degraded: get(&c.admitted_degraded),
-            circuit_open: self.circuit_open.load(Ordering::Relaxed),
+            circuit_open: self.circuit.is_open(),
             demand_mtps: get(&c.demand_mtps),
             share_mtps: get(&c.share_mtps),
             local_tokens: self.local.available(),
@@ -628,7 +621,7 @@ impl<S: LeaseStore> Shared<S> {
         }
         // The failure policy's answer while the circuit is open; `None` for "deny as usual".
         let mut policy_wait = None;
-        if self.circuit_open.load(Ordering::Relaxed) {
+        if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback) {
                 (FailurePolicy::FailOpen, _) => Ok(()),
                 (FailurePolicy::LocalFallback { .. }, Some(local)) => local.try_take(n),
@@ -696,21 +689,13 @@ impl<S: LeaseStore> Shared<S> {
     }
 
     fn fail(&self, error: StoreError) {
-        let policy = self.failure.name();
-        if !self.circuit_open.swap(true, Ordering::Relaxed) {
-            tracing::warn!(limiter = %self.name, %error, policy, "store failing: circuit open");
-        }
-        *self.error.lock() = Some(error);
-        // Release: publishes the error slot to waiters that see the new sequence number.
-        self.error_seq.fetch_add(1, Ordering::Release);
+        self.circuit.fail(&self.name, self.failure, error);
         self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A lease call succeeded: close the circuit.
     fn recovered(&self) {
-        if self.circuit_open.swap(false, Ordering::Relaxed) {
-            tracing::info!(limiter = %self.name, "store answering again: circuit closed");
-        }
+        self.circuit.recovered(&self.name);
     }
 
     /// `1 ≤ min ≤ want`, and `min` within both the builder's burst (the store checks
@@ -1093,7 +1078,7 @@ fn reported_demand(estimate: f64, min: u64, horizon: Duration) -> u64 {
 }
 
 /// A uniformly random duration in `[0, max]`.
-fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
+pub(crate) fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
     let ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
     Duration::from_nanos(rng.u64(0..=ns))
 }

@@ -61,6 +61,7 @@ mod error;
 pub mod failure;
 mod hybrid;
 mod key;
+pub mod keyed;
 mod limiter;
 mod local;
 pub mod lock;
@@ -71,8 +72,8 @@ mod pure;
 mod quota;
 mod refill;
 mod store;
-mod verdict;
 pub mod telemetry;
+mod verdict;
 
 pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
 pub use bucket::QuotaSource;
@@ -84,7 +85,11 @@ pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
-pub use limiter::{Decision, KeyedLimiter, Limiter};
+pub use keyed::{
+    KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
+};
+pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,

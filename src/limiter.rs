@@ -1,6 +1,9 @@
 //! What every limiter mode offers, so callers, the simulator and middleware can swap modes.
 
+use std::borrow::Borrow;
+use std::fmt::Display;
 use std::future::Future;
+use std::hash::Hash;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -70,39 +73,72 @@ pub trait Limiter: Send + Sync {
     }
 }
 
-/// A limiter with one budget per key (user, API key, client address), in any mode.
-///
-/// The keyed twin of [`Limiter`]: the same outcomes and errors, for `key`'s budget.
-pub trait KeyedLimiter<K: ?Sized>: Send + Sync {
-    /// Takes `n` tokens from `key`'s budget now, or says when to retry.
-    ///
-    /// # Errors
-    /// As [`Limiter::try_acquire`].
-    fn try_acquire(&self, key: &K, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
+/// A borrowed form of a key of type `K`, as keyed limiters take it: `&str` for `String` keys,
+/// `&K` for any key. Implemented for every type with these bounds.
+pub trait KeyRef<K>: Hash + Eq + Display + ToOwned<Owned = K> + Sync {}
 
-    /// Waits until `n` tokens are taken from `key`'s budget.
+impl<K, Q> KeyRef<K> for Q where Q: Hash + Eq + Display + ToOwned<Owned = K> + Sync + ?Sized {}
+
+/// A limiter with one budget per key, in any mode: what middleware keyed by user, API key or
+/// address calls.
+///
+/// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers `try_acquire` without awaiting
+/// anything (its inherent `try_acquire` is synchronous);
+/// [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) makes one store call per decision. Keys are
+/// passed in any borrowed form of `K` (`&str` for `String` keys), so a lookup allocates
+/// nothing.
+pub trait KeyedLimiter<K>: Send + Sync {
+    /// The quota every key gets.
+    fn quota(&self) -> Quota;
+
+    /// Takes `n` tokens of `key` now, or says when to retry.
     ///
     /// # Errors
-    /// As [`Limiter::acquire`].
+    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
+    fn try_acquire<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized;
+
+    /// Waits until `n` tokens of `key` are taken.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
-    fn acquire(&self, key: &K, n: u64) -> impl Future<Output = Result<(), Error>> + Send;
+    fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized;
 
-    /// Waits at most `timeout` for `n` tokens from `key`'s budget.
+    /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
+    /// earliest possible grant is known to lie beyond the timeout.
     ///
     /// # Errors
-    /// As [`Limiter::try_acquire_for`].
-    fn try_acquire_for(
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    fn try_acquire_for<Q>(
         &self,
-        key: &K,
+        key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send;
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized;
 
     /// [`try_acquire`](KeyedLimiter::try_acquire) answered without awaiting, if this limiter
-    /// can; `None` if it must await.
-    fn try_acquire_now(&self, key: &K, n: u64) -> Option<Result<Decision, Error>> {
+    /// can (a [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) always can); `None` if it must
+    /// await. Middleware uses it to admit without allocating a future.
+    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
         let _ = (key, n);
         None
     }

@@ -38,7 +38,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::Error;
-use crate::limiter::{Decision, KeyedLimiter, Limiter};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
 
 /// The error type of the services here, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -387,7 +387,7 @@ where
     Req: Send + 'static,
     KL: KeyedLimiter<K> + Clone + 'static,
     F: Fn(&Req) -> K,
-    K: Send + Sync + 'static,
+    K: KeyRef<K> + Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;

@@ -1,5 +1,6 @@
 //! The hot path allocates nothing: a counting global allocator watches
-//! `HybridLimiter::try_acquire` on the calling thread.
+//! `HybridLimiter::try_acquire` (and `KeyedHybridLimiter::try_acquire` on an existing key) on
+//! the calling thread.
 //!
 //! Only allocations made *by the measuring thread* while a region is open are counted (a
 //! thread-local switch), so the limiter's background task, the tokio workers and tests running
@@ -10,7 +11,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use ratelease::{Decision, HybridLimiter, MemoryStore, Quota};
+use ratelease::{Decision, HybridLimiter, KeyRef, KeyedHybridLimiter, MemoryStore, Quota};
 
 struct CountingAlloc;
 
@@ -65,15 +66,20 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
     (result, COUNT.with(Cell::get))
 }
 
+/// A multi-thread runtime with one worker, for limiters' background tasks.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A limiter whose first lease of `lease` tokens has arrived and whose refill flag is down
 /// again, with its background task on a multi-thread runtime (so a refill request from this
 /// thread really wakes another thread).
 fn ready_limiter(lease: u64) -> (tokio::runtime::Runtime, HybridLimiter<MemoryStore>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let quota = Quota::per_second(1_000_000).unwrap();
     let limiter = HybridLimiter::builder("alloc", quota, MemoryStore::new())
         .lease_size(lease)
@@ -170,11 +176,7 @@ fn local_hit_that_requests_a_refill_allocates_nothing() {
 /// still without allocating.
 #[test]
 fn local_denial_allocates_nothing() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     // One token per hour: after the first lease the store cannot serve another.
     let quota = Quota::new(1, Duration::from_secs(3_600)).unwrap();
     let limiter = HybridLimiter::builder("alloc-denied", quota, MemoryStore::new())
@@ -224,4 +226,69 @@ fn middleware_admission_allocates_nothing() {
     );
     assert_eq!(n, 0, "{requests} admitted requests allocated {n} times");
     assert_eq!(limiter.available(), 1_000 - 1 - u64::from(requests));
+}
+
+/// A keyed limiter whose key `k` holds a batch of 999 tokens with a low-water mark of 500: the
+/// first `acquire` leases exactly one token, the second (demand now measured) a batch of 1 000.
+fn ready_keyed<K>(
+    key: &K::Borrowed,
+) -> (tokio::runtime::Runtime, KeyedHybridLimiter<K, MemoryStore>)
+where
+    K: KeyOf,
+{
+    let rt = runtime();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let limiter = KeyedHybridLimiter::builder("alloc-keyed", quota, MemoryStore::new())
+        .lease_size(1_000)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    rt.block_on(limiter.acquire(key, 1)).unwrap();
+    rt.block_on(limiter.acquire(key, 1)).unwrap();
+    assert_eq!(limiter.available(key), 999);
+    (rt, limiter)
+}
+
+/// Key types the keyed test runs with, and the borrowed form callers look them up by.
+trait KeyOf:
+    std::borrow::Borrow<Self::Borrowed>
+    + std::hash::Hash
+    + Eq
+    + Clone
+    + std::fmt::Display
+    + Send
+    + Sync
+    + 'static
+{
+    type Borrowed: KeyRef<Self> + ?Sized;
+}
+
+impl KeyOf for u64 {
+    type Borrowed = u64;
+}
+
+impl KeyOf for String {
+    type Borrowed = str;
+}
+
+fn keyed_hits_allocate_nothing<K: KeyOf>(key: &K::Borrowed) {
+    let (_rt, limiter) = ready_keyed::<K>(key);
+    let leases = limiter.stats().leases;
+    // 998 → 500 tokens: above the low-water mark, so no refill is requested.
+    let (allowed, n) = allocations(|| {
+        (0..498)
+            .filter(|_| matches!(limiter.try_acquire(key, 1), Ok(Decision::Allowed)))
+            .count()
+    });
+    assert_eq!(allowed, 498, "every call was a local hit");
+    assert_eq!(n, 0, "498 keyed hits allocated {n} times");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(limiter.stats().leases, leases, "no refill was triggered");
+}
+
+#[test]
+fn keyed_hit_on_an_existing_key_allocates_nothing() {
+    keyed_hits_allocate_nothing::<u64>(&42);
+    // A `String` key looked up by `&str`, as middleware holding a header value would.
+    keyed_hits_allocate_nothing::<String>("api-key-42");
 }

@@ -4,72 +4,16 @@
 //! The store is the real [`MemoryStore`] on tokio's paused clock; [`Wrapped`] adds a network
 //! delay and an on/off failure switch around it and records how many calls overlap.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratelease::{
-    AdaptiveLease, Decision, Error, FailurePolicy, HybridLimiter, HybridStats, LeaseReply,
-    LeaseRequest, LeaseStore, MemoryStore, Quota, ReleaseRequest, StoreError, TokioClock,
+    AdaptiveLease, Decision, Error, FailurePolicy, HybridLimiter, HybridStats, LeaseRequest,
+    LeaseStore, MemoryStore, Quota, StoreError,
 };
 
-#[derive(Clone)]
-struct Wrapped {
-    inner: MemoryStore,
-    delay: Duration,
-    failing: Arc<AtomicBool>,
-    in_flight: Arc<AtomicU64>,
-    max_in_flight: Arc<AtomicU64>,
-}
-
-impl Wrapped {
-    fn new(delay: Duration) -> Self {
-        Wrapped {
-            inner: MemoryStore::with_clock(TokioClock::new()),
-            delay,
-            failing: Arc::default(),
-            in_flight: Arc::default(),
-            max_in_flight: Arc::default(),
-        }
-    }
-
-    async fn call<F>(&self, f: F) -> Result<LeaseReply, StoreError>
-    where
-        F: std::future::Future<Output = Result<LeaseReply, StoreError>>,
-    {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        tokio::time::sleep(self.delay / 2).await;
-        let result = if self.failing.load(Ordering::SeqCst) {
-            Err(StoreError::Timeout(self.delay))
-        } else {
-            f.await
-        };
-        tokio::time::sleep(self.delay / 2).await;
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-}
-
-impl LeaseStore for Wrapped {
-    async fn lease(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &LeaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        self.call(self.inner.lease(name, quota, req)).await
-    }
-
-    async fn release(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &ReleaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        self.call(self.inner.release(name, quota, req)).await
-    }
-}
+mod wrapped;
+use wrapped::Wrapped;
 
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,0 +1,143 @@
+//! [`KeyedRedisLimiter`]: the pure-Redis keyed form, one store call per decision.
+//!
+//! A pure limiter keeps no local state, so a key is nothing but a bucket name: each call
+//! builds the key's [`RedisLimiter`] (a name and a clone of the store) and asks it. No map, no
+//! eviction, no cap — memory does not grow with the number of keys. It is the exact
+//! reference for [`KeyedHybridLimiter`](crate::KeyedHybridLimiter), as [`RedisLimiter`] is
+//! for [`HybridLimiter`](crate::HybridLimiter).
+
+use std::borrow::Borrow;
+use std::fmt::Display;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::limiter::{Decision, KeyRef, KeyedLimiter};
+use crate::pure::RedisLimiter;
+use crate::quota::Quota;
+use crate::store::{LeaseStore, RedisStore};
+
+use super::name;
+
+/// One budget per key, one store call per decision.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ratelease::Error> {
+/// use ratelease::{KeyedRedisLimiter, MemoryStore, Quota};
+///
+/// let per_user = KeyedRedisLimiter::new("api", Quota::per_second(2)?, MemoryStore::new())?;
+/// assert!(per_user.try_acquire("alice", 2).await?.is_allowed());
+/// assert!(!per_user.try_acquire("alice", 1).await?.is_allowed());
+/// assert!(per_user.try_acquire("bob", 1).await?.is_allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct KeyedRedisLimiter<S = RedisStore> {
+    name: String,
+    quota: Quota,
+    store: S,
+}
+
+impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
+    /// A keyed limiter `name` giving every key `quota` on `store`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad name (see
+    /// [`KeyedHybridBuilder::build`](crate::KeyedHybridBuilder::build)).
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+        let name = name.into();
+        name::validate_keyed_name(&name)?;
+        Ok(KeyedRedisLimiter { name, quota, store })
+    }
+
+    /// The pure limiter of `key`'s bucket.
+    pub fn limiter<Q: Display + ?Sized>(&self, key: &Q) -> RedisLimiter<S> {
+        RedisLimiter::new(self.bucket_name(key), self.quota, self.store.clone())
+            .expect("a valid keyed name gives valid bucket names")
+    }
+
+    /// The name of `key`'s bucket in the store (see
+    /// [`KeyedHybridLimiter::bucket_name`](crate::KeyedHybridLimiter::bucket_name)).
+    pub fn bucket_name<Q: Display + ?Sized>(&self, key: &Q) -> String {
+        name::bucket_name(&self.name, key)
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quota every key gets.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// Takes `n` tokens of `key` now, or says when to retry. One store call.
+    ///
+    /// # Errors
+    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
+    pub async fn try_acquire<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        n: u64,
+    ) -> Result<Decision, Error> {
+        self.limiter(key).try_acquire(n).await
+    }
+
+    /// Waits until `n` tokens of `key` are taken, sleeping for each reply's `retry_after`.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire<Q: Display + ?Sized>(&self, key: &Q, n: u64) -> Result<(), Error> {
+        self.limiter(key).acquire(n).await
+    }
+
+    /// Waits at most `timeout` for `n` tokens of `key`; gives up at once if the store says
+    /// the wait would be longer.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn try_acquire_for<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<Decision, Error> {
+        self.limiter(key).try_acquire_for(n, timeout).await
+    }
+}
+
+impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
+    fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        KeyedRedisLimiter::try_acquire(self, key, n).await
+    }
+
+    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        KeyedRedisLimiter::acquire(self, key, n).await
+    }
+
+    async fn try_acquire_for<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        KeyedRedisLimiter::try_acquire_for(self, key, n, timeout).await
+    }
+}

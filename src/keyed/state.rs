@@ -1,0 +1,262 @@
+//! One key's local state: 48 bytes of atomics, stored inline in the keyed limiter's map.
+//!
+//! Callers touch only `tokens` (one CAS), and on a hit `last_use` and `flags` (a load each,
+//! and a store only when they change: once per tick and once per key). Everything else is
+//! read on the denial path or written by the worker.
+//!
+//! # Memory ordering
+//!
+//! Every field is `Relaxed`. `tokens` is conserved by its own read-modify-writes (a CAS that
+//! takes, a `fetch_add` that grants, a `swap` that gives back), and nothing else is published
+//! through it. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
+//! stale value requests a lease once too often or too late, and the next call corrects it. No
+//! caller ever waits on a flag (async callers have their own reply channel), so there is no
+//! lost-wake-up pattern to order. Eviction reads the fields under the map shard's write lock,
+//! which excludes every caller holding a reference to the state; the lock's acquire and
+//! release order those reads after every caller's last write.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A lease for the key is queued or in flight (at most one per key from sync callers).
+pub(crate) const QUEUED: u32 = 1;
+/// A caller got tokens of this key at least once (evicted last under a flood).
+pub(crate) const USED: u32 = 2;
+/// The worker granted this key tokens at least once (`granted_at` is valid).
+pub(crate) const GRANTED: u32 = 4;
+
+/// One key's state.
+#[derive(Debug, Default)]
+pub(crate) struct KeyState {
+    /// Leased tokens not yet spent.
+    tokens: AtomicU64,
+    /// Until when (ns since the limiter's origin) the store said no lease can succeed, or the
+    /// circuit said not to try: callers are denied locally until then.
+    blocked_until: AtomicU64,
+    /// The arrival time word of the local fallback rate (ns since origin).
+    pub(crate) fallback_tat: AtomicU64,
+    /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
+    last_use: AtomicU32,
+    /// [`QUEUED`], [`USED`], [`GRANTED`].
+    flags: AtomicU32,
+    /// Request a lease when a hit leaves fewer tokens than this (0: only when denied).
+    low_water: AtomicU32,
+    /// The largest request denied since the worker last leased (saturating).
+    denied: AtomicU32,
+    /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
+    granted_at_ms: AtomicU32,
+    /// Worker only: tokens held right after the last grant, plus any handed to a waiter
+    /// (saturating). What is missing at the next lease was spent.
+    after_grant: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<KeyState>() == 48);
+
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl KeyState {
+    /// A new key, last used at `tick`, with `flags`.
+    pub(crate) fn new(tick: u32, flags: u32) -> Self {
+        let state = KeyState::default();
+        state.last_use.store(tick, Ordering::Relaxed);
+        state.flags.store(flags, Ordering::Relaxed);
+        state
+    }
+
+    /// Takes `n` tokens and returns what is left, or `None` if there are fewer.
+    #[inline]
+    pub(crate) fn take(&self, n: u64) -> Option<u64> {
+        let mut current = self.tokens.load(Ordering::Relaxed);
+        while current >= n {
+            match self.tokens.compare_exchange_weak(
+                current,
+                current - n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(current - n),
+                Err(actual) => current = actual,
+            }
+        }
+        None
+    }
+
+    /// Records a hit at `tick`: stores only what changed, so a busy key's line is not
+    /// written again on every call.
+    #[inline]
+    pub(crate) fn touch(&self, tick: u32) {
+        self.seen(tick);
+        if self.flags.load(Ordering::Relaxed) & USED == 0 {
+            self.flags.fetch_or(USED, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a call at `tick`, admitted or not: the key is in use.
+    #[inline]
+    pub(crate) fn seen(&self, tick: u32) {
+        if self.last_use.load(Ordering::Relaxed) != tick {
+            self.last_use.store(tick, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a hit that left `left` tokens should request the next lease.
+    #[inline]
+    pub(crate) fn below_low_water(&self, left: u64) -> bool {
+        left < u64::from(self.low_water.load(Ordering::Relaxed))
+    }
+
+    /// Tokens held now.
+    pub(crate) fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// Takes every token (to give them back); none can be spent afterwards.
+    pub(crate) fn take_all(&self) -> u64 {
+        self.after_grant.store(0, Ordering::Relaxed);
+        self.tokens.swap(0, Ordering::Relaxed)
+    }
+
+    /// Sets [`QUEUED`]; true if this call set it (and must queue the lease).
+    pub(crate) fn mark_queued(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & QUEUED == 0
+            && self.flags.fetch_or(QUEUED, Ordering::Relaxed) & QUEUED == 0
+    }
+
+    /// Clears [`QUEUED`].
+    pub(crate) fn unqueue(&self) {
+        self.flags.fetch_and(!QUEUED, Ordering::Relaxed);
+    }
+
+    /// The flags.
+    pub(crate) fn flags(&self) -> u32 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    /// The tick of the last hit (or of creation).
+    pub(crate) fn last_use(&self) -> u32 {
+        self.last_use.load(Ordering::Relaxed)
+    }
+
+    /// Eviction order: keys never used first, then by last use (lower goes first).
+    pub(crate) fn eviction_rank(&self) -> u64 {
+        let used = u64::from(self.flags() & USED != 0);
+        (used << 32) | u64::from(self.last_use())
+    }
+
+    /// Remembers a denied request of `n` tokens, so the next lease takes at least that many.
+    pub(crate) fn note_denied(&self, n: u64) {
+        let n = saturate(n);
+        if self.denied.load(Ordering::Relaxed) < n {
+            self.denied.fetch_max(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The largest request denied since the last call.
+    pub(crate) fn take_denied(&self) -> u64 {
+        u64::from(self.denied.swap(0, Ordering::Relaxed))
+    }
+
+    /// How long callers are still denied locally at `now_ns` (zero if not blocked).
+    pub(crate) fn blocked_for(&self, now_ns: u64) -> Duration {
+        Duration::from_nanos(
+            self.blocked_until
+                .load(Ordering::Relaxed)
+                .saturating_sub(now_ns),
+        )
+    }
+
+    /// Denies callers locally until `until_ns`.
+    pub(crate) fn block_until(&self, until_ns: u64) {
+        self.blocked_until.store(until_ns, Ordering::Relaxed);
+    }
+
+    /// Adds `n` tokens.
+    pub(crate) fn add(&self, n: u64) {
+        self.tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds a grant at `now_ms`, of which `to_waiter` went straight to a waiting caller and
+    /// the rest into the key; sets the next low-water mark.
+    pub(crate) fn grant(&self, rest: u64, to_waiter: u64, low_water: u64, now_ms: u32) {
+        let held = self.tokens.fetch_add(rest, Ordering::Relaxed) + rest;
+        self.after_grant
+            .store(saturate(held + to_waiter), Ordering::Relaxed);
+        self.granted_at_ms.store(now_ms, Ordering::Relaxed);
+        self.low_water.store(saturate(low_water), Ordering::Relaxed);
+        self.blocked_until.store(0, Ordering::Relaxed);
+        let used = if to_waiter > 0 { USED } else { 0 };
+        self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
+    }
+
+    /// Tokens per second spent since the last grant (0 if never granted): the key's demand,
+    /// as the worker sees it at `now_ms` without any counter on the hot path.
+    pub(crate) fn demand(&self, now_ms: u32) -> f64 {
+        if self.flags() & GRANTED == 0 {
+            return 0.0;
+        }
+        let after = u64::from(self.after_grant.load(Ordering::Relaxed));
+        let spent = after.saturating_sub(self.tokens());
+        let elapsed_ms = now_ms
+            .wrapping_sub(self.granted_at_ms.load(Ordering::Relaxed))
+            .max(1);
+        spent as f64 * 1_000.0 / f64::from(elapsed_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_grant_and_give_back_conserve_tokens() {
+        let s = KeyState::new(7, QUEUED);
+        assert_eq!(s.take(1), None);
+        s.grant(5, 0, 2, 1_000);
+        assert_eq!(s.take(3), Some(2));
+        assert!(!s.below_low_water(2));
+        assert!(s.below_low_water(1));
+        assert_eq!(s.take(3), None);
+        assert_eq!(s.take_all(), 2);
+        assert_eq!(s.tokens(), 0);
+    }
+
+    #[test]
+    fn demand_is_what_was_spent_since_the_grant() {
+        let s = KeyState::new(0, 0);
+        assert_eq!(s.demand(5_000), 0.0, "never granted: no demand");
+        s.grant(10, 2, 0, 1_000);
+        s.take(4).unwrap();
+        // 2 handed to a waiter + 4 taken, over 500 ms.
+        assert_eq!(s.demand(1_500), 12.0);
+        // The millisecond clock wraps.
+        let w = KeyState::new(0, 0);
+        w.grant(1, 0, 0, u32::MAX - 99);
+        w.take(1).unwrap();
+        assert_eq!(w.demand(100), 5.0);
+    }
+
+    #[test]
+    fn flags_and_eviction_rank() {
+        let s = KeyState::new(3, 0);
+        assert!(s.mark_queued());
+        assert!(!s.mark_queued(), "only the first caller queues");
+        s.unqueue();
+        assert!(s.mark_queued());
+        let fresh = s.eviction_rank();
+        s.touch(2);
+        assert!(
+            s.eviction_rank() > fresh,
+            "a used key is evicted after unused ones"
+        );
+        assert_eq!(s.last_use(), 2);
+        s.note_denied(9);
+        s.note_denied(4);
+        assert_eq!(s.take_denied(), 9);
+        assert_eq!(s.take_denied(), 0);
+        s.block_until(1_000);
+        assert_eq!(s.blocked_for(400), Duration::from_nanos(600));
+        assert_eq!(s.blocked_for(2_000), Duration::ZERO);
+    }
+}

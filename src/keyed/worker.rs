@@ -1,0 +1,561 @@
+//! The keyed limiter's one background worker: leases, releases, the coarse clock, sweeps and
+//! evictions for every key.
+//!
+//! The worker loops over five events, in this order of priority: a wake-up for shutdown or
+//! for room at the cap, a finished store call, a request from the queue of keys granted tokens
+//! before, a request from the queue of first leases (both taken only while fewer than
+//! `max_in_flight` calls are running, first leases only while fewer than
+//! [`MAX_RELEASE_BACKLOG`] releases wait), and a tick of the coarse clock (only while there are
+//! keys or tokens to give back). Refills of known keys thus never wait behind a flood of new
+//! ones.
+//! Store calls run as tasks of a `JoinSet`, so a `RedisStore` pipelines them on its
+//! connection; everything else runs in the worker and never awaits while holding a reference
+//! into the map. Releases wait in a queue of their own and start as slots free up.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Display;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
+
+use super::name::bucket_name;
+use super::state::{KeyState, QUEUED};
+use super::{count, Shared, TICK};
+use crate::error::StoreError;
+use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
+use crate::policy::{LeaseAsk, LeaseContext};
+use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
+
+/// Releases waiting to start above which no new key is taken from the queue of first leases:
+/// under a flood, evictions (each returning a key's tokens) then cannot outpace releases and
+/// pile up.
+const MAX_RELEASE_BACKLOG: usize = 4096;
+
+/// How long a key whose requests exceed a per-key config's burst is left alone.
+const TOO_LARGE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The worker's two queues (see `Shared::queue_for`).
+pub(super) struct Requests<K> {
+    pub(super) known: mpsc::Receiver<Request<K>>,
+    pub(super) fresh: mpsc::Receiver<Request<K>>,
+}
+
+/// A lease wanted for a key.
+pub(super) struct Request<K> {
+    pub(super) key: K,
+    /// Tokens the caller needs (0: a refill below the low-water mark).
+    pub(super) n: u64,
+    /// An async caller waiting for `n` tokens; `None` for a sync caller's request (the grant
+    /// goes to the key, and the key's [`QUEUED`] flag is cleared once it is answered).
+    pub(super) reply: Option<oneshot::Sender<Answer>>,
+}
+
+/// The answer to a waiting caller.
+pub(super) enum Answer {
+    /// Its `n` tokens were taken from the grant.
+    Granted,
+    /// The key's bucket cannot serve for this long.
+    Denied(Duration),
+    /// The store failed (now or recently: the circuit is open).
+    Failed(StoreError),
+    /// The key's own central config has a burst below the request.
+    TooLarge(u64),
+    /// The limiter is shutting down.
+    Closed,
+}
+
+/// A finished store call.
+enum Done<K> {
+    Lease {
+        req: Request<K>,
+        ask: LeaseAsk,
+        sent: Instant,
+        probe: bool,
+        result: Result<LeaseReply, StoreError>,
+    },
+    Release {
+        tokens: u64,
+        result: Result<LeaseReply, StoreError>,
+    },
+}
+
+struct Worker<K, S, H> {
+    s: Arc<Shared<K, S, H>>,
+    jobs: JoinSet<Done<K>>,
+    /// Tokens waiting to be given back: (bucket name, tokens).
+    releases: VecDeque<(String, u64)>,
+    /// Release calls in flight: at most half of `max_in_flight` (at least one), so evictions
+    /// under a flood cannot starve leases.
+    releasing: usize,
+    rng: fastrand::Rng,
+    backoff: Duration,
+    /// While the circuit is open: when to probe the store next.
+    probe_at: Option<Instant>,
+    /// A probe is in flight.
+    probing: bool,
+    next_sweep: Instant,
+}
+
+/// The worker: runs until the limiter closes, then gives every token back.
+pub(super) async fn run<K, S, H>(s: Arc<Shared<K, S, H>>, mut requests: Requests<K>, seed: u64)
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
+    let mut w = Worker {
+        next_sweep: Instant::now() + s.sweep_every,
+        s,
+        jobs: JoinSet::new(),
+        releases: VecDeque::new(),
+        releasing: 0,
+        rng: fastrand::Rng::with_seed(seed),
+        backoff: ERROR_BACKOFF_MIN,
+        probe_at: None,
+        probing: false,
+    };
+    loop {
+        w.advance_clock();
+        if w.s.is_closed() {
+            break;
+        }
+        if w.s.pressure.swap(false, Ordering::Relaxed) {
+            w.make_room();
+        }
+        w.start_releases();
+        let tick = w.next_tick();
+        let can_start = w.jobs.len() < w.s.max_in_flight;
+        let can_create = can_start && w.releases.len() < MAX_RELEASE_BACKLOG;
+        tokio::select! {
+            biased;
+            () = w.s.wake.notified() => {}
+            Some(done) = w.jobs.join_next(), if !w.jobs.is_empty() => w.finish(done),
+            Some(request) = requests.known.recv(), if can_start => w.start(request),
+            Some(request) = requests.fresh.recv(), if can_create => w.start(request),
+            () = tokio::time::sleep_until(tick.unwrap_or_else(Instant::now)), if tick.is_some() => {
+                w.advance_clock();
+                if Instant::now() >= w.next_sweep {
+                    w.sweep();
+                    w.next_sweep = Instant::now() + w.s.sweep_every;
+                }
+            }
+        }
+    }
+    w.close(requests).await;
+}
+
+impl<K, S, H> Worker<K, S, H>
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Sets the coarse clock from the time since the limiter's origin.
+    fn advance_clock(&self) {
+        let ticks = self.s.origin.elapsed().as_nanos() / TICK.as_nanos();
+        let tick = u32::try_from(ticks).unwrap_or(u32::MAX);
+        // Relaxed: see `Shared::tick`.
+        self.s.tick.store(tick, Ordering::Relaxed);
+    }
+
+    /// The next tick, if there is anything to keep time for.
+    fn next_tick(&self) -> Option<Instant> {
+        let busy = self.s.live.load(Ordering::Relaxed) > 0 || !self.releases.is_empty();
+        busy.then(|| self.s.origin + TICK * (self.s.tick() + 1))
+    }
+
+    fn now_ms(&self) -> u32 {
+        // Truncated on purpose: a wrapping millisecond clock (see `KeyState::demand`).
+        self.s.origin.elapsed().as_millis() as u32
+    }
+
+    /// Starts the lease `request` asks for (or answers it at once).
+    fn start(&mut self, request: Request<K>) {
+        let now = Instant::now();
+        if self.s.circuit.is_open() && (self.probing || self.probe_at.is_some_and(|at| now < at)) {
+            self.answer_failing(request, now);
+            return;
+        }
+        let ask = {
+            let state = self.s.map.get(&request.key);
+            match self.size(state.as_deref(), &request) {
+                Some(ask) => ask,
+                None => {
+                    // Served meanwhile (a grant landed since the caller asked).
+                    if let Some(state) = state {
+                        state.unqueue();
+                    }
+                    return;
+                }
+            }
+        };
+        let probe = self.s.circuit.is_open();
+        self.probing |= probe;
+        let name = bucket_name(&self.s.name, &request.key);
+        let s = self.s.clone();
+        self.jobs.spawn(async move {
+            let lease = LeaseRequest::new(ask.want, ask.min);
+            let sent = Instant::now();
+            let result = s.store.lease(&name, &s.quota, &lease).await;
+            Done::Lease {
+                req: request,
+                ask,
+                sent,
+                probe,
+                result,
+            }
+        });
+    }
+
+    /// The lease to ask for, or `None` if a sync request was served meanwhile. Exact until the
+    /// key has measured demand, then sized by the policy (see the module docs).
+    fn size(&self, state: Option<&KeyState>, request: &Request<K>) -> Option<LeaseAsk> {
+        let quota = &self.s.quota;
+        let burst = quota.burst();
+        let exact = |n: u64| LeaseAsk {
+            want: n,
+            min: n,
+            low_water: 0,
+        };
+        let Some(state) = state else {
+            return Some(exact(request.n.clamp(1, burst)));
+        };
+        let need = request.n.max(state.take_denied()).clamp(1, burst);
+        let held = state.tokens();
+        if request.reply.is_none() && held >= need && !state.below_low_water(held) {
+            return None;
+        }
+        let demand = state.demand(self.now_ms());
+        if demand <= 0.0 {
+            return Some(exact(need));
+        }
+        let ask = self.s.policy.ask(&LeaseContext {
+            quota: *quota,
+            local: held,
+            denied: need,
+            demand,
+            share: Some(quota.per_second_f64()),
+            rtt: self.s.rtt(),
+        });
+        let want = ask.want.clamp(need, burst);
+        Some(LeaseAsk {
+            want,
+            min: need,
+            low_water: if want > need {
+                ask.low_water.min(burst)
+            } else {
+                0
+            },
+        })
+    }
+
+    /// Answers `request` without a store call while the circuit is open: the key waits for
+    /// the next probe, a waiting caller gets the last error.
+    fn answer_failing(&mut self, request: Request<K>, now: Instant) {
+        let until = self.probe_at.unwrap_or(now).max(now);
+        if let Some(state) = self.s.map.get(&request.key) {
+            state.block_until(self.ns_at(until));
+            if request.reply.is_none() {
+                state.unqueue();
+            }
+        }
+        if let Some(reply) = request.reply {
+            let answer = match self.s.circuit.last_error() {
+                Some(e) => Answer::Failed(e),
+                None => Answer::Denied((until - now).max(MIN_RETRY)),
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn ns_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.s.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn finish(&mut self, joined: Result<Done<K>, JoinError>) {
+        // A store call that panicked is lost; so is its key's request flag, which keeps the
+        // key from leasing or being evicted. Stores must not panic (ours do not).
+        let Ok(done) = joined else {
+            return;
+        };
+        let c = &self.s.counters;
+        match done {
+            Done::Release { tokens, result } => {
+                self.releasing -= 1;
+                match result {
+                    Ok(_) => count(&c.tokens_released, tokens),
+                    Err(error) => {
+                        count(&c.store_errors, 1);
+                        count(&c.tokens_lost, tokens);
+                        let limiter = &self.s.name;
+                        tracing::warn!(limiter, %error, tokens, "could not return tokens");
+                    }
+                }
+            }
+            Done::Lease {
+                req,
+                ask,
+                sent,
+                probe,
+                result,
+            } => self.leased(req, ask, sent, probe, result),
+        }
+    }
+
+    /// Hands out what a lease brought: to the waiting caller first, the rest to the key (or
+    /// back to the store if the key is gone).
+    fn leased(
+        &mut self,
+        mut request: Request<K>,
+        ask: LeaseAsk,
+        sent: Instant,
+        probe: bool,
+        result: Result<LeaseReply, StoreError>,
+    ) {
+        let s = self.s.clone();
+        let c = &s.counters;
+        let now = Instant::now();
+        s.observe_rtt(now - sent);
+        count(&c.leases, 1);
+        if probe {
+            self.probing = false;
+        }
+        let sync = request.reply.is_none();
+        let state = s.map.get(&request.key);
+        let (answer, block) = match result {
+            Ok(reply) if reply.granted > 0 => {
+                self.recovered();
+                count(&c.tokens_leased, reply.granted);
+                // The waiter's share first (the grant is at least `min`, which is at least
+                // its `n`); the rest is in the key before the waiter is told, so a caller
+                // woken by the answer finds it.
+                let waiting = request.reply.as_ref().is_some_and(|w| !w.is_closed());
+                let to_waiter = if waiting {
+                    request.n.min(reply.granted)
+                } else {
+                    0
+                };
+                let rest = reply.granted - to_waiter;
+                match &state {
+                    Some(state) => state.grant(rest, to_waiter, ask.low_water, self.now_ms()),
+                    None if rest > 0 => self
+                        .releases
+                        .push_back((bucket_name(&s.name, &request.key), rest)),
+                    None => {}
+                }
+                let told = request
+                    .reply
+                    .take()
+                    .is_some_and(|w| w.send(Answer::Granted).is_ok());
+                if to_waiter > 0 && !told {
+                    // The waiter left meanwhile: its tokens stay with the key (or go back).
+                    match &state {
+                        Some(state) => state.add(to_waiter),
+                        None => self
+                            .releases
+                            .push_back((bucket_name(&s.name, &request.key), to_waiter)),
+                    }
+                }
+                (None, None)
+            }
+            Ok(reply) => {
+                self.recovered();
+                count(&c.over_limit, 1);
+                if reply.retry_after.is_zero() && ask.min > reply.quota.burst() {
+                    (
+                        Some(Answer::TooLarge(reply.quota.burst())),
+                        Some(now + TOO_LARGE_PAUSE),
+                    )
+                } else {
+                    let wait = reply.retry_after.max(MIN_RETRY);
+                    (Some(Answer::Denied(wait)), Some(now + wait))
+                }
+            }
+            Err(error) => {
+                tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
+                s.fail(error.clone());
+                let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
+                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
+                self.probe_at = Some(now + wait);
+                (Some(Answer::Failed(error)), Some(now + wait))
+            }
+        };
+        if let Some(state) = &state {
+            if let Some(until) = block {
+                state.block_until(self.ns_at(until));
+            }
+            if sync {
+                state.unqueue();
+            }
+        }
+        if let (Some(answer), Some(waiter)) = (answer, request.reply) {
+            let _ = waiter.send(answer);
+        }
+    }
+
+    /// A lease call succeeded: close the circuit, reset the back-off.
+    fn recovered(&mut self) {
+        self.s.circuit.recovered(&self.s.name);
+        self.backoff = ERROR_BACKOFF_MIN;
+        self.probe_at = None;
+    }
+
+    /// Starts queued releases while there is room.
+    fn start_releases(&mut self) {
+        let most = (self.s.max_in_flight / 2).max(1);
+        while self.releasing < most && self.jobs.len() < self.s.max_in_flight {
+            let Some((name, tokens)) = self.releases.pop_front() else {
+                return;
+            };
+            count(&self.s.counters.releases, 1);
+            self.releasing += 1;
+            let s = self.s.clone();
+            self.jobs.spawn(async move {
+                let result = s
+                    .store
+                    .release(&name, &s.quota, &ReleaseRequest::new(tokens))
+                    .await;
+                Done::Release { tokens, result }
+            });
+        }
+    }
+
+    /// Removes `key` if it has no lease queued and `still` holds; queues its tokens for
+    /// release. Under the shard's write lock no caller holds the state, so nothing is spent
+    /// after this takes the tokens.
+    fn evict(&mut self, key: &K, still: impl FnOnce(&KeyState) -> bool) -> bool {
+        let removed = self
+            .s
+            .map
+            .remove_if(key, |_, state| state.flags() & QUEUED == 0 && still(state));
+        let Some((key, state)) = removed else {
+            return false;
+        };
+        self.s.live.fetch_sub(1, Ordering::Relaxed);
+        let tokens = state.take_all();
+        if tokens > 0 {
+            self.releases
+                .push_back((bucket_name(&self.s.name, &key), tokens));
+        }
+        true
+    }
+
+    /// Evicts keys idle for the TTL; gives back the tokens of keys idle for
+    /// `give_back_after`.
+    fn sweep(&mut self) {
+        let tick = self.s.tick();
+        let (ttl, give_back) = (self.s.ttl_ticks, self.s.give_back_ticks);
+        let idle = |state: &KeyState| tick.saturating_sub(state.last_use());
+        let mut expired = Vec::new();
+        let mut holding = Vec::new();
+        for entry in self.s.map.iter() {
+            let state = entry.value();
+            if state.flags() & QUEUED != 0 {
+                continue;
+            }
+            if idle(state) >= ttl {
+                expired.push(entry.key().clone());
+            } else if idle(state) >= give_back && state.tokens() > 0 {
+                holding.push(entry.key().clone());
+            }
+        }
+        for key in expired {
+            if self.evict(&key, |state| idle(state) >= ttl) {
+                count(&self.s.counters.evicted_idle, 1);
+            }
+        }
+        for key in holding {
+            let tokens = match self.s.map.get(&key) {
+                Some(state) if idle(&state) >= give_back => state.take_all(),
+                _ => 0,
+            };
+            if tokens > 0 {
+                self.releases
+                    .push_back((bucket_name(&self.s.name, &key), tokens));
+            }
+        }
+    }
+
+    /// At the cap: evicts the `max_keys / 16` least recently used keys (never-used keys
+    /// first). Two passes over the map: a histogram of eviction ranks, then the victims.
+    fn make_room(&mut self) {
+        if self.s.live.load(Ordering::Relaxed) < self.s.max_keys {
+            return; // a sweep made room meanwhile
+        }
+        let target = (self.s.max_keys / 16).max(1);
+        let mut ranks: BTreeMap<u64, usize> = BTreeMap::new();
+        for entry in self.s.map.iter() {
+            if entry.flags() & QUEUED == 0 {
+                *ranks.entry(entry.eviction_rank()).or_default() += 1;
+            }
+        }
+        // The lowest ranks that add up to `target`: all below `threshold`, and `at_threshold`
+        // of the keys at it.
+        let (mut threshold, mut at_threshold, mut below) = (u64::MAX, usize::MAX, 0);
+        for (&rank, &count) in &ranks {
+            if below + count >= target {
+                (threshold, at_threshold) = (rank, target - below);
+                break;
+            }
+            below += count;
+        }
+        let mut victims = Vec::with_capacity(target.min(self.s.map.len()));
+        for entry in self.s.map.iter() {
+            if victims.len() >= target {
+                break;
+            }
+            let rank = entry.eviction_rank();
+            if entry.flags() & QUEUED != 0 || rank > threshold {
+                continue;
+            }
+            if rank == threshold {
+                if at_threshold == 0 {
+                    continue;
+                }
+                at_threshold -= 1;
+            }
+            victims.push(entry.key().clone());
+        }
+        for key in victims {
+            if self.evict(&key, |state| state.eviction_rank() <= threshold) {
+                count(&self.s.counters.evicted_at_cap, 1);
+            }
+        }
+    }
+
+    /// Shutdown: answer what is queued, finish what is in flight, give every token back.
+    async fn close(mut self, requests: Requests<K>) {
+        for mut queue in [requests.known, requests.fresh] {
+            queue.close();
+            while let Some(request) = queue.recv().await {
+                if let Some(reply) = request.reply {
+                    let _ = reply.send(Answer::Closed);
+                }
+            }
+        }
+        while let Some(done) = self.jobs.join_next().await {
+            self.finish(done);
+        }
+        for entry in self.s.map.iter() {
+            let tokens = entry.take_all();
+            if tokens > 0 {
+                self.releases
+                    .push_back((bucket_name(&self.s.name, entry.key()), tokens));
+            }
+        }
+        self.s.map.clear();
+        self.s.live.store(0, Ordering::Relaxed);
+        loop {
+            self.start_releases();
+            match self.jobs.join_next().await {
+                Some(done) => self.finish(done),
+                None => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! Keyed limiters on virtual time: a new key's first lease, independent exact budgets, hot
+//! keys leasing batches while cold keys lease exactly, idle eviction returning tokens to the
+//! store, the live-key cap under a flood, waiting callers, store failures, shutdown and per-key
+//! central configs.
+//!
+//! The store is the real [`MemoryStore`] on tokio's paused clock (with [`Wrapped`] adding a
+//! round trip and a failure switch where that matters). `tests/keyed_redis.rs` runs the
+//! fleet-wide checks against a real redis-server.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ratelease::{
+    ConfigStore, Decision, Error, FailurePolicy, KeyedHybridLimiter, KeyedLimiter,
+    KeyedRedisLimiter, KeyedStats, LeaseRequest, LeaseStore, MemoryStore, Quota, TokioClock,
+};
+use tokio::time::{sleep, Instant};
+
+mod wrapped;
+use wrapped::Wrapped;
+
+const RTT: Duration = Duration::from_micros(100);
+
+async fn settle() {
+    sleep(Duration::from_millis(5)).await;
+}
+
+fn memory() -> MemoryStore {
+    MemoryStore::with_clock(TokioClock::new())
+}
+
+/// Whether `bucket` holds its whole burst (taking it).
+async fn takes_whole_burst(store: &MemoryStore, bucket: &str, quota: &Quota) -> bool {
+    let all = LeaseRequest::exact(quota.burst());
+    store.lease(bucket, quota, &all).await.unwrap().granted == quota.burst()
+}
+
+/// A keyed limiter with `String` keys and default settings.
+fn keyed<S: LeaseStore>(name: &str, quota: Quota, store: S) -> KeyedHybridLimiter<String, S> {
+    KeyedHybridLimiter::new(name, quota, store).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_key_is_denied_once_then_served_from_an_exact_lease() {
+    let store = Wrapped::new(RTT);
+    let quota = Quota::per_second(100).unwrap();
+    let limiter = keyed("first", quota, store.clone());
+    let first = limiter.try_acquire("alice", 3).unwrap();
+    let one_round_trip = Duration::from_millis(1);
+    assert!(
+        matches!(first, Decision::Denied { retry_after } if retry_after <= one_round_trip),
+        "{first:?}"
+    );
+    assert_eq!(limiter.live_keys(), 1);
+    settle().await;
+    assert_eq!(limiter.available("alice"), 3, "exactly what was asked");
+    assert!(limiter.try_acquire("alice", 3).unwrap().is_allowed());
+    assert_eq!(limiter.available("alice"), 0);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.leases, stats.tokens_leased, stats.keys_created),
+        (1, 3, 1)
+    );
+    // The store's bucket for alice gave exactly those 3.
+    let rest = store
+        .inner
+        .lease(
+            &limiter.bucket_name("alice"),
+            &quota,
+            &LeaseRequest::new(100, 1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest.granted, 97);
+    assert!(matches!(
+        limiter.try_acquire("alice", 101),
+        Err(Error::ExceedsBurst { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_key_has_its_own_budget_as_exact_as_pure_mode() {
+    let store = memory();
+    // 5 per minute per key, asked every 100 ms for two minutes by sync callers.
+    let quota = Quota::per_minute(5).unwrap();
+    let keyed = KeyedHybridLimiter::<u64, _>::builder("sms", quota, store.clone())
+        .build()
+        .unwrap();
+    let pure = KeyedRedisLimiter::new("sms-pure", quota, store.clone()).unwrap();
+    let (mut hybrid, mut exact) = ([0u64; 3], [0u64; 3]);
+    for _ in 0..1_200 {
+        for key in 0..3u64 {
+            if keyed.try_acquire(&key, 1).unwrap().is_allowed() {
+                hybrid[key as usize] += 1;
+            }
+            if pure.try_acquire(&key, 1).await.unwrap().is_allowed() {
+                exact[key as usize] += 1;
+            }
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    // 120 s: the burst of 5, plus one token every 12 s up to 119.9 s.
+    assert_eq!(exact, [14; 3], "pure mode is the reference");
+    for key in 0..3 {
+        assert!(
+            hybrid[key] <= exact[key] && hybrid[key] + 1 >= exact[key],
+            "key {key}: {hybrid:?} vs pure {exact:?}"
+        );
+    }
+    // The denials were answered locally: about one store call per token earned, not one per
+    // call (3 600 calls).
+    let stats = keyed.stats();
+    assert!(stats.leases <= 3 * 2 * 15, "{stats:?}");
+    // A key nobody used still has its whole burst.
+    let fresh = 99u64;
+    for _ in 0..5 {
+        let d = keyed
+            .try_acquire_for(&fresh, 1, Duration::from_millis(10))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+    }
+    assert!(!keyed
+        .try_acquire_for(&fresh, 1, Duration::from_millis(10))
+        .await
+        .unwrap()
+        .is_allowed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hot_key_leases_batches_and_a_cold_key_leases_exactly() {
+    let store = Wrapped::new(RTT);
+    let quota = Quota::per_second(10_000).unwrap();
+    let limiter = keyed("mixed", quota, store.clone());
+    // Hot: 5 000 calls per second for two seconds (tokio's timer has millisecond ticks).
+    let mut admitted = 0;
+    for _ in 0..2_000 {
+        for _ in 0..5 {
+            if limiter.try_acquire("hot", 1).unwrap().is_allowed() {
+                admitted += 1;
+            }
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    let hot = limiter.stats();
+    // Only the first few milliseconds are denied: an exact first lease, then batches as soon
+    // as the key's demand is measured (round trips are 2 ms on tokio's millisecond timer).
+    assert!(admitted >= 9_950, "only the first calls wait: {admitted}");
+    // About 1.25 horizons (250 ms) of demand per lease: ~1 560 tokens.
+    assert!(hot.leases <= 15, "batches, not one lease per call: {hot:?}");
+    // Idle for a second: its tokens go back to the store.
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(limiter.available("hot"), 0);
+    let idle = limiter.stats();
+    assert!(idle.tokens_released > 0, "{idle:?}");
+    assert_eq!(
+        idle.tokens_leased - idle.tokens_released,
+        admitted,
+        "every leased token was spent or returned"
+    );
+    // Cold: one call per second, waiting for it.
+    for _ in 0..10 {
+        limiter.acquire("cold", 1).await.unwrap();
+        sleep(Duration::from_secs(1)).await;
+    }
+    let cold = limiter.stats();
+    assert_eq!(cold.leases - idle.leases, 10, "one lease per call");
+    assert_eq!(
+        cold.tokens_leased - idle.tokens_leased,
+        10,
+        "each exactly what was asked: nothing stranded"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_keys_are_evicted_and_their_tokens_returned_to_the_store() {
+    let store = memory();
+    // Ten tokens an hour: nothing refills meanwhile, so the store's count shows the return.
+    let quota = Quota::new(10, Duration::from_secs(3_600)).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("idle", quota, store.clone())
+        .idle_ttl(Duration::from_secs(2))
+        .give_back_after(Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    assert!(!limiter.try_acquire("k", 3).unwrap().is_allowed());
+    settle().await;
+    assert_eq!(limiter.available("k"), 3, "leased, never spent");
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(limiter.live_keys(), 1, "not idle long enough");
+    sleep(Duration::from_millis(2_500)).await;
+    let stats = limiter.stats();
+    assert_eq!(limiter.live_keys(), 0, "{stats:?}");
+    assert_eq!((stats.evicted_idle, stats.tokens_released), (1, 3));
+    // All ten are back in the store.
+    assert!(takes_whole_burst(&store, &limiter.bucket_name("k"), &quota).await);
+
+    // Tokens idle for `give_back_after` go back while the key stays.
+    let limiter = KeyedHybridLimiter::<String, _>::builder("give", quota, store.clone())
+        .give_back_after(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    assert!(!limiter.try_acquire("k", 4).unwrap().is_allowed());
+    settle().await;
+    assert_eq!(limiter.available("k"), 4);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(limiter.available("k"), 0);
+    assert_eq!(limiter.live_keys(), 1, "the TTL is an hour and ten seconds");
+    assert_eq!(limiter.stats().tokens_released, 4);
+    assert!(takes_whole_burst(&store, &limiter.bucket_name("k"), &quota).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_live_key_cap_holds_under_a_flood_and_keys_in_use_stay() {
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("flood", quota, memory())
+        .max_keys(64)
+        .build()
+        .unwrap();
+    limiter.acquire("legit", 1).await.unwrap();
+    let (mut legit, mut max_live) = (0, 0);
+    for i in 0..5_000 {
+        // One-shot keys: the flood never comes back for its tokens.
+        let _ = limiter.try_acquire(&format!("flood-{i}"), 1).unwrap();
+        max_live = max_live.max(limiter.live_keys());
+        if limiter.try_acquire("legit", 1).unwrap().is_allowed() {
+            legit += 1;
+        }
+        sleep(Duration::from_micros(50)).await;
+    }
+    let stats = limiter.stats();
+    assert!(max_live <= 64, "cap exceeded: {max_live}");
+    assert!(stats.keys_created > 2_000, "the flood got in: {stats:?}");
+    assert!(
+        stats.refused_at_cap > 0 && stats.evicted_at_cap > 0,
+        "the cap was reached and room was made: {stats:?}"
+    );
+    // Never-used flood keys are evicted first: the key in use stays and keeps its tokens.
+    assert!(
+        legit >= 4_900,
+        "the legitimate key was served {legit} of 5 000 times"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn async_callers_wait_one_round_trip_or_get_the_stores_answer() {
+    let store = Wrapped::new(Duration::from_millis(2));
+    let quota = Quota::per_second(100).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("wait", quota, store.clone())
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    limiter.acquire("a", 100).await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_millis(2), "one round trip");
+    // The store says 50 more take 500 ms: a 100 ms timeout is answered at once.
+    let t0 = Instant::now();
+    let d = limiter
+        .try_acquire_for("a", 50, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(
+        matches!(d, Decision::Denied { retry_after } if retry_after >= Duration::from_millis(490)),
+        "{d:?}"
+    );
+    assert_eq!(t0.elapsed(), Duration::from_millis(2));
+    // A longer timeout waits for them.
+    let d = limiter
+        .try_acquire_for("a", 50, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+    // At the cap (one key) another key is still served: its lease goes straight to it.
+    let d = limiter
+        .try_acquire_for("b", 1, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    assert!(limiter.live_keys() <= 1);
+    // Through the trait, as middleware would call it.
+    async fn via_trait(l: &impl KeyedLimiter<String>) -> Result<(), Error> {
+        l.acquire("c", 1).await
+    }
+    via_trait(&limiter).await.unwrap();
+}
+
+/// Admitted calls of 1 000 over one second on a key whose one-token lease is spent, with the
+/// store failing throughout.
+async fn admitted_while_failing(policy: FailurePolicy) -> (u64, KeyedStats) {
+    let store = Wrapped::new(RTT);
+    let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("failing", quota, store.clone())
+        .on_store_failure(policy)
+        .build()
+        .unwrap();
+    limiter.acquire("k", 1).await.unwrap();
+    store.failing.store(true, Ordering::SeqCst);
+    let mut admitted = 0;
+    for _ in 0..1_000 {
+        if limiter.try_acquire("k", 1).unwrap().is_allowed() {
+            admitted += 1;
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    if policy == FailurePolicy::FailClosed {
+        let e = limiter.acquire("k", 1).await.unwrap_err();
+        assert!(matches!(e, Error::Store(_)), "{e:?}");
+    }
+    let stats = limiter.stats();
+    // The store answers again: the circuit closes within the longest back-off.
+    store.failing.store(false, Ordering::SeqCst);
+    let t0 = Instant::now();
+    while limiter.stats().circuit_open {
+        let _ = limiter.try_acquire("k", 1);
+        sleep(Duration::from_millis(1)).await;
+        assert!(
+            t0.elapsed() < Duration::from_millis(600),
+            "circuit still open"
+        );
+    }
+    (admitted, stats)
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_failure_policy_answers_as_documented_and_the_circuit_closes_again() {
+    let (closed, stats) = admitted_while_failing(FailurePolicy::FailClosed).await;
+    assert_eq!(closed, 0, "{stats:?}");
+    assert!(stats.store_errors > 0);
+    // One probe per back-off (10 ms doubling to 500 ms), not one store call per denied call.
+    assert!(stats.leases <= 15, "{stats:?}");
+    let (open, stats) = admitted_while_failing(FailurePolicy::FailOpen).await;
+    assert!(open >= 995, "fail open admits: {open}");
+    assert_eq!(stats.tokens_admitted_degraded, open);
+    // Four nodes share the limit: this one enforces 250/s with a burst of 25, per key.
+    let (local, _) = admitted_while_failing(FailurePolicy::local_fallback(4)).await;
+    assert!((260..=280).contains(&local), "local fallback: {local}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_gives_every_keys_tokens_back() {
+    let store = memory();
+    let quota = Quota::new(10, Duration::from_secs(3_600)).unwrap();
+    let limiter = KeyedHybridLimiter::<u32, _>::builder("bye", quota, store.clone())
+        .build()
+        .unwrap();
+    for key in 0..3u32 {
+        assert!(!limiter.try_acquire(&key, 4).unwrap().is_allowed());
+    }
+    settle().await;
+    assert_eq!(limiter.stats().tokens_leased, 12);
+    limiter.shutdown().await;
+    assert_eq!(limiter.stats().tokens_released, 12);
+    assert_eq!(limiter.live_keys(), 0);
+    for key in 0..3u32 {
+        let bucket = limiter.bucket_name(&key);
+        assert!(
+            takes_whole_burst(&store, &bucket, &quota).await,
+            "key {key}"
+        );
+    }
+    assert!(matches!(limiter.try_acquire(&0, 1), Err(Error::Closed)));
+    assert!(matches!(limiter.acquire(&7, 1).await, Err(Error::Closed)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_stored_under_a_keys_bucket_name_applies_to_that_key() {
+    let store = memory();
+    let limiter = KeyedHybridLimiter::<String, _>::builder(
+        "cfg",
+        Quota::per_minute(5).unwrap(),
+        store.clone(),
+    )
+    .build()
+    .unwrap();
+    store
+        .modify_config(&limiter.bucket_name("vip"), &Quota::per_minute(50).unwrap())
+        .await
+        .unwrap();
+    let mut admitted = [0; 2];
+    for _ in 0..60 {
+        for (i, key) in ["vip", "regular"].into_iter().enumerate() {
+            let d = limiter
+                .try_acquire_for(key, 1, Duration::from_millis(1))
+                .await
+                .unwrap();
+            admitted[i] += u32::from(d.is_allowed());
+        }
+    }
+    assert_eq!(admitted, [50, 5]);
+}

@@ -1,0 +1,75 @@
+//! A test store: the real [`MemoryStore`] on tokio's paused clock, with a network delay, an
+//! on/off failure switch, and a count of overlapping calls. Shared by the test binaries that
+//! `mod wrapped;`.
+
+// Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelease::{
+    LeaseReply, LeaseRequest, LeaseStore, MemoryStore, Quota, ReleaseRequest, StoreError,
+    TokioClock,
+};
+
+#[derive(Clone)]
+pub struct Wrapped {
+    pub inner: MemoryStore,
+    pub delay: Duration,
+    /// While true, every call fails with a timeout.
+    pub failing: Arc<AtomicBool>,
+    pub in_flight: Arc<AtomicU64>,
+    /// Most calls seen in flight at once.
+    pub max_in_flight: Arc<AtomicU64>,
+}
+
+impl Wrapped {
+    pub fn new(delay: Duration) -> Self {
+        Wrapped {
+            inner: MemoryStore::with_clock(TokioClock::new()),
+            delay,
+            failing: Arc::default(),
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
+        }
+    }
+
+    async fn call<F>(&self, f: F) -> Result<LeaseReply, StoreError>
+    where
+        F: std::future::Future<Output = Result<LeaseReply, StoreError>>,
+    {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.delay / 2).await;
+        let result = if self.failing.load(Ordering::SeqCst) {
+            Err(StoreError::Timeout(self.delay))
+        } else {
+            f.await
+        };
+        tokio::time::sleep(self.delay / 2).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
+impl LeaseStore for Wrapped {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(self.inner.lease(name, quota, req)).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        self.call(self.inner.release(name, quota, req)).await
+    }
+}
