@@ -16,6 +16,9 @@
 //! - [`HybridLimiter`]: leases batches through a [`LeasePolicy`]; `try_acquire` is synchronous.
 //! - [`RedisLimiter`]: one store call per decision.
 //!
+//! [`ConcurrencyLimiter`] caps how many permits the fleet holds at once (in pure or hybrid
+//! mode), with the slots of a crashed process returned after a ttl.
+//!
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
 //!
@@ -45,6 +48,7 @@
 
 pub mod bucket;
 mod clock;
+pub mod concurrency;
 mod config;
 mod connect;
 mod demand;
@@ -63,6 +67,10 @@ mod store;
 
 pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
+pub use concurrency::{
+    ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, ConcurrencyStore,
+    Permit, CONCURRENCY_LUA, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
+};
 pub use config::{Budget, ConfigStore, Unconfigured};
 pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;

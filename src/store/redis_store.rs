@@ -299,7 +299,7 @@ impl RedisStore {
         })
     }
 
-    fn now_arg(&self) -> String {
+    pub(crate) fn now_arg(&self) -> String {
         match &self.clock {
             Some(c) => c.now().as_micros().to_string(),
             None => String::new(),
