@@ -5,7 +5,8 @@
 //! (explicit `now` from one shared [`FakeClock`]) and requires identical replies, errors
 //! included. Sequence numbers are drawn from a small range, so retried and late releases and
 //! refused (stale) syncs are common; ttls are short next to the time steps, so holders expire
-//! and are reclaimed in the middle of sequences.
+//! and are reclaimed in the middle of sequences, often exactly at their expiry (both are
+//! mostly drawn from a 250 µs grid).
 
 mod fuzz;
 mod support;
@@ -115,7 +116,13 @@ fn count(hi: u64) -> impl Strategy<Value = u64> {
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     let holder = 0usize..3;
     let seq = 0u64..6;
-    let ttl = prop_oneof![30 => 1u64..3_000, 1 => Just(0u64), 1 => Just(BIG)];
+    // Times on a grid of 250 µs, so calls often land exactly on an expiry.
+    let ttl = prop_oneof![
+        20 => (1u64..8).prop_map(|k| k * 250),
+        10 => 1u64..3_000,
+        1 => Just(0u64),
+        1 => Just(BIG),
+    ];
     // Mostly one limit per case (as a fleet should), sometimes another.
     let limit = prop_oneof![20 => Just(6u64), 6 => 1u64..12, 1 => Just(0u64)];
     let step = prop_oneof![
@@ -130,7 +137,8 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
                 holder, count, ttl_us, aseq, rseq,
             }),
         1 => prop::option::of(holder).prop_map(|holder| Step::Peek { holder }),
-        3 => (0u64..2_500).prop_map(|us| Step::Advance { us }),
+        3 => prop_oneof![(0u64..6).prop_map(|k| k * 250), 0u64..2_500]
+            .prop_map(|us| Step::Advance { us }),
     ];
     prop::collection::vec(step, 1..40)
 }
