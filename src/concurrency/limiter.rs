@@ -207,6 +207,8 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
             rseq_sent: AtomicU64::new(0),
             gate: AtomicBool::new(false),
             gate_open: Notify::new(),
+            in_flight: AtomicU64::new(0),
+            drained: Notify::new(),
             dirty: AtomicBool::new(false),
             touched: AtomicBool::new(false),
             leased: AtomicU64::new(0),
@@ -300,7 +302,8 @@ pub(crate) struct Shared<S> {
     error: Mutex<Option<StoreError>>,
     error_seq: AtomicU64,
     /// Pure: slots this holder may be counted for — reserved for acquires in flight, in live
-    /// permits, or dropped and not yet released. What a renewal reports.
+    /// permits, or dropped and not yet released. What a renewal reports, once no acquire is
+    /// in flight.
     pub(crate) claimed: AtomicU64,
     /// Pure: the last acquire sequence number handed out.
     pub(crate) aseq: AtomicU64,
@@ -309,6 +312,10 @@ pub(crate) struct Shared<S> {
     /// Pure: closed while a renewal is counted and in flight; no acquire starts meanwhile.
     pub(crate) gate: AtomicBool,
     pub(crate) gate_open: Notify,
+    /// Pure: acquire calls in flight; a renewal waits for them to end before counting.
+    pub(crate) in_flight: AtomicU64,
+    /// Pure: the last call in flight ended while the gate was closed.
+    pub(crate) drained: Notify,
     /// A call's outcome is unknown (or the record was lost): the count may be wrong until the
     /// next renewal sets it.
     pub(crate) dirty: AtomicBool,
@@ -526,6 +533,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// Later calls return [`Error::Closed`]. Dropping the last clone does the same without
     /// waiting.
     pub async fn shutdown(&self) {
+        self.handle.shared.local.stale.store(true, Ordering::SeqCst);
         self.handle.shared.local.signal.close();
         let task = self.handle.task.lock().take();
         if let Some(task) = task {
@@ -538,6 +546,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// tests; use [`shutdown`](Self::shutdown) otherwise.
     pub fn abort(&self) {
         let s = &self.handle.shared;
+        s.local.stale.store(true, Ordering::SeqCst);
         s.local.signal.close();
         if let Some(task) = self.handle.task.lock().take() {
             task.abort();
@@ -675,10 +684,14 @@ impl<S: ConcurrencyStore> Shared<S> {
         self.counters.acquires.fetch_add(1, Ordering::Relaxed);
         let result = self.store.concurrency(&self.name, &op).await;
         let reservation = reservation.settle();
+        let held_before = reservation.held_before;
+        // The call has ended: a renewal may count now (`claimed` is settled below, before
+        // the renewal can read it: the task reads it only after `in_flight` drains, and this
+        // reservation is dropped at the end of this function).
         match result {
             Ok(reply) => {
                 self.recovered();
-                if !reply.existed && reservation.others > 0 {
+                if !reply.existed && held_before > 0 {
                     // The record this holder was counted in is gone (expired or flushed):
                     // renew now, so the slots still held are counted again.
                     self.suspect();
@@ -704,31 +717,48 @@ impl<S: ConcurrencyStore> Shared<S> {
         }
     }
 
-    /// Pure: counts `n` slots as claimed and draws an acquire sequence number, waiting while
-    /// a renewal is being counted (see `task`).
+    /// Pure: counts `n` slots as claimed and the call as in flight, and draws an acquire
+    /// sequence number, waiting while a renewal is being counted (see `task`).
     async fn reserve(&self, n: u64) -> Reservation<'_, S> {
         loop {
             let opened = self.gate_open.notified();
-            // SeqCst throughout: the task closes the gate, then reads `aseq`, then `claimed`; a
-            // caller increments `claimed`, then `aseq`, then reads the gate. Either the task's
-            // read of `aseq` comes after this caller's increment (and then `claimed` includes
-            // it), or this caller sees the gate closed and backs out.
+            // SeqCst throughout: the task closes the gate, then waits for `in_flight` to drain,
+            // then reads `aseq` and `claimed`; a caller increments `in_flight`, `claimed` and
+            // `aseq`, then reads the gate. Either the task's read of `in_flight` comes after
+            // this caller's increment (and the task waits for this call to end), or this
+            // caller sees the gate closed and backs out.
             if !self.gate.load(Ordering::SeqCst) {
-                let others = self.claimed.fetch_add(n, Ordering::SeqCst);
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                self.claimed.fetch_add(n, Ordering::SeqCst);
                 let seq = self.aseq.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut reservation = Reservation {
+                    shared: self,
+                    n,
+                    seq,
+                    // Slots granted (in permits, or dropped and not yet released) before this
+                    // call: the store must have a record for them.
+                    held_before: self.local.in_use.load(Ordering::SeqCst)
+                        + self.local.pending.load(Ordering::SeqCst),
+                    settled: false,
+                };
                 if !self.gate.load(Ordering::SeqCst) {
                     self.touched.store(true, Ordering::SeqCst);
-                    return Reservation {
-                        shared: self,
-                        n,
-                        seq,
-                        others,
-                        settled: false,
-                    };
+                    return reservation;
                 }
+                // Backing out: nothing was sent.
                 self.claimed.fetch_sub(n, Ordering::SeqCst);
+                reservation.settled = true;
+                drop(reservation);
             }
             opened.await;
+        }
+    }
+
+    /// Pure: an acquire call ended (or was never sent); wakes a renewal waiting for the calls
+    /// in flight to end.
+    fn call_ended(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 && self.gate.load(Ordering::SeqCst) {
+            self.drained.notify_one();
         }
     }
 
@@ -763,8 +793,7 @@ struct Reservation<'a, S: ConcurrencyStore> {
     shared: &'a Shared<S>,
     n: u64,
     seq: u64,
-    /// What was claimed before this reservation.
-    others: u64,
+    held_before: u64,
     settled: bool,
 }
 
@@ -782,5 +811,6 @@ impl<S: ConcurrencyStore> Drop for Reservation<'_, S> {
             self.shared.claimed.fetch_sub(self.n, Ordering::SeqCst);
             self.shared.suspect();
         }
+        self.shared.call_ended();
     }
 }

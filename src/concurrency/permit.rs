@@ -38,7 +38,7 @@ pub(crate) struct Local {
     /// Hybrid: leased slots in no permit, ready to hand out.
     pub(crate) pool: AtomicU64,
     /// Hybrid: the store may have forgotten this holder (no successful renewal for 90 % of the
-    /// ttl); the pool is not handed out until a renewal succeeds.
+    /// ttl), or the limiter is closing; the pool is not handed out until a renewal succeeds.
     pub(crate) stale: AtomicBool,
     /// Pure: slots in live permits granted by the store.
     pub(crate) in_use: AtomicU64,

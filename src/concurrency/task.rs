@@ -3,15 +3,17 @@
 //!
 //! **Pure mode.** Callers send their own acquires. The task sends one release for all the
 //! permits dropped since the last one, and renews the holder's record every third of the ttl
-//! with a *sync*: the count the holder really has claimed. Counting must not race an acquire
-//! that the store applies before the sync but that the count missed, so the task closes a gate
-//! (new acquires wait), reads the last acquire number `A`, then the claimed count, sends the
-//! sync, and opens the gate. Acquires numbered up to `A` are in the count (their reservation
-//! was made before their number was drawn); none numbered above `A` is sent before the sync is
-//! answered; and a sync that arrives late anyway is refused by the store if an acquire numbered
-//! above `A` was applied first. Releases numbered up to the sync's are ignored afterwards, so
-//! nothing is subtracted twice. Slots of calls whose replies were lost (timeouts, dropped
-//! connections, cancelled futures) are thus counted right again by the next sync.
+//! with a *sync*: the count the holder really holds. Counting must not race an acquire in
+//! flight, whose outcome is not known yet, so the task closes a gate (new acquires wait),
+//! waits for the acquires in flight to end (within the response timeout), reads the last
+//! acquire number `A` and the claimed count (permits held, plus dropped ones not yet
+//! released), sends the sync, and opens the gate. Every acquire numbered up to `A` has ended,
+//! so the count is exact; none numbered above `A` is sent before the sync is answered; and a
+//! sync that arrives late anyway is refused by the store if an acquire numbered above `A` was
+//! applied first. Releases numbered up to the sync's are ignored afterwards, so nothing is
+//! subtracted twice. Slots of calls whose replies were lost (timeouts, dropped connections,
+//! cancelled futures) are thus counted right again by the next sync; only a lost call that
+//! reaches Redis after the sync (it was still queued) can leak, until the sync after that.
 //!
 //! **Hybrid mode.** The task makes every store call, one at a time, so its own tally of leased
 //! slots is exact: it leases when callers ask (a denial, or the pool below a quarter batch),
@@ -68,7 +70,8 @@ pub(crate) async fn run<S: ConcurrencyStore>(s: Arc<Shared<S>>) {
         }
     }
     // Closing: give back what no permit holds, and renew what permits still hold one last
-    // time (a count of 0 deletes the record).
+    // time (a count of 0 deletes the record). A stale pool is never handed out again.
+    s.local.stale.store(true, Ordering::SeqCst);
     if s.local.hybrid {
         let pooled = s.local.pool.swap(0, Ordering::SeqCst);
         task.give_back(&s, pooled).await;
@@ -174,14 +177,37 @@ impl Task {
     async fn sync<S: ConcurrencyStore>(&mut self, s: &Shared<S>) {
         let now = Instant::now();
         self.next_sync = now + self.renew_every;
+        // Repairs (dirty syncs) at most every 10 ms.
+        self.retry_at = self.retry_at.max(now + ERROR_BACKOFF_MIN);
         // Cleared before counting: whatever goes wrong from here on sets it again.
         let dirty = s.dirty.swap(false, Ordering::SeqCst);
         let (count, aseq) = if s.local.hybrid {
             (self.leased, self.aseq)
         } else {
             s.gate.store(true, Ordering::SeqCst);
-            let aseq = s.aseq.load(Ordering::SeqCst);
-            (s.claimed.load(Ordering::SeqCst), aseq)
+            // Every acquire sent before the gate closed ends (within the response timeout);
+            // then `claimed` is what the holder really holds.
+            let drain = async {
+                loop {
+                    let drained = s.drained.notified();
+                    if s.in_flight.load(Ordering::SeqCst) == 0 {
+                        break;
+                    }
+                    drained.await;
+                }
+            };
+            match tokio::time::timeout(s.ttl / 6, drain).await {
+                Ok(()) => (
+                    s.claimed.load(Ordering::SeqCst),
+                    s.aseq.load(Ordering::SeqCst),
+                ),
+                Err(_) => {
+                    // A call in flight that is never polled again: renew without counting (a
+                    // record that saw any acquire refuses a sync numbered 0), repair later.
+                    s.dirty.store(true, Ordering::SeqCst);
+                    (s.claimed.load(Ordering::SeqCst), 0)
+                }
+            }
         };
         let touched = s.touched.swap(false, Ordering::SeqCst);
         if count == 0 && !touched && !dirty && !self.registered {
@@ -226,7 +252,8 @@ impl Task {
     /// A renewal sent at `sent` succeeded.
     fn renewed<S>(&mut self, s: &Shared<S>, sent: Instant) {
         self.renewed_at = Some(sent);
-        if s.local.stale.swap(false, Ordering::SeqCst) {
+        // A closing limiter's pool stays stale: it is never handed out again.
+        if !s.local.signal.is_closed() && s.local.stale.swap(false, Ordering::SeqCst) {
             s.local.wake_waiters();
         }
     }
@@ -279,7 +306,8 @@ impl Task {
         }
     }
 
-    /// Hybrid: leases slots for the callers that asked, unless the pool can serve them.
+    /// Hybrid: leases slots for the callers that asked, unless the pool can serve them (or
+    /// this holder has the whole limit already).
     async fn lease<S: ConcurrencyStore>(&mut self, s: &Shared<S>) {
         let l = &s.local;
         let denied = l.signal.take_denied();
@@ -288,7 +316,7 @@ impl Task {
         if stale {
             // Renew first: a stale pool is useless until the store counts it again.
             self.sync(s).await;
-        } else if pooled < denied.max(s.low_water.max(1)) {
+        } else if pooled < denied.max(s.low_water.max(1)) && self.leased < s.limit {
             let min = denied.max(1);
             let want = s.batch.saturating_sub(pooled).max(min);
             self.aseq += 1;
@@ -319,6 +347,7 @@ impl Task {
                         self.leased += reply.granted;
                         s.leased.store(self.leased, Ordering::Relaxed);
                         l.pool.fetch_add(reply.granted, Ordering::SeqCst);
+                        l.wake.notify_waiters();
                         self.full_backoff = MIN_POLL;
                     } else {
                         s.counters.full.fetch_add(1, Ordering::Relaxed);
@@ -332,10 +361,13 @@ impl Task {
                         self.renewed(s, sent);
                     }
                 }
-                Err(_) => s.suspect(),
+                Err(_) => {
+                    s.suspect();
+                    // Waiters under `FailClosed` answer with the error.
+                    l.wake.notify_waiters();
+                }
             }
         }
-        l.wake.notify_waiters();
         l.signal.done();
         // A denial after `take_denied` above, seen once the flag is down (as in `crate::refill`).
         if l.signal.was_denied() {
