@@ -50,7 +50,8 @@
 --
 -- Bad arguments get a "RATELEASE invalid argument …" error reply and nothing is written; a
 -- sync that would take in_use above 2^52 is refused the same way. Invalid stored state never
--- raises a Lua error: an unparsable record reads as absent, an invalid total is recounted.
+-- raises a Lua error: an unparsable record reads as absent, an invalid total is recounted from
+-- the indexed records.
 
 local MAX = 4503599627370496 -- 2^52
 local MAX_TIME = 9007199254740992 -- 2^53
@@ -140,13 +141,13 @@ end
 -- Read: the total (recounted if invalid), the expired holders, the caller's record.
 local total = int_val(redis.call('HGET', KEYS[1], TOTAL), 0, MAX)
 if not total then
+  -- Absent (no holders) or invalid: recount the indexed records (the commands of the
+  -- least-privilege ACL suffice: no HGETALL).
   total = 0
-  local all = redis.call('HGETALL', KEYS[1])
-  for i = 1, #all, 2 do
-    if all[i] ~= TOTAL then
-      local r = parse(all[i + 1])
-      if r then total = math.min(total + r.c, MAX) end
-    end
+  local all = redis.call('ZRANGE', KEYS[2], 0, -1)
+  for i = 1, #all do
+    local r = parse(redis.call('HGET', KEYS[1], all[i]))
+    if r then total = math.min(total + r.c, MAX) end
   end
 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int_str(now))

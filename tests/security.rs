@@ -7,13 +7,13 @@ mod support;
 use std::time::Duration;
 
 use ratelease::{
-    Error, FailurePolicy, HybridLimiter, LockError, Quota, RedisLimiter, RedisLock, RedisStore,
-    StoreError,
+    ConcurrencyLimiter, Error, FailurePolicy, HybridLimiter, LockError, Quota, RedisLimiter,
+    RedisLock, RedisStore, StoreError,
 };
 use support::RedisServer;
 
 /// The ACL rules of RELIABILITY.md, "Security" (keep the two in step): the script commands,
-/// exactly the commands `lua/token_bucket.lua` and `lua/lock.lua` call (Redis 7 checks ACLs
+/// exactly the commands `lua/token_bucket.lua`, `lua/concurrency.lua` and `lua/lock.lua` call (Redis 7 checks ACLs
 /// inside scripts), the two read-only commands `RedisLock` sends itself, and pub/sub on the
 /// lock channels; all on the `ratelease:` prefix.
 const LEAST_PRIVILEGE: &[&str] = &[
@@ -25,7 +25,8 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+evalsha",
     "+eval",
     "+script|load",
-    // lua/token_bucket.lua
+    // lua/token_bucket.lua (lua/concurrency.lua needs a subset: TIME HGET HSET HDEL ZADD ZREM
+    // ZRANGE ZRANGEBYSCORE DEL PEXPIRE)
     "+time",
     "+hmget",
     "+hget",
@@ -94,6 +95,21 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
     hybrid.shutdown().await;
     assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
     assert!(!pure.try_acquire(20).await.unwrap().is_allowed());
+
+    // The concurrency limit, pure and hybrid: acquire, release, renew on shutdown.
+    for batch in [None, Some(2)] {
+        let b = ConcurrencyLimiter::builder("acl", 2, store(&server, "ratelease").await)
+            .on_store_failure(FailurePolicy::FailClosed);
+        let conc = match batch {
+            Some(batch) => b.hybrid(batch).build().unwrap(),
+            None => b.build().unwrap(),
+        };
+        let permit = conc.acquire(2).await.unwrap();
+        assert!(conc.try_acquire(1).await.unwrap().is_none());
+        drop(permit);
+        conc.shutdown().await;
+        assert_eq!(conc.stats().store_errors, 0, "{:?}", conc.stats());
+    }
 
     // The lock: acquire, re-enter, inspect, wait for an unlock (subscribe + publish).
     let lock = RedisLock::builder(url(&server, "ratelease"), "acl")
@@ -167,6 +183,17 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
             "{user}: {err:?}"
         );
         hybrid.abort();
+
+        let conc = ConcurrencyLimiter::builder("x", 2, store(&server, user).await)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        let err = conc.try_acquire(1).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            "{user}: {err:?}"
+        );
+        conc.abort();
 
         let lock = RedisLock::connect(url(&server, user), "x").await.unwrap();
         let err = lock.try_lock(&lock.new_owner()).await.unwrap_err();
