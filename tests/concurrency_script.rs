@@ -28,79 +28,8 @@ const BIG: u64 = 1 << 52;
 
 #[derive(Debug, Clone)]
 enum Step {
-    Acquire {
-        holder: usize,
-        want: u64,
-        min: u64,
-        limit: u64,
-        ttl_us: u64,
-        aseq: u64,
-        rseq: u64,
-    },
-    Release {
-        holder: usize,
-        n: u64,
-        rseq: u64,
-    },
-    Sync {
-        holder: usize,
-        count: u64,
-        ttl_us: u64,
-        aseq: u64,
-        rseq: u64,
-    },
-    Peek {
-        holder: Option<usize>,
-    },
-    Advance {
-        us: u64,
-    },
-}
-
-impl Step {
-    fn op(&self) -> Option<Op<'static>> {
-        Some(match *self {
-            Step::Acquire {
-                holder,
-                want,
-                min,
-                limit,
-                ttl_us,
-                aseq,
-                rseq,
-            } => Op::Acquire {
-                holder: HOLDERS[holder],
-                want,
-                min,
-                limit,
-                ttl_us,
-                aseq,
-                rseq,
-            },
-            Step::Release { holder, n, rseq } => Op::Release {
-                holder: HOLDERS[holder],
-                n,
-                rseq,
-            },
-            Step::Sync {
-                holder,
-                count,
-                ttl_us,
-                aseq,
-                rseq,
-            } => Op::Sync {
-                holder: HOLDERS[holder],
-                count,
-                ttl_us,
-                aseq,
-                rseq,
-            },
-            Step::Peek { holder } => Op::Peek {
-                holder: holder.map_or("", |h| HOLDERS[h]),
-            },
-            Step::Advance { .. } => return None,
-        })
-    }
+    Call(Op<'static>),
+    Advance { us: u64 },
 }
 
 /// Mostly small values; now and then 0, the largest valid value, or one past it.
@@ -114,7 +43,7 @@ fn count(hi: u64) -> impl Strategy<Value = u64> {
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
-    let holder = 0usize..3;
+    let holder = prop::sample::select(&HOLDERS[..]);
     let seq = 0u64..6;
     // Times on a grid of 250 µs, so calls often land exactly on an expiry.
     let ttl = prop_oneof![
@@ -125,22 +54,58 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     ];
     // Mostly one limit per case (as a fleet should), sometimes another.
     let limit = prop_oneof![20 => Just(6u64), 6 => 1u64..12, 1 => Just(0u64)];
+    let acquire = (
+        holder.clone(),
+        count(8),
+        count(8),
+        limit,
+        ttl.clone(),
+        seq.clone(),
+        seq.clone(),
+    )
+        .prop_map(
+            |(holder, want, min, limit, ttl_us, aseq, rseq)| Op::Acquire {
+                holder,
+                want,
+                min,
+                limit,
+                ttl_us,
+                aseq,
+                rseq,
+            },
+        );
+    let release = (holder.clone(), count(6), seq.clone())
+        .prop_map(|(holder, n, rseq)| Op::Release { holder, n, rseq });
+    let sync = (holder.clone(), count(8), ttl, seq.clone(), seq).prop_map(
+        |(holder, count, ttl_us, aseq, rseq)| Op::Sync {
+            holder,
+            count,
+            ttl_us,
+            aseq,
+            rseq,
+        },
+    );
+    let peek = prop_oneof![holder, Just("")].prop_map(|holder| Op::Peek { holder });
     let step = prop_oneof![
-        6 => (holder.clone(), count(8), count(8), limit, ttl.clone(), seq.clone(), seq.clone())
-            .prop_map(|(holder, want, min, limit, ttl_us, aseq, rseq)| Step::Acquire {
-                holder, want, min, limit, ttl_us, aseq, rseq,
-            }),
-        3 => (holder.clone(), count(6), seq.clone())
-            .prop_map(|(holder, n, rseq)| Step::Release { holder, n, rseq }),
-        3 => (holder.clone(), count(8), ttl, seq.clone(), seq)
-            .prop_map(|(holder, count, ttl_us, aseq, rseq)| Step::Sync {
-                holder, count, ttl_us, aseq, rseq,
-            }),
-        1 => prop::option::of(holder).prop_map(|holder| Step::Peek { holder }),
+        6 => acquire.prop_map(Step::Call),
+        3 => release.prop_map(Step::Call),
+        3 => sync.prop_map(Step::Call),
+        1 => peek.prop_map(Step::Call),
         3 => prop_oneof![(0u64..6).prop_map(|k| k * 250), 0u64..2_500]
             .prop_map(|us| Step::Advance { us }),
     ];
     prop::collection::vec(step, 1..40)
+}
+
+/// A store on `server` whose script calls carry `now` from `clock`.
+async fn store_at(server: &RedisServer, clock: &FakeClock, prefix: &str) -> RedisStore {
+    RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
+        .prefix(prefix)
+        .explicit_clock(clock.clone())
+        .connect()
+        .await
+        .unwrap()
 }
 
 /// Compares replies; errors must match in kind and message.
@@ -172,14 +137,7 @@ fn memory_store_and_lua_script_agree() {
         .build()
         .unwrap();
     let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
-    let redis = rt.block_on(async {
-        RedisStore::builder(server.url())
-            .response_timeout(Duration::from_secs(5))
-            .explicit_clock(clock.clone())
-            .connect()
-            .await
-            .unwrap()
-    });
+    let redis = rt.block_on(store_at(&server, &clock, "ratelease:"));
     let case = AtomicU64::new(0);
     let seen = std::cell::RefCell::new(Seen::default());
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(200));
@@ -188,55 +146,45 @@ fn memory_store_and_lua_script_agree() {
             let memory = MemoryStore::with_clock(clock.clone());
             let name = format!("diff-{}", case.fetch_add(1, Ordering::Relaxed));
             // Which holders the store counts, to notice reclaims.
-            let mut live = [false; 3];
+            let mut live = std::collections::HashSet::new();
             rt.block_on(async {
                 for step in &steps {
-                    let Some(op) = step.op() else {
-                        if let Step::Advance { us } = *step {
+                    let op = match *step {
+                        Step::Call(op) => op,
+                        Step::Advance { us } => {
                             clock.advance(Duration::from_micros(us));
-                        }
-                        continue;
-                    };
-                    let m = memory.concurrency(&name, &op).await;
-                    let r = redis.concurrency(&name, &op).await;
-                    prop_assert!(same(&m, &r), "{step:?}: memory {m:?} vs redis {r:?}");
-                    let mut s = seen.borrow_mut();
-                    s.compared += 1;
-                    let reply = match m {
-                        Ok(reply) => reply,
-                        Err(_) => {
-                            s.rejected += 1;
                             continue;
                         }
                     };
-                    let h = match *step {
-                        Step::Acquire { holder, .. } if reply.granted > 0 => {
-                            s.granted += 1;
-                            holder
-                        }
-                        Step::Acquire { holder, .. } => {
-                            s.full += 1;
-                            holder
-                        }
-                        Step::Release { holder, n, .. } => {
-                            if reply.granted == 0 && n > 0 && reply.existed {
-                                s.ignored_releases += 1;
-                            }
-                            holder
-                        }
-                        Step::Sync { holder, .. } => {
-                            if reply.granted == 0 {
-                                s.stale_syncs += 1;
-                            }
-                            holder
-                        }
-                        Step::Peek { holder: Some(h) } => h,
-                        _ => continue,
+                    let m = memory.concurrency(&name, &op).await;
+                    let r = redis.concurrency(&name, &op).await;
+                    prop_assert!(same(&m, &r), "{op:?}: memory {m:?} vs redis {r:?}");
+                    let mut s = seen.borrow_mut();
+                    s.compared += 1;
+                    let Ok(reply) = m else {
+                        s.rejected += 1;
+                        continue;
                     };
-                    if live[h] && !reply.existed {
+                    match op {
+                        Op::Acquire { .. } if reply.granted > 0 => s.granted += 1,
+                        Op::Acquire { .. } => s.full += 1,
+                        Op::Release { n, .. } if reply.granted == 0 && n > 0 && reply.existed => {
+                            s.ignored_releases += 1
+                        }
+                        Op::Sync { .. } if reply.granted == 0 => s.stale_syncs += 1,
+                        _ => {}
+                    }
+                    let h = op.holder();
+                    if h.is_empty() {
+                        continue;
+                    }
+                    if live.contains(h) && !reply.existed {
                         s.reclaimed += 1;
                     }
-                    live[h] = reply.held > 0;
+                    match reply.held > 0 {
+                        true => live.insert(h),
+                        false => live.remove(h),
+                    };
                 }
                 Ok(())
             })
@@ -261,13 +209,7 @@ fn memory_store_and_lua_script_agree() {
 async fn keys_carry_the_hash_tag_and_a_suffix_of_their_own_and_expire() {
     let server = RedisServer::start();
     let clock = FakeClock::starting_at(Duration::from_secs(1_000));
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .prefix("app:")
-        .explicit_clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
+    let store = store_at(&server, &clock, "app:").await;
     let acquire = Op::Acquire {
         holder: "h",
         want: 2,
@@ -316,12 +258,7 @@ async fn keys_carry_the_hash_tag_and_a_suffix_of_their_own_and_expire() {
 async fn corrupt_state_reads_as_absent_and_is_recounted() {
     let server = RedisServer::start();
     let clock = FakeClock::starting_at(Duration::from_secs(1_000));
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .explicit_clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
+    let store = store_at(&server, &clock, "ratelease:").await;
     let [hash, zset] = store.concurrency_keys("c");
     let far = (2_000u64 * 1_000_000).to_string();
     let _: () = server.cmd(&["HSET", &hash, "#total", "nan", "a", "3 0 0", "b", "x y z"]);

@@ -91,7 +91,7 @@ pub enum Op<'a> {
     },
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
     /// The script's name for the op.
     pub fn name(&self) -> &'static str {
         match self {
@@ -102,8 +102,40 @@ impl Op<'_> {
         }
     }
 
+    /// The script's numeric arguments `ARGV[4..=9]`: want (acquire), n (release) or count
+    /// (sync); min; limit; ttl_us; aseq; rseq — `None` where the op takes none.
+    pub fn numbers(&self) -> [Option<u64>; 6] {
+        match *self {
+            Op::Acquire {
+                want,
+                min,
+                limit,
+                ttl_us,
+                aseq,
+                rseq,
+                ..
+            } => [want, min, limit, ttl_us, aseq, rseq].map(Some),
+            Op::Release { n, rseq, .. } => [Some(n), None, None, None, None, Some(rseq)],
+            Op::Sync {
+                count,
+                ttl_us,
+                aseq,
+                rseq,
+                ..
+            } => [
+                Some(count),
+                None,
+                None,
+                Some(ttl_us),
+                Some(aseq),
+                Some(rseq),
+            ],
+            Op::Peek { .. } => [None; 6],
+        }
+    }
+
     /// The holder the op is about.
-    pub fn holder(&self) -> &str {
+    pub fn holder(&self) -> &'a str {
         match *self {
             Op::Acquire { holder, .. }
             | Op::Release { holder, .. }
@@ -139,57 +171,34 @@ fn validate(op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgument> {
     {
         return bad("holder");
     }
-    let (ttl_us, aseq, rseq) = match *op {
-        Op::Acquire {
-            want,
-            min,
-            limit,
-            ttl_us,
-            aseq,
-            rseq,
-            ..
-        } => {
-            if !(1..=MAX_VALUE).contains(&want) {
-                return bad("want");
-            }
-            if !(1..=want).contains(&min) {
-                return bad("min");
-            }
-            if !(1..=MAX_VALUE).contains(&limit) {
-                return bad("limit");
-            }
-            if min > limit {
-                return bad("min");
-            }
-            (Some(ttl_us), Some(aseq), rseq)
-        }
-        Op::Release { n, rseq, .. } => {
-            if n > MAX_VALUE {
-                return bad("n");
-            }
-            (None, None, rseq)
-        }
-        Op::Sync {
-            count,
-            ttl_us,
-            aseq,
-            rseq,
-            ..
-        } => {
-            if count > MAX_VALUE {
-                return bad("count");
-            }
-            (Some(ttl_us), Some(aseq), rseq)
-        }
+    // The script's ARGV[4..=9], in its order.
+    let [n, min, limit, ttl_us, aseq, rseq] = op.numbers();
+    let (n_name, n_min) = match op {
+        Op::Acquire { .. } => ("want", 1),
+        Op::Release { .. } => ("n", 0),
+        Op::Sync { .. } => ("count", 0),
         Op::Peek { .. } => return Ok(()),
     };
+    let n = n.unwrap_or_default();
+    if !(n_min..=MAX_VALUE).contains(&n) {
+        return bad(n_name);
+    }
+    if min.is_some_and(|m| !(1..=n).contains(&m)) {
+        return bad("min");
+    }
+    if limit.is_some_and(|l| !(1..=MAX_VALUE).contains(&l)) {
+        return bad("limit");
+    }
+    if min > limit {
+        return bad("min");
+    }
     if ttl_us.is_some_and(|t| !(1..=MAX_VALUE).contains(&t)) {
         return bad("ttl_us");
     }
     if aseq.is_some_and(|a| a > MAX_VALUE) {
         return bad("aseq");
     }
-    if rseq > MAX_VALUE {
+    if rseq.is_some_and(|r| r > MAX_VALUE) {
         return bad("rseq");
     }
     Ok(())
@@ -411,82 +420,39 @@ mod tests {
         let mut st = Holders::default();
         acquire(&mut st, "a", 1, 1, 0);
         let before = st.clone();
-        let base = Op::Acquire {
+        let acquire = |want, min, limit, ttl_us, rseq| Op::Acquire {
             holder: "h",
-            want: 2,
-            min: 1,
-            limit: 5,
-            ttl_us: TTL,
+            want,
+            min,
+            limit,
+            ttl_us,
+            aseq: 0,
+            rseq,
+        };
+        let overflow = Op::Sync {
+            holder: "h",
+            count: MAX_VALUE,
+            ttl_us: 1,
             aseq: 0,
             rseq: 0,
         };
-        let with = |f: fn(&mut Op<'static>)| {
-            let mut op = base;
-            f(&mut op);
-            op
-        };
-        let cases: [(Op<'_>, &str); 8] = [
-            (with(|o| *o = Op::Peek { holder: "#x" }), "holder"),
+        let cases = [
+            (Op::Peek { holder: "#x" }, "holder"),
             (
-                with(|o| {
-                    *o = Op::Release {
-                        holder: "",
-                        n: 0,
-                        rseq: 0,
-                    }
-                }),
-                "holder",
-            ),
-            (
-                with(|o| {
-                    if let Op::Acquire { want, .. } = o {
-                        *want = 0
-                    }
-                }),
-                "want",
-            ),
-            (
-                with(|o| {
-                    if let Op::Acquire { min, .. } = o {
-                        *min = 3
-                    }
-                }),
-                "min",
-            ),
-            (
-                with(|o| {
-                    if let Op::Acquire { limit, .. } = o {
-                        *limit = 0
-                    }
-                }),
-                "limit",
-            ),
-            (
-                with(|o| {
-                    if let Op::Acquire { ttl_us, .. } = o {
-                        *ttl_us = 0
-                    }
-                }),
-                "ttl_us",
-            ),
-            (
-                with(|o| {
-                    if let Op::Acquire { rseq, .. } = o {
-                        *rseq = MAX_VALUE + 1
-                    }
-                }),
-                "rseq",
-            ),
-            (
-                Op::Sync {
-                    holder: "h",
-                    count: MAX_VALUE,
-                    ttl_us: 1,
-                    aseq: 0,
+                Op::Release {
+                    holder: "",
+                    n: 0,
                     rseq: 0,
                 },
-                "count",
+                "holder",
             ),
+            (acquire(0, 1, 5, TTL, 0), "want"),
+            (acquire(2, 3, 5, TTL, 0), "min"),
+            (acquire(2, 1, 0, TTL, 0), "limit"),
+            (acquire(2, 2, 1, TTL, 0), "min"),
+            (acquire(2, 1, 5, 0, 0), "ttl_us"),
+            (acquire(2, 1, 5, TTL, MAX_VALUE + 1), "rseq"),
+            (overflow, "count"),
         ];
         for (op, what) in cases {
             assert_eq!(step(&mut st, &op, 5), Err(InvalidArgument(what)), "{op:?}");

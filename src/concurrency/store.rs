@@ -67,39 +67,14 @@ impl ConcurrencyStore for RedisStore {
 }
 
 /// The script's nine arguments for `op` at `now` (`""` for the server's clock).
-fn script_args(op: &Op<'_>, now: String) -> [String; 9] {
-    let s = |v: u64| v.to_string();
-    let (n, min, limit, ttl, aseq, rseq) = match *op {
-        Op::Acquire {
-            want,
-            min,
-            limit,
-            ttl_us,
-            aseq,
-            rseq,
-            ..
-        } => (s(want), s(min), s(limit), s(ttl_us), s(aseq), s(rseq)),
-        Op::Release { n, rseq, .. } => (s(n), "".into(), "".into(), "".into(), "".into(), s(rseq)),
-        Op::Sync {
-            count,
-            ttl_us,
-            aseq,
-            rseq,
-            ..
-        } => (s(count), "".into(), "".into(), s(ttl_us), s(aseq), s(rseq)),
-        Op::Peek { .. } => Default::default(),
-    };
-    [
-        op.name().to_owned(),
-        now,
-        op.holder().to_owned(),
-        n,
-        min,
-        limit,
-        ttl,
-        aseq,
-        rseq,
-    ]
+fn script_args(op: &Op<'_>, now: String) -> Vec<String> {
+    let numbers = op
+        .numbers()
+        .map(|v| v.map_or_else(String::new, |v| v.to_string()));
+    [op.name().to_owned(), now, op.holder().to_owned()]
+        .into_iter()
+        .chain(numbers)
+        .collect()
 }
 
 impl ConcurrencyStore for MemoryStore {
