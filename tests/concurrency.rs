@@ -558,3 +558,52 @@ async fn a_crashed_holders_slots_come_back_exactly_one_ttl_later_on_redis() {
         clock.advance(Duration::from_secs(1));
     }
 }
+
+/// `FLUSHALL` loses every holder record: slots held then can be granted again, until each live
+/// holder's next renewal registers what it still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_state_is_registered_again_by_the_next_renewal() {
+    let server = RedisServer::start();
+    // Renewals every 500 ms: B's acquire right after the flush comes long before A's renewal.
+    let ttl = Duration::from_millis(1_500);
+    for (i, batch) in [None, Some(2)].into_iter().enumerate() {
+        let name = format!("flushed-{i}");
+        let build = |store| {
+            let b = ConcurrencyLimiter::builder(name.clone(), 3, store).ttl(ttl);
+            match batch {
+                Some(batch) => b.hybrid(batch).build().unwrap(),
+                None => b.build().unwrap(),
+            }
+        };
+        let a = build(RedisStore::connect(server.url()).await.unwrap());
+        let b = build(RedisStore::connect(server.url()).await.unwrap());
+        let held = (a.acquire(1).await.unwrap(), a.acquire(1).await.unwrap());
+        let _: () = server.cmd(&["FLUSHALL"]);
+        // The store forgot: the whole limit is granted again (one extra limit at most).
+        let mut again = Vec::new();
+        for _ in 0..3 {
+            let permit = b.try_acquire_for(1, Duration::from_secs(1)).await.unwrap();
+            again.push(permit.expect("granted again after the flush"));
+        }
+        let holder = format!("{:016x}", a.holder_id());
+        let peek = Op::Peek { holder: &holder };
+        let store = RedisStore::connect(server.url()).await.unwrap();
+        assert_eq!(store.concurrency(&name, &peek).await.unwrap().held, 0);
+        // Within a renewal period, A's two slots are counted again.
+        sleep(ttl / 3 + Duration::from_millis(100)).await;
+        let reply = store.concurrency(&name, &peek).await.unwrap();
+        assert_eq!(reply.held, 2, "batch {batch:?}: A's slots are counted again");
+        assert_eq!(reply.in_use, 5, "over the limit while B's permits live");
+        // B keeps one permit. Pure: the two others are released. Hybrid: they go to B's pool,
+        // which B's next renewal finds over-subscribed: it gives back what is above the limit
+        // instead of handing it out.
+        again.truncate(1);
+        sleep(ttl / 3 + Duration::from_millis(100)).await;
+        let in_use = store.concurrency(&name, &peek).await.unwrap().in_use;
+        assert_eq!(in_use, 3, "batch {batch:?}: {:?}", b.stats());
+        drop(again);
+        drop(held);
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}

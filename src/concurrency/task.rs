@@ -17,7 +17,8 @@
 //!
 //! **Hybrid mode.** The task makes every store call, one at a time, so its own tally of leased
 //! slots is exact: it leases when callers ask (a denial, or the pool below a quarter batch),
-//! gives back the pool above one batch and the whole pool once nobody has held a permit for
+//! gives back the pool above one batch (or what a reply showed above the limit, after lost
+//! state was registered again) and the whole pool once nobody has held a permit for
 //! the idle time, and syncs its tally every third of the ttl. If no renewal has succeeded for
 //! 90 % of the ttl, the pool is marked stale (not handed out) until one does.
 //!
@@ -56,6 +57,7 @@ pub(crate) async fn run<S: ConcurrencyStore>(s: Arc<Shared<S>>) {
         registered: false,
         renewed_at: None,
         idle_since: None,
+        excess: 0,
         rng: fastrand::Rng::new(),
     };
     loop {
@@ -101,6 +103,9 @@ struct Task {
     renewed_at: Option<Instant>,
     /// Hybrid: since when no permit has been held while slots sat in the pool.
     idle_since: Option<Instant>,
+    /// Hybrid: slots held across the fleet above the limit, at the last reply (after lost
+    /// state was registered again); given back from the pool first.
+    excess: u64,
     rng: fastrand::Rng,
 }
 
@@ -266,7 +271,8 @@ impl Task {
     ) -> Result<Reply, StoreError> {
         let result = s.store.concurrency(&s.name, op).await;
         match &result {
-            Ok(_) => {
+            Ok(reply) => {
+                self.excess = reply.in_use.saturating_sub(s.limit);
                 s.recovered();
                 self.backoff = ERROR_BACKOFF_MIN;
             }
@@ -298,12 +304,12 @@ impl Task {
                     .await;
             }
         }
-        self.give_back_unused(s, Instant::now()).await;
         if self.due(s, Instant::now())
             || (s.local.stale.load(Ordering::SeqCst) && now >= self.retry_at)
         {
             self.sync(s).await;
         }
+        self.give_back_unused(s, Instant::now()).await;
     }
 
     /// Hybrid: leases slots for the callers that asked, unless the pool can serve them (or
@@ -375,13 +381,16 @@ impl Task {
         }
     }
 
-    /// Hybrid: the pool above one batch goes back at once; the whole pool once no permit has
-    /// been held for the idle time.
+    /// Hybrid: the pool above one batch (or above what the fleet holds beyond the limit, after
+    /// lost state) goes back at once; the whole pool once no permit has been held for the
+    /// idle time.
     async fn give_back_unused<S: ConcurrencyStore>(&mut self, s: &Shared<S>, now: Instant) {
         let l = &s.local;
         let pooled = l.pool.load(Ordering::SeqCst);
-        if pooled > s.batch {
-            let n = l.take_up_to(pooled - s.batch);
+        let above = (pooled.saturating_sub(s.batch)).max(self.excess.min(pooled));
+        if above > 0 {
+            self.excess = 0;
+            let n = l.take_up_to(above);
             self.give_back(s, n).await;
             return;
         }
