@@ -2,6 +2,24 @@
 //! sharing a name (document 001's instantaneous concurrency limit), with the slots of a crashed
 //! process coming back after a ttl.
 //!
+//! ```no_run
+//! # async fn demo(store: ratelease::RedisStore) -> Result<(), ratelease::Error> {
+//! use std::time::Duration;
+//! use ratelease::ConcurrencyLimiter;
+//!
+//! // At most 20 exports across the fleet; a crashed process's slots come back after 10 s.
+//! let exports = ConcurrencyLimiter::builder("exports", 20, store)
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?; // or .hybrid(4): lease 4 slots per store call, hand them out locally
+//! let permit = exports.acquire(1).await?; // waits while the fleet is full
+//! /* ... run the export ... */
+//! drop(permit); // the slot goes back
+//! if let Some(_permit) = exports.try_acquire_for(1, Duration::from_millis(100)).await? {
+//!     /* ... */
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! # Implementation details
 //!
 //! **Holders, not permits.** The store keeps one record per *holder* — one
