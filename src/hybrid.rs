@@ -961,4 +961,8 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
     async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
         HybridLimiter::try_acquire_for(self, n, timeout).await
     }
+
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+        Some(HybridLimiter::try_acquire(self, n))
+    }
 }

@@ -49,7 +49,9 @@
 pub mod bucket;
 mod clock;
 pub mod concurrency;
-mod config;
+pub mod config;
+#[cfg(feature = "toml")]
+pub mod config_file;
 mod connect;
 mod demand;
 mod error;
@@ -59,6 +61,8 @@ mod key;
 mod limiter;
 mod local;
 pub mod lock;
+#[cfg(feature = "tower")]
+pub mod middleware;
 mod policy;
 mod pure;
 mod quota;
@@ -72,11 +76,13 @@ pub use concurrency::{
     Permit, CONCURRENCY_LUA, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
 };
 pub use config::{Budget, ConfigStore, Unconfigured};
+#[cfg(feature = "toml")]
+pub use config_file::{AnyLimiter, ConfigFileError, LimiterSpec, Limiters, LimitersConfig};
 pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
-pub use limiter::{Decision, Limiter};
+pub use limiter::{Decision, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,

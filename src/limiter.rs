@@ -60,6 +60,52 @@ pub trait Limiter: Send + Sync {
         n: u64,
         timeout: Duration,
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// [`try_acquire`](Limiter::try_acquire) answered without awaiting, if this limiter can
+    /// (a [`HybridLimiter`](crate::HybridLimiter) always can); `None` if it must await.
+    /// Middleware uses it to admit without allocating a future.
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+        let _ = n;
+        None
+    }
+}
+
+/// A limiter with one budget per key (user, API key, client address), in any mode.
+///
+/// The keyed twin of [`Limiter`]: the same outcomes and errors, for `key`'s budget.
+pub trait KeyedLimiter<K: ?Sized>: Send + Sync {
+    /// Takes `n` tokens from `key`'s budget now, or says when to retry.
+    ///
+    /// # Errors
+    /// As [`Limiter::try_acquire`].
+    fn try_acquire(&self, key: &K, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// Waits until `n` tokens are taken from `key`'s budget.
+    ///
+    /// # Errors
+    /// As [`Limiter::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future takes no tokens.
+    fn acquire(&self, key: &K, n: u64) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Waits at most `timeout` for `n` tokens from `key`'s budget.
+    ///
+    /// # Errors
+    /// As [`Limiter::try_acquire_for`].
+    fn try_acquire_for(
+        &self,
+        key: &K,
+        n: u64,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// [`try_acquire`](KeyedLimiter::try_acquire) answered without awaiting, if this limiter
+    /// can; `None` if it must await.
+    fn try_acquire_now(&self, key: &K, n: u64) -> Option<Result<Decision, Error>> {
+        let _ = (key, n);
+        None
+    }
 }
 
 /// Rejects requests that can never succeed.

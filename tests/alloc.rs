@@ -227,3 +227,39 @@ fn hybrid_concurrency_permits_allocate_nothing() {
         "the pool served everything"
     );
 }
+
+/// The tower middleware's admitted path over a hybrid limiter: `poll_ready` answers from the
+/// synchronous check and `call` wraps the inner future without boxing it.
+#[cfg(feature = "tower")]
+#[test]
+fn middleware_admission_allocates_nothing() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use ratelease::middleware::RateLimitLayer;
+    use tower::{Layer, Service};
+
+    let (_rt, limiter) = ready_limiter(1_000);
+    let inner =
+        tower::service_fn(|x: u32| std::future::ready(Ok::<_, std::convert::Infallible>(x)));
+    let mut svc = RateLimitLayer::new(limiter.clone()).layer(inner);
+    let mut cx = Context::from_waker(Waker::noop());
+    let requests = 100;
+    let (served, n) = allocations(|| {
+        (0..requests)
+            .filter(|&i| {
+                if !matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
+                    return false;
+                }
+                let mut response = std::pin::pin!(svc.call(i));
+                matches!(response.as_mut().poll(&mut cx), Poll::Ready(Ok(x)) if x == i)
+            })
+            .count()
+    });
+    assert_eq!(
+        served, requests as usize,
+        "every request was admitted at once"
+    );
+    assert_eq!(n, 0, "{requests} admitted requests allocated {n} times");
+    assert_eq!(limiter.available(), 1_000 - 1 - u64::from(requests));
+}

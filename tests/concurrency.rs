@@ -592,7 +592,10 @@ async fn lost_state_is_registered_again_by_the_next_renewal() {
         // Within a renewal period, A's two slots are counted again.
         sleep(ttl / 3 + Duration::from_millis(100)).await;
         let reply = store.concurrency(&name, &peek).await.unwrap();
-        assert_eq!(reply.held, 2, "batch {batch:?}: A's slots are counted again");
+        assert_eq!(
+            reply.held, 2,
+            "batch {batch:?}: A's slots are counted again"
+        );
         assert_eq!(reply.in_use, 5, "over the limit while B's permits live");
         // B keeps one permit. Pure: the two others are released. Hybrid: they go to B's pool,
         // which B's next renewal finds over-subscribed: it gives back what is above the limit

@@ -1,0 +1,425 @@
+//! Tower middleware (crate feature `tower`): rate-limit any `tower::Service` with a ratelease
+//! limiter.
+//!
+//! # Design
+//!
+//! Two ways to be limited, as tower and HTTP services expect:
+//!
+//! - **Back-pressure** — [`RateLimitLayer`] over any [`Limiter`]: the wait happens in
+//!   `poll_ready`, which does not return ready until the limiter granted the request's tokens;
+//!   `call` spends that permit. Callers that drive readiness (a `Buffer`, a client pool, a
+//!   queue consumer) slow down to the limit instead of failing. A clone starts without a
+//!   permit (`Clone` is written by hand), so permits are never duplicated. With a
+//!   [`HybridLimiter`](crate::HybridLimiter) an admitted request costs the synchronous check
+//!   ([`Limiter::try_acquire_now`]) and nothing else: no allocation, no await; only a request
+//!   that must wait boxes the limiter's `acquire` future. The same holds for a keyed limiter
+//!   that answers synchronously ([`KeyedLimiter::try_acquire_now`]); one that must await (a
+//!   store call per decision) boxes the decision and the call.
+//! - **Shedding** — [`KeyedRateLimitLayer`] over a [`KeyedLimiter`], keyed by a user-supplied
+//!   extractor (API key, user, client address): the key is only known from the request, so the
+//!   decision is made in `call`, and a limited request fails at once with a [`Limited`] error
+//!   that carries the retry hint. An HTTP server turns it into `429 Too Many Requests` with
+//!   `Retry-After` (`examples/axum.rs` does, with axum's `HandleErrorLayer`).
+//!
+//! Both services' error type is [`BoxError`], as tower's own middleware: the inner service's
+//! error, a limiter error ([`Error`]: a store failure under
+//! [`FailurePolicy::FailClosed`](crate::FailurePolicy), an unconfigured name …), or
+//! [`Limited`]. Being limited is still not a limiter error: [`Limited`] exists only because a
+//! shed request must end somehow.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::error::Error;
+use crate::limiter::{Decision, KeyedLimiter, Limiter};
+
+/// The error type of the services here, as in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request was refused by a keyed limiter; try again after [`retry_after`](Self::retry_after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limited {
+    retry_after: Duration,
+}
+
+impl Limited {
+    /// How long until the request could succeed (an estimate, as
+    /// [`Decision::Denied`]'s).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// `retry_after` in whole seconds, rounded up, for an HTTP `Retry-After` header (which
+    /// has second resolution; 0 would invite an immediate retry).
+    pub fn retry_after_secs(&self) -> u64 {
+        let d = self.retry_after;
+        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+    }
+}
+
+impl fmt::Display for Limited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rate limited; retry after {:?}", self.retry_after)
+    }
+}
+
+impl std::error::Error for Limited {}
+
+/// Applies back-pressure with a [`Limiter`]: see the [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ratelease::middleware::BoxError> {
+/// use ratelease::middleware::RateLimitLayer;
+/// use ratelease::{HybridLimiter, MemoryStore, Quota};
+/// use tower::{Service, ServiceBuilder, ServiceExt};
+///
+/// let limiter = HybridLimiter::new("backend", Quota::per_second(100)?, MemoryStore::new())?;
+/// let mut svc = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(limiter))
+///     .service_fn(|x: u32| async move { Ok::<_, std::convert::Infallible>(x * 2) });
+/// assert_eq!(svc.ready().await?.call(21).await?, 42); // waited for a permit, then called
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer<L> {
+    limiter: L,
+    tokens: u64,
+}
+
+impl<L> RateLimitLayer<L> {
+    /// One token per request from `limiter`.
+    pub fn new(limiter: L) -> Self {
+        RateLimitLayer { limiter, tokens: 1 }
+    }
+
+    /// Charges `tokens` per request instead of one (0 is read as 1).
+    pub fn tokens(mut self, tokens: u64) -> Self {
+        self.tokens = tokens.max(1);
+        self
+    }
+}
+
+impl<S, L: Clone> Layer<S> for RateLimitLayer<L> {
+    type Service = RateLimit<S, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            tokens: self.tokens,
+            state: State::Idle,
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The response future of both services: the inner service's future, an immediate
+    /// error, or (a keyed limiter that must await) a boxed decision-then-call.
+    #[project = Proj]
+    pub struct ResponseFuture<F, T> {
+        #[pin]
+        kind: Kind<F, T>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F, T> {
+        Inner { #[pin] future: F },
+        Failed { error: Option<BoxError> },
+        Boxed { future: BoxFuture<Result<T, BoxError>> },
+    }
+}
+
+impl<F, T> ResponseFuture<F, T> {
+    fn inner(future: F) -> Self {
+        ResponseFuture {
+            kind: Kind::Inner { future },
+        }
+    }
+
+    fn failed(error: impl Into<BoxError>) -> Self {
+        ResponseFuture {
+            kind: Kind::Failed {
+                error: Some(error.into()),
+            },
+        }
+    }
+
+    fn boxed(future: BoxFuture<Result<T, BoxError>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Boxed { future },
+        }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F, T>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { future } => future.poll(cx).map_err(Into::into),
+            KindProj::Failed { error } => Poll::Ready(Err(error
+                .take()
+                .unwrap_or_else(|| "response future polled after completion".into()))),
+            KindProj::Boxed { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, T> fmt::Debug for ResponseFuture<F, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// Where a [`RateLimit`] is between requests.
+enum State {
+    /// No permit, no wait in progress.
+    Idle,
+    /// Waiting for the limiter.
+    Waiting(BoxFuture<Result<(), Error>>),
+    /// Holding a permit for the next `call`.
+    Permitted,
+}
+
+/// The service of [`RateLimitLayer`].
+pub struct RateLimit<S, L> {
+    inner: S,
+    limiter: L,
+    tokens: u64,
+    state: State,
+}
+
+impl<S: Clone, L: Clone> Clone for RateLimit<S, L> {
+    /// A clone starts without a permit: permits are never duplicated.
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            tokens: self.tokens,
+            state: State::Idle,
+        }
+    }
+}
+
+impl<S: fmt::Debug, L: fmt::Debug> fmt::Debug for RateLimit<S, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Idle => "idle",
+            State::Waiting(_) => "waiting",
+            State::Permitted => "permitted",
+        };
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.limiter)
+            .field("tokens", &self.tokens)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, L, Req> Service<Req> for RateLimit<S, L>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    L: Limiter + Clone + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        loop {
+            match &mut self.state {
+                State::Permitted => return self.inner.poll_ready(cx).map_err(Into::into),
+                State::Idle => match self.limiter.try_acquire_now(self.tokens) {
+                    Some(Ok(Decision::Allowed)) => self.state = State::Permitted,
+                    Some(Err(e)) => return Poll::Ready(Err(e.into())),
+                    // Denied, or a limiter that must await: wait for a grant.
+                    Some(Ok(Decision::Denied { .. })) | None => {
+                        let (limiter, n) = (self.limiter.clone(), self.tokens);
+                        self.state =
+                            State::Waiting(Box::pin(async move { limiter.acquire(n).await }));
+                    }
+                },
+                State::Waiting(wait) => match wait.as_mut().poll(cx) {
+                    Poll::Ready(Ok(())) => self.state = State::Permitted,
+                    Poll::Ready(Err(e)) => {
+                        self.state = State::Idle;
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
+            }
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        if !matches!(
+            std::mem::replace(&mut self.state, State::Idle),
+            State::Permitted
+        ) {
+            // Called without a successful poll_ready: refuse rather than admit unlimited.
+            return ResponseFuture::failed(NotReady);
+        }
+        ResponseFuture::inner(self.inner.call(req))
+    }
+}
+
+/// `call` without a successful `poll_ready` first (a misuse of the `Service` contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotReady;
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("service called before poll_ready granted a permit")
+    }
+}
+
+impl std::error::Error for NotReady {}
+
+/// Sheds requests over a [`KeyedLimiter`], keyed by an extractor: see the
+/// [module docs](self).
+pub struct KeyedRateLimitLayer<KL, F> {
+    limiter: KL,
+    key: Arc<F>,
+    tokens: u64,
+}
+
+impl<KL: Clone, F> Clone for KeyedRateLimitLayer<KL, F> {
+    fn clone(&self) -> Self {
+        KeyedRateLimitLayer {
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            tokens: self.tokens,
+        }
+    }
+}
+
+impl<KL: fmt::Debug, F> fmt::Debug for KeyedRateLimitLayer<KL, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<KL, F> KeyedRateLimitLayer<KL, F> {
+    /// One token per request from `limiter`, from the budget of the key `key(&request)`.
+    pub fn new(limiter: KL, key: F) -> Self {
+        KeyedRateLimitLayer {
+            limiter,
+            key: Arc::new(key),
+            tokens: 1,
+        }
+    }
+
+    /// Charges `tokens` per request instead of one (0 is read as 1).
+    pub fn tokens(mut self, tokens: u64) -> Self {
+        self.tokens = tokens.max(1);
+        self
+    }
+}
+
+impl<S, KL: Clone, F> Layer<S> for KeyedRateLimitLayer<KL, F> {
+    type Service = KeyedRateLimit<S, KL, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyedRateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            tokens: self.tokens,
+        }
+    }
+}
+
+/// The service of [`KeyedRateLimitLayer`].
+pub struct KeyedRateLimit<S, KL, F> {
+    inner: S,
+    limiter: KL,
+    key: Arc<F>,
+    tokens: u64,
+}
+
+impl<S: Clone, KL: Clone, F> Clone for KeyedRateLimit<S, KL, F> {
+    fn clone(&self) -> Self {
+        KeyedRateLimit {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            tokens: self.tokens,
+        }
+    }
+}
+
+impl<S: fmt::Debug, KL: fmt::Debug, F> fmt::Debug for KeyedRateLimit<S, KL, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.limiter)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, KL, F, K, Req> Service<Req> for KeyedRateLimit<S, KL, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+    KL: KeyedLimiter<K> + Clone + 'static,
+    F: Fn(&Req) -> K,
+    K: Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let key = (self.key)(&req);
+        let decision = match self.limiter.try_acquire_now(&key, self.tokens) {
+            Some(decision) => decision,
+            None => {
+                // A limiter that must await: decide inside the response future, on a clone of
+                // the inner service made ready there (the one polled ready stays ready).
+                let limiter = self.limiter.clone();
+                let tokens = self.tokens;
+                let ready = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, ready);
+                return ResponseFuture::boxed(Box::pin(async move {
+                    match limiter.try_acquire(&key, tokens).await? {
+                        Decision::Allowed => inner.call(req).await.map_err(Into::into),
+                        Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
+                    }
+                }));
+            }
+        };
+        match decision {
+            Ok(Decision::Allowed) => ResponseFuture::inner(self.inner.call(req)),
+            Ok(Decision::Denied { retry_after }) => ResponseFuture::failed(Limited { retry_after }),
+            Err(e) => ResponseFuture::failed(e),
+        }
+    }
+}
