@@ -407,9 +407,11 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// # Cancel safety
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire(&self, n: u64) -> Result<Permit, Error> {
-        match self.acquire_until(n, None).await? {
-            Some(permit) => Ok(permit),
-            None => unreachable!("no deadline"),
+        loop {
+            // Without a deadline it only returns with a permit or an error.
+            if let Some(permit) = self.acquire_until(n, None).await? {
+                return Ok(permit);
+            }
         }
     }
 
