@@ -610,3 +610,38 @@ async fn lost_state_is_registered_again_by_the_next_renewal() {
         b.shutdown().await;
     }
 }
+
+/// A hybrid holder that cannot renew stops handing out its pool at 90 % of the ttl (the store
+/// may forget it at 100 %), and hands it out again once a renewal succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_hybrid_pool_is_not_handed_out_once_renewals_fail_for_most_of_the_ttl() {
+    let store = Faulty::new(RTT);
+    let limiter = ConcurrencyLimiter::builder("stale", 4, store.clone())
+        .ttl(TTL)
+        .hybrid(4)
+        .idle_return(TTL * 10) // kept while unused: this test is about renewals
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    drop(limiter.acquire(1).await.unwrap());
+    let leased_at = Instant::now();
+    store.failing.store(true, Ordering::SeqCst);
+    // Until 90 % of the ttl after the lease, the pool serves (renewals fail meanwhile).
+    while leased_at.elapsed() < TTL * 85 / 100 {
+        assert!(limiter.try_acquire_now(1).unwrap().is_some());
+        sleep(TTL / 20).await;
+    }
+    sleep(TTL / 10).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.pooled, 4, "the slots are still there");
+    assert!(stats.circuit_open && stats.store_errors > 0, "{stats:?}");
+    assert!(
+        limiter.try_acquire_now(1).unwrap().is_none(),
+        "not handed out: the store may have forgotten them"
+    );
+    // The store answers again: the next renewal registers the slots, the pool serves again.
+    store.failing.store(false, Ordering::SeqCst);
+    let permit = limiter.try_acquire_for(1, TTL).await.unwrap();
+    assert!(permit.is_some_and(|p| !p.is_degraded()));
+    assert_eq!(store.held(&limiter).await.0, 4);
+}

@@ -120,7 +120,10 @@ impl Task {
                 at = at.min(Instant::now() + s.idle_return / 2);
             }
             if let Some(deadline) = self.stale_at(s) {
-                at = at.min(deadline);
+                // Once stale, failed renewals are retried through `dirty` and `retry_at`.
+                if !s.local.stale.load(Ordering::SeqCst) {
+                    at = at.min(deadline);
+                }
             }
         }
         at
@@ -296,11 +299,18 @@ impl Task {
             if now >= self.retry_at {
                 self.lease(s).await;
             } else {
-                // Backing off: wait, then look again (a drop may have refilled the pool).
+                // Backing off: wait, then look again (a drop may have refilled the pool), but
+                // not past the moment the pool goes stale.
+                let mut until = self.retry_at;
+                if let Some(stale_at) = self.stale_at(s) {
+                    if !s.local.stale.load(Ordering::SeqCst) {
+                        until = until.min(stale_at);
+                    }
+                }
                 let _ = s
                     .local
                     .signal
-                    .unless_closed(tokio::time::sleep_until(self.retry_at))
+                    .unless_closed(tokio::time::sleep_until(until))
                     .await;
             }
         }
