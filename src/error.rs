@@ -23,6 +23,14 @@ pub enum Error {
         /// The quota's burst.
         burst: u64,
     },
+    /// Asked for more permits than a concurrency limit allows at once; waiting would not help.
+    #[error("requested {requested} permits but the concurrency limit is {limit}: this can never succeed")]
+    ExceedsLimit {
+        /// Permits requested.
+        requested: u64,
+        /// The concurrency limit.
+        limit: u64,
+    },
     /// The quota is invalid.
     #[error("invalid quota")]
     Quota(#[from] QuotaError),

@@ -16,6 +16,9 @@
 //! - [`HybridLimiter`]: leases batches through a [`LeasePolicy`]; `try_acquire` is synchronous.
 //! - [`RedisLimiter`]: one store call per decision.
 //!
+//! [`ConcurrencyLimiter`] caps how many permits the fleet holds at once (in pure or hybrid
+//! mode), with the slots of a crashed process returned after a ttl.
+//!
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
 //!
@@ -52,6 +55,7 @@
 pub mod algorithm;
 pub mod bucket;
 mod clock;
+pub mod concurrency;
 pub mod config;
 #[cfg(feature = "toml")]
 pub mod config_file;
@@ -78,6 +82,10 @@ mod verdict;
 pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
 pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
+pub use concurrency::{
+    ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, ConcurrencyStore,
+    Permit, CONCURRENCY_LUA, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
+};
 pub use config::{Budget, ConfigStore, Unconfigured};
 #[cfg(feature = "toml")]
 pub use config_file::{AnyLimiter, ConfigFileError, LimiterSpec, Limiters, LimitersConfig};

@@ -192,6 +192,44 @@ fn local_denial_allocates_nothing() {
     assert_eq!(n, 0, "a local denial allocated {n} times");
 }
 
+/// A hybrid concurrency permit: taken from the pool, dropped back into it, and refused when the
+/// pool is empty (which asks the background task for a lease) — no allocation on any of them.
+#[test]
+fn hybrid_concurrency_permits_allocate_nothing() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = ratelease::ConcurrencyLimiter::builder("alloc-conc", 4, MemoryStore::new())
+        .hybrid(4)
+        .runtime(rt.handle().clone())
+        .build()
+        .unwrap();
+    drop(rt.block_on(limiter.acquire(1)).unwrap());
+    wait_for(|| limiter.stats().pooled == 4, "the first lease");
+    let (taken, n) = allocations(|| {
+        let mut taken = 0;
+        for _ in 0..1_000 {
+            let a = limiter.try_acquire_now(2).unwrap();
+            let b = limiter.try_acquire_now(2).unwrap();
+            let refused = limiter.try_acquire_now(1).unwrap();
+            taken += u64::from(a.is_some()) + u64::from(b.is_some()) + u64::from(refused.is_some());
+        }
+        taken
+    });
+    assert_eq!(
+        taken, 2_000,
+        "every pair from the pool, every third call refused"
+    );
+    assert_eq!(n, 0, "permits allocated {n} times");
+    assert_eq!(
+        limiter.stats().store_calls(),
+        1,
+        "the pool served everything"
+    );
+}
+
 /// The tower middleware's admitted path over a hybrid limiter: `poll_ready` answers from the
 /// synchronous check and `call` wraps the inner future without boxing it.
 #[cfg(feature = "tower")]

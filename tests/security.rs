@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use ratelease::{
-    Algorithm, Error, FailurePolicy, HybridLimiter, LeaseRequest, LeaseStore, LockError, Quota,
-    RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
+    Algorithm, ConcurrencyLimiter, Error, FailurePolicy, HybridLimiter, LeaseRequest, LeaseStore,
+    LockError, Quota, RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
 };
 use support::RedisServer;
 
@@ -25,7 +25,8 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+evalsha",
     "+eval",
     "+script|load",
-    // lua/token_bucket.lua
+    // lua/token_bucket.lua (lua/concurrency.lua needs a subset: TIME HGET HSET HDEL ZADD ZREM
+    // ZRANGE ZRANGEBYSCORE DEL PEXPIRE)
     "+time",
     "+hmget",
     "+hget",
@@ -146,6 +147,21 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
         assert!(keys.contains(&key.to_string()), "{key} in {keys:?}");
     }
 
+    // The concurrency limit, pure and hybrid: acquire, release, renew on shutdown.
+    for batch in [None, Some(2)] {
+        let b = ConcurrencyLimiter::builder("acl", 2, store(&server, "ratelease").await)
+            .on_store_failure(FailurePolicy::FailClosed);
+        let conc = match batch {
+            Some(batch) => b.hybrid(batch).build().unwrap(),
+            None => b.build().unwrap(),
+        };
+        let permit = conc.acquire(2).await.unwrap();
+        assert!(conc.try_acquire(1).await.unwrap().is_none());
+        drop(permit);
+        conc.shutdown().await;
+        assert_eq!(conc.stats().store_errors, 0, "{:?}", conc.stats());
+    }
+
     // The lock: acquire, re-enter, inspect, wait for an unlock (subscribe + publish).
     let lock = RedisLock::builder(url(&server, "ratelease"), "acl")
         .lease_time(Duration::from_secs(5))
@@ -223,6 +239,17 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
             "{user}: {err:?}"
         );
         hybrid.abort();
+
+        let conc = ConcurrencyLimiter::builder("x", 2, store(&server, user).await)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        let err = conc.try_acquire(1).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            "{user}: {err:?}"
+        );
+        conc.abort();
 
         let lock = RedisLock::connect(url(&server, user), "x").await.unwrap();
         let err = lock.try_lock(&lock.new_owner()).await.unwrap_err();

@@ -10,8 +10,9 @@
 //! Results land in `target/criterion/<group>/<id>/`; the ids are fixed by issue 5 so runs can be
 //! compared: `hot_path/{atomic_fetch_sub,governor_check,hybrid_try_acquire}/{1,2}`,
 //! `keyed/governor_keyed/1m`, `keyed/hybrid_keyed/{1k,1m}`,
-//! `redis/{pure_redis,hybrid_redis}/{seq,64tasks}`; besides those, `keyed/hybrid_try_acquire/1`
-//! and `keyed/hybrid_keyed/{hot,hot-foldhash,1m-foldhash}`.
+//! `redis/{pure_redis,hybrid_redis}/{seq,64tasks}`,
+//! `concurrency/{pure_redis,hybrid_redis}/acquire_drop`; besides those,
+//! `keyed/hybrid_try_acquire/1` and `keyed/hybrid_keyed/{hot,hot-foldhash,1m-foldhash}`.
 //!
 //! Multi-threaded cases use `iter_custom`: each worker thread does `iters` operations, and an
 //! iteration is one operation *per thread*, so `Throughput::Elements(threads)` makes criterion
@@ -28,9 +29,16 @@ use criterion::{criterion_group, criterion_main};
 mod support;
 
 mod common;
+mod concurrency;
 mod hot_path;
 mod keyed;
 mod redis;
 
-criterion_group!(benches, hot_path::benches, keyed::benches, redis::benches);
+criterion_group!(
+    benches,
+    hot_path::benches,
+    keyed::benches,
+    redis::benches,
+    concurrency::benches
+);
 criterion_main!(benches);

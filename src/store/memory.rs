@@ -26,6 +26,7 @@ use super::{
 use crate::algorithm::{self, Algorithm};
 use crate::bucket::{self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored};
 use crate::clock::{Clock, MonotonicClock};
+use crate::concurrency::holders::Holders;
 use crate::config::ConfigStore;
 use crate::error::StoreError;
 use crate::quota::Quota;
@@ -61,6 +62,8 @@ struct Inner {
     buckets: DashMap<String, Entry>,
     configs: DashMap<String, Quota>,
     algorithms: DashMap<String, algorithms::Entry>,
+    /// Concurrency limiters' holder records, by name ([`crate::concurrency`]).
+    holders: DashMap<String, Holders>,
     clock: Box<dyn Clock>,
     calls: AtomicU64,
 }
@@ -98,13 +101,15 @@ impl MemoryStore {
                 buckets: DashMap::new(),
                 configs: DashMap::new(),
                 algorithms: DashMap::new(),
+                holders: DashMap::new(),
                 clock: Box::new(clock),
                 calls: AtomicU64::new(0),
             }),
         }
     }
 
-    /// Store calls served so far (lease and release), as Redis would count script calls.
+    /// Store calls served so far (every script call: lease, release, config, concurrency), as
+    /// Redis would count them.
     pub fn calls(&self) -> u64 {
         self.inner.calls.load(Ordering::Relaxed)
     }
@@ -124,9 +129,20 @@ impl MemoryStore {
         self.inner.buckets.clear();
         self.inner.configs.clear();
         self.inner.algorithms.clear();
+        self.inner.holders.clear();
     }
 
-    fn now_us(&self) -> u64 {
+    /// The concurrency limiters' holder records, by name.
+    pub(crate) fn holders(&self) -> &DashMap<String, Holders> {
+        &self.inner.holders
+    }
+
+    /// Counts one store call; returns the count so far.
+    pub(crate) fn count_call(&self) -> u64 {
+        self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn now_us(&self) -> u64 {
         u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX)
     }
 

@@ -325,7 +325,7 @@ impl RedisStore {
         result
     }
 
-    fn now_arg(&self) -> String {
+    pub(crate) fn now_arg(&self) -> String {
         match &self.clock {
             Some(c) => c.now().as_micros().to_string(),
             None => String::new(),

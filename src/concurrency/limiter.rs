@@ -1,0 +1,818 @@
+//! [`ConcurrencyLimiter`]: the public face of the concurrency limit, its builder and its
+//! counters. The protocol is explained in the [module docs](super); the background task is in
+//! `task.rs`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::holders::Op;
+use super::permit::{Local, Permit};
+use super::store::ConcurrencyStore;
+use super::task;
+use crate::error::{Error, StoreError};
+use crate::failure::FailurePolicy;
+use crate::key;
+use crate::quota::MAX_VALUE;
+use crate::store::{micros, node_key, RedisStore};
+
+/// Default time a holder's record lives without a renewal: how long the slots of a crashed
+/// process stay taken. Renewals go out every third of it.
+pub const DEFAULT_HOLDER_TTL: Duration = Duration::from_secs(10);
+/// Default time a hybrid limiter keeps leased slots that nobody uses before giving them back.
+pub const DEFAULT_IDLE_RETURN: Duration = Duration::from_millis(100);
+
+/// First wait of a caller polling a full fleet (pure mode), and of a hybrid lease that found
+/// the fleet full.
+pub(crate) const MIN_POLL: Duration = Duration::from_millis(1);
+/// Longest such wait: a slot freed elsewhere in the fleet is seen within about this long.
+pub(crate) const MAX_POLL: Duration = Duration::from_millis(50);
+
+/// How a [`ConcurrencyLimiter`] uses the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConcurrencyMode {
+    /// One script call per acquire (all or nothing), and one per batch of drops: exact, and
+    /// fleet-wide first come, first served.
+    Pure,
+    /// Lease `batch` slots at a time and hand them out from a local lock-free pool; slots
+    /// nobody uses are given back when idle and on shutdown.
+    Hybrid {
+        /// Slots leased per store call (and kept in the pool at most).
+        batch: u64,
+    },
+}
+
+/// Counters of one limiter's store traffic and local state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConcurrencyStats {
+    /// Acquire calls made to the store (pure: one per attempt; hybrid: one per lease).
+    pub acquires: u64,
+    /// Slots those calls were granted.
+    pub granted: u64,
+    /// Acquire calls answered "the fleet is full".
+    pub full: u64,
+    /// Release calls made to the store.
+    pub releases: u64,
+    /// Renewals (syncs) made to the store.
+    pub syncs: u64,
+    /// Store calls that failed.
+    pub store_errors: u64,
+    /// Permits admitted by the failure policy while the store was failing.
+    pub degraded: u64,
+    /// Whether the circuit is open: the last store call failed.
+    pub circuit_open: bool,
+    /// Slots in this process's live permits.
+    pub in_use: u64,
+    /// Hybrid: leased slots waiting in the local pool.
+    pub pooled: u64,
+}
+
+impl ConcurrencyStats {
+    /// Every call made to the store.
+    pub fn store_calls(&self) -> u64 {
+        self.acquires + self.releases + self.syncs
+    }
+}
+
+/// Configures a [`ConcurrencyLimiter`].
+#[must_use]
+pub struct ConcurrencyBuilder<S> {
+    name: String,
+    limit: u64,
+    store: S,
+    ttl: Duration,
+    mode: ConcurrencyMode,
+    failure: FailurePolicy,
+    holder_id: Option<u64>,
+    idle_return: Duration,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
+    /// How long this process's record lives without a renewal (default
+    /// [`DEFAULT_HOLDER_TTL`]): the slots of a crashed process come back this long after its
+    /// last renewal, and never sooner. Renewals are sent every third of it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// One store call per acquire (the default).
+    pub fn pure(mut self) -> Self {
+        self.mode = ConcurrencyMode::Pure;
+        self
+    }
+
+    /// Lease `batch` slots per store call and hand them out locally.
+    pub fn hybrid(mut self, batch: u64) -> Self {
+        self.mode = ConcurrencyMode::Hybrid { batch };
+        self
+    }
+
+    /// What to answer when the store fails (default: [`FailurePolicy::LocalFallback`] with one
+    /// expected node, i.e. each process may hold up to the limit). Permits it admits are
+    /// counted locally only: `LocalFallback { expected_nodes }` admits at most
+    /// `max(1, limit / expected_nodes)` of them per process.
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// This process's holder id in the store (default: random). Ids must be unique among the
+    /// processes sharing a name.
+    pub fn holder_id(mut self, id: u64) -> Self {
+        self.holder_id = Some(id);
+        self
+    }
+
+    /// Hybrid: how long leased slots may sit unused before they are given back (default
+    /// [`DEFAULT_IDLE_RETURN`]).
+    pub fn idle_return(mut self, after: Duration) -> Self {
+        self.idle_return = after;
+        self
+    }
+
+    /// Runs the background task on `runtime` (default: the runtime `build` is called on).
+    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Builds the limiter and starts its background task.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad name, a limit of 0 or above 2^52, a ttl under 3 ms or above
+    /// 2^52 µs, a hybrid batch of 0 or above the limit; [`Error::NoRuntime`] outside a tokio
+    /// runtime.
+    pub fn build(self) -> Result<ConcurrencyLimiter<S>, Error> {
+        key::validate_name(&self.name)?;
+        let config = |msg: String| Err(Error::Config(msg));
+        if !(1..=MAX_VALUE).contains(&self.limit) {
+            return config(format!(
+                "concurrency limit {} must be in 1..=2^52",
+                self.limit
+            ));
+        }
+        if self.ttl < Duration::from_millis(3) || micros(self.ttl) > MAX_VALUE {
+            return config(format!(
+                "holder ttl {:?} must be between 3 ms and 2^52 µs",
+                self.ttl
+            ));
+        }
+        let batch = match self.mode {
+            ConcurrencyMode::Pure => 0,
+            ConcurrencyMode::Hybrid { batch } if (1..=self.limit).contains(&batch) => batch,
+            ConcurrencyMode::Hybrid { batch } => {
+                return config(format!(
+                    "hybrid batch {batch} must be in 1..=limit ({})",
+                    self.limit
+                ))
+            }
+        };
+        let runtime = match self.runtime {
+            Some(rt) => rt,
+            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
+        };
+        let holder_id = self.holder_id.unwrap_or_else(|| fastrand::u64(..));
+        let shared = Arc::new(Shared {
+            local: Arc::new(Local::new(batch > 0)),
+            store: self.store,
+            holder: node_key(holder_id),
+            holder_id,
+            name: self.name,
+            limit: self.limit,
+            ttl: self.ttl,
+            batch,
+            low_water: batch / 4,
+            idle_return: self.idle_return,
+            failure: self.failure,
+            fallback_share: match self.failure {
+                FailurePolicy::LocalFallback { expected_nodes } => {
+                    (self.limit / u64::from(expected_nodes.get())).max(1)
+                }
+                _ => 0,
+            },
+            circuit_open: AtomicBool::new(false),
+            error: Mutex::new(None),
+            error_seq: AtomicU64::new(0),
+            claimed: AtomicU64::new(0),
+            aseq: AtomicU64::new(0),
+            rseq_sent: AtomicU64::new(0),
+            gate: AtomicBool::new(false),
+            gate_open: Notify::new(),
+            in_flight: AtomicU64::new(0),
+            drained: Notify::new(),
+            dirty: AtomicBool::new(false),
+            touched: AtomicBool::new(false),
+            leased: AtomicU64::new(0),
+            counters: Counters::default(),
+        });
+        let task = runtime.spawn(task::run(shared.clone()));
+        Ok(ConcurrencyLimiter {
+            handle: Arc::new(Handle {
+                shared,
+                task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+}
+
+/// A fleet-wide concurrency limit: at most `limit` permits held across every process sharing
+/// a name, with the slots of a crashed process returned after a ttl.
+///
+/// Clones share one holder record and one background task.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ratelease::Error> {
+/// use ratelease::{ConcurrencyLimiter, MemoryStore};
+///
+/// // At most 8 exports running across the fleet.
+/// let limiter = ConcurrencyLimiter::builder("exports", 8, MemoryStore::new()).build()?;
+/// let permit = limiter.acquire(1).await?; // waits while the fleet is full
+/// assert_eq!(limiter.in_use(), 1);
+/// drop(permit); // the slot goes back
+/// if let Some(_permit) = limiter.try_acquire(2).await? {
+///     // run two jobs
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ConcurrencyLimiter<S: ConcurrencyStore = RedisStore> {
+    handle: Arc<Handle<S>>,
+}
+
+impl<S: ConcurrencyStore> Clone for ConcurrencyLimiter<S> {
+    fn clone(&self) -> Self {
+        ConcurrencyLimiter {
+            handle: self.handle.clone(),
+        }
+    }
+}
+
+impl<S: ConcurrencyStore> std::fmt::Debug for ConcurrencyLimiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.handle.shared;
+        f.debug_struct("ConcurrencyLimiter")
+            .field("name", &s.name)
+            .field("limit", &s.limit)
+            .field("mode", &s.mode())
+            .field("in_use", &s.in_use())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the user holds; dropping the last one stops the task.
+struct Handle<S: ConcurrencyStore> {
+    shared: Arc<Shared<S>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<S: ConcurrencyStore> Drop for Handle<S> {
+    fn drop(&mut self) {
+        self.shared.local.signal.close();
+    }
+}
+
+/// State shared by callers and the background task.
+pub(crate) struct Shared<S> {
+    pub(crate) local: Arc<Local>,
+    pub(crate) store: S,
+    pub(crate) name: String,
+    /// The holder id as stored (16 hex digits).
+    pub(crate) holder: String,
+    pub(crate) holder_id: u64,
+    pub(crate) limit: u64,
+    pub(crate) ttl: Duration,
+    /// Hybrid: slots per lease (0 in pure mode).
+    pub(crate) batch: u64,
+    /// Hybrid: ask for a lease when the pool falls below this.
+    pub(crate) low_water: u64,
+    pub(crate) idle_return: Duration,
+    pub(crate) failure: FailurePolicy,
+    /// `LocalFallback`: degraded permits allowed at once.
+    fallback_share: u64,
+    circuit_open: AtomicBool,
+    error: Mutex<Option<StoreError>>,
+    error_seq: AtomicU64,
+    /// Pure: slots this holder may be counted for — reserved for acquires in flight, in live
+    /// permits, or dropped and not yet released. What a renewal reports, once no acquire is
+    /// in flight.
+    pub(crate) claimed: AtomicU64,
+    /// Pure: the last acquire sequence number handed out.
+    pub(crate) aseq: AtomicU64,
+    /// Pure: the last release sequence number the task sent (new records start from it).
+    pub(crate) rseq_sent: AtomicU64,
+    /// Pure: closed while a renewal is counted and in flight; no acquire starts meanwhile.
+    pub(crate) gate: AtomicBool,
+    pub(crate) gate_open: Notify,
+    /// Pure: acquire calls in flight; a renewal waits for them to end before counting.
+    pub(crate) in_flight: AtomicU64,
+    /// Pure: the last call in flight ended while the gate was closed.
+    pub(crate) drained: Notify,
+    /// A call's outcome is unknown (or the record was lost): the count may be wrong until the
+    /// next renewal sets it.
+    pub(crate) dirty: AtomicBool,
+    /// Pure: an acquire was sent since the last renewal.
+    pub(crate) touched: AtomicBool,
+    /// Hybrid: slots leased (in the pool or in permits); written by the task only.
+    pub(crate) leased: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) acquires: AtomicU64,
+    pub(crate) granted: AtomicU64,
+    pub(crate) full: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) syncs: AtomicU64,
+    pub(crate) store_errors: AtomicU64,
+    pub(crate) degraded: AtomicU64,
+}
+
+impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
+    /// A builder for limit `limit` on name `name` in `store` (pure mode, ttl
+    /// [`DEFAULT_HOLDER_TTL`]).
+    pub fn builder(name: impl Into<String>, limit: u64, store: S) -> ConcurrencyBuilder<S> {
+        ConcurrencyBuilder {
+            name: name.into(),
+            limit,
+            store,
+            ttl: DEFAULT_HOLDER_TTL,
+            mode: ConcurrencyMode::Pure,
+            failure: FailurePolicy::default(),
+            holder_id: None,
+            idle_return: DEFAULT_IDLE_RETURN,
+            runtime: None,
+        }
+    }
+
+    /// Takes `n` slots now if the fleet has them, without waiting for any to come back.
+    ///
+    /// Pure mode: one store call. Hybrid mode: the local pool only (no I/O; the future is ready
+    /// at once), as [`try_acquire_now`](Self::try_acquire_now).
+    ///
+    /// # Errors
+    /// [`Error::ZeroTokens`], [`Error::ExceedsLimit`], [`Error::Closed`] after shutdown,
+    /// [`Error::Store`] if the store fails and the policy is [`FailurePolicy::FailClosed`].
+    ///
+    /// # Cancel safety
+    /// Cancelling a pure-mode call while its store call is in flight cannot leak a slot for
+    /// long: if the call went through, the next renewal corrects the count.
+    pub async fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+        let s = &*self.handle.shared;
+        s.check(n)?;
+        if s.local.hybrid {
+            return s.try_local(n);
+        }
+        s.try_store(n).await
+    }
+
+    /// Hybrid mode's synchronous path: takes `n` slots from the local pool, or answers `None`
+    /// and asks the background task for a lease. One CAS on one atomic word: no lock, no
+    /// allocation, no I/O.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire), and [`Error::Config`] in pure mode (which needs
+    /// a store call for every acquire: use `try_acquire`).
+    #[inline]
+    pub fn try_acquire_now(&self, n: u64) -> Result<Option<Permit>, Error> {
+        let s = &*self.handle.shared;
+        s.check(n)?;
+        if !s.local.hybrid {
+            return Err(Error::Config(
+                "try_acquire_now needs hybrid mode; use try_acquire".into(),
+            ));
+        }
+        s.try_local(n)
+    }
+
+    /// Waits until `n` slots are taken.
+    ///
+    /// Woken when a permit of this process is dropped (hybrid) or released (pure), or when a
+    /// lease finishes; while the fleet is full it polls the store, backing off from 1 ms to
+    /// 50 ms (pure), or the background task does (hybrid).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire); with [`FailurePolicy::FailClosed`] a store
+    /// failure ends the wait.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire(&self, n: u64) -> Result<Permit, Error> {
+        loop {
+            // Without a deadline it only returns with a permit or an error.
+            if let Some(permit) = self.acquire_until(n, None).await? {
+                return Ok(permit);
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for `n` slots; `None` if they did not come in time. A store
+    /// call in flight at the deadline is finished, not cancelled.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_for(
+        &self,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<Option<Permit>, Error> {
+        self.acquire_until(n, Some(Instant::now() + timeout)).await
+    }
+
+    async fn acquire_until(
+        &self,
+        n: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Permit>, Error> {
+        let s = &*self.handle.shared;
+        s.check(n)?;
+        // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
+        let errors_seen = s.error_seq.load(Ordering::Acquire);
+        let mut poll = MIN_POLL;
+        loop {
+            let _parked = Parked::new(&s.local);
+            let woken = s.local.wake.notified();
+            let attempt = match s.local.hybrid {
+                true => s.try_local(n),
+                false => s.try_store(n).await,
+            };
+            if let Some(permit) = attempt? {
+                return Ok(Some(permit));
+            }
+            if s.failure == FailurePolicy::FailClosed
+                && s.error_seq.load(Ordering::Acquire) != errors_seen
+            {
+                if let Some(e) = s.error.lock().clone() {
+                    return Err(Error::Store(e));
+                }
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let mut wait = match s.local.hybrid {
+                true => MAX_POLL,
+                false => poll.mul_f64(0.5 + fastrand::f64()),
+            };
+            if let Some(d) = deadline {
+                wait = wait.min(d - now);
+            }
+            let _ = tokio::time::timeout(wait, woken).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+
+    /// Free slots as the fleet sees them now (the limit less the slots held, after reclaiming
+    /// expired holders), plus this process's pooled slots in hybrid mode. One store call.
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the store fails.
+    pub async fn available_permits(&self) -> Result<u64, Error> {
+        let s = &*self.handle.shared;
+        let reply = s
+            .store
+            .concurrency(&s.name, &Op::Peek { holder: &s.holder })
+            .await?;
+        let pooled = s.local.pool.load(Ordering::Relaxed);
+        Ok(s.limit.saturating_sub(reply.in_use) + pooled)
+    }
+
+    /// Slots held by this process's live permits.
+    pub fn in_use(&self) -> u64 {
+        self.handle.shared.in_use()
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.handle.shared.limit
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.handle.shared.name
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ConcurrencyMode {
+        self.handle.shared.mode()
+    }
+
+    /// This process's holder id in the store.
+    pub fn holder_id(&self) -> u64 {
+        self.handle.shared.holder_id
+    }
+
+    /// Counters of store traffic and local state.
+    pub fn stats(&self) -> ConcurrencyStats {
+        let s = &*self.handle.shared;
+        let c = &s.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConcurrencyStats {
+            acquires: get(&c.acquires),
+            granted: get(&c.granted),
+            full: get(&c.full),
+            releases: get(&c.releases),
+            syncs: get(&c.syncs),
+            store_errors: get(&c.store_errors),
+            degraded: get(&c.degraded),
+            circuit_open: s.circuit_open.load(Ordering::Relaxed),
+            in_use: s.in_use(),
+            pooled: get(&s.local.pool),
+        }
+    }
+
+    /// Stops the background task after giving back what no permit holds (pure: the slots of
+    /// dropped permits; hybrid: the pool) and renewing what permits still hold one last time.
+    /// Later calls return [`Error::Closed`]. Dropping the last clone does the same without
+    /// waiting.
+    pub async fn shutdown(&self) {
+        self.handle.shared.local.stale.store(true, Ordering::SeqCst);
+        self.handle.shared.local.signal.close();
+        let task = self.handle.task.lock().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops at once **without** telling the store anything, as a crashed process would: its
+    /// slots stay taken until its record expires, one ttl after its last renewal. For failure
+    /// tests; use [`shutdown`](Self::shutdown) otherwise.
+    pub fn abort(&self) {
+        let s = &self.handle.shared;
+        s.local.stale.store(true, Ordering::SeqCst);
+        s.local.signal.close();
+        if let Some(task) = self.handle.task.lock().take() {
+            task.abort();
+        }
+        s.local.pool.swap(0, Ordering::SeqCst);
+    }
+}
+
+/// Counts a caller as parked in `acquire` for as long as it lives.
+struct Parked<'a>(&'a Local);
+
+impl<'a> Parked<'a> {
+    fn new(local: &'a Local) -> Self {
+        // SeqCst: see `permit` (the waiter's side of the Dekker pattern with a drop).
+        local.waiters.fetch_add(1, Ordering::SeqCst);
+        Parked(local)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<S: ConcurrencyStore> Shared<S> {
+    fn mode(&self) -> ConcurrencyMode {
+        match self.batch {
+            0 => ConcurrencyMode::Pure,
+            batch => ConcurrencyMode::Hybrid { batch },
+        }
+    }
+
+    fn in_use(&self) -> u64 {
+        let l = &self.local;
+        let granted = match l.hybrid {
+            true => self
+                .leased
+                .load(Ordering::Relaxed)
+                .saturating_sub(l.pool.load(Ordering::Relaxed)),
+            false => l.in_use.load(Ordering::Relaxed),
+        };
+        granted + l.degraded.load(Ordering::Relaxed)
+    }
+
+    /// Rejects requests that can never succeed.
+    #[inline]
+    fn check(&self, n: u64) -> Result<(), Error> {
+        if n == 0 {
+            return Err(Error::ZeroTokens);
+        }
+        if n > self.limit {
+            return Err(Error::ExceedsLimit {
+                requested: n,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Hybrid: from the pool, else the denial path.
+    #[inline]
+    fn try_local(&self, n: u64) -> Result<Option<Permit>, Error> {
+        let l = &self.local;
+        // Relaxed: the task raises `stale` a tenth of a ttl before the store could forget this
+        // holder's slots; a caller that sees it a moment late is still inside that margin.
+        if !l.stale.load(Ordering::Relaxed) {
+            if let Ok(left) = l.take(n) {
+                if left < self.low_water {
+                    l.signal.request();
+                }
+                return Ok(Some(Permit::new(l.clone(), n, false)));
+            }
+        }
+        self.denied(n)
+    }
+
+    /// Hybrid: the pool could not serve `n`.
+    #[cold]
+    fn denied(&self, n: u64) -> Result<Option<Permit>, Error> {
+        if self.local.signal.is_closed() {
+            return Err(Error::Closed);
+        }
+        // Also raises the refill flag, so the task keeps leasing (or probing a failing store).
+        self.local.signal.denied(n);
+        if self.circuit_open.load(Ordering::Relaxed) {
+            return self.degraded(n, None);
+        }
+        Ok(None)
+    }
+
+    /// The failure policy's answer while the store is failing with `error` (or, in hybrid
+    /// mode, the circuit is open).
+    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Option<Permit>, Error> {
+        let admit = match self.failure {
+            FailurePolicy::FailOpen => {
+                self.local.degraded.fetch_add(n, Ordering::SeqCst);
+                true
+            }
+            FailurePolicy::LocalFallback { .. } => self
+                .local
+                .degraded
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                    (d + n <= self.fallback_share).then_some(d + n)
+                })
+                .is_ok(),
+            _ => match error {
+                Some(e) => return Err(Error::Store(e)),
+                None => false,
+            },
+        };
+        if !admit {
+            return Ok(None);
+        }
+        self.counters.degraded.fetch_add(n, Ordering::Relaxed);
+        Ok(Some(Permit::new(self.local.clone(), n, true)))
+    }
+
+    /// Pure: one store call for `n` slots.
+    async fn try_store(&self, n: u64) -> Result<Option<Permit>, Error> {
+        if self.local.signal.is_closed() {
+            return Err(Error::Closed);
+        }
+        let reservation = self.reserve(n).await;
+        let op = Op::Acquire {
+            holder: &self.holder,
+            want: n,
+            min: n,
+            limit: self.limit,
+            ttl_us: micros(self.ttl),
+            aseq: reservation.seq,
+            // Relaxed: any release number the task has used will do (see `task`).
+            rseq: self.rseq_sent.load(Ordering::Relaxed),
+        };
+        self.counters.acquires.fetch_add(1, Ordering::Relaxed);
+        let result = self.store.concurrency(&self.name, &op).await;
+        let reservation = reservation.settle();
+        let held_before = reservation.held_before;
+        // The call has ended: a renewal may count now (`claimed` is settled below, before
+        // the renewal can read it: the task reads it only after `in_flight` drains, and this
+        // reservation is dropped at the end of this function).
+        match result {
+            Ok(reply) => {
+                self.recovered();
+                if !reply.existed && held_before > 0 {
+                    // The record this holder was counted in is gone (expired or flushed):
+                    // renew now, so the slots still held are counted again.
+                    self.suspect();
+                }
+                if reply.granted == n {
+                    self.counters.granted.fetch_add(n, Ordering::Relaxed);
+                    self.local.in_use.fetch_add(n, Ordering::Relaxed);
+                    return Ok(Some(Permit::new(self.local.clone(), n, false)));
+                }
+                self.counters.full.fetch_add(1, Ordering::Relaxed);
+                self.claimed.fetch_sub(n, Ordering::SeqCst);
+                Ok(None)
+            }
+            Err(error) => {
+                self.claimed.fetch_sub(n, Ordering::SeqCst);
+                if !matches!(error, StoreError::Rejected(_)) {
+                    // The call may have been applied: the next renewal sets the count.
+                    self.suspect();
+                }
+                self.fail(error.clone());
+                self.degraded(n, Some(error))
+            }
+        }
+    }
+
+    /// Pure: counts `n` slots as claimed and the call as in flight, and draws an acquire
+    /// sequence number, waiting while a renewal is being counted (see `task`).
+    async fn reserve(&self, n: u64) -> Reservation<'_, S> {
+        loop {
+            let opened = self.gate_open.notified();
+            // SeqCst throughout: the task closes the gate, then waits for `in_flight` to drain,
+            // then reads `aseq` and `claimed`; a caller increments `in_flight`, `claimed` and
+            // `aseq`, then reads the gate. Either the task's read of `in_flight` comes after
+            // this caller's increment (and the task waits for this call to end), or this
+            // caller sees the gate closed and backs out.
+            if !self.gate.load(Ordering::SeqCst) {
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                self.claimed.fetch_add(n, Ordering::SeqCst);
+                let seq = self.aseq.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut reservation = Reservation {
+                    shared: self,
+                    n,
+                    seq,
+                    // Slots granted (in permits, or dropped and not yet released) before this
+                    // call: the store must have a record for them.
+                    held_before: self.local.in_use.load(Ordering::SeqCst)
+                        + self.local.pending.load(Ordering::SeqCst),
+                    settled: false,
+                };
+                if !self.gate.load(Ordering::SeqCst) {
+                    self.touched.store(true, Ordering::SeqCst);
+                    return reservation;
+                }
+                // Backing out: nothing was sent.
+                self.claimed.fetch_sub(n, Ordering::SeqCst);
+                reservation.settled = true;
+                drop(reservation);
+            }
+            opened.await;
+        }
+    }
+
+    /// Pure: an acquire call ended (or was never sent); wakes a renewal waiting for the calls
+    /// in flight to end.
+    fn call_ended(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 && self.gate.load(Ordering::SeqCst) {
+            self.drained.notify_one();
+        }
+    }
+
+    /// The count in the store may be wrong: ask the task for a renewal.
+    pub(crate) fn suspect(&self) {
+        self.dirty.store(true, Ordering::SeqCst);
+        self.local.signal.request();
+    }
+
+    pub(crate) fn fail(&self, error: StoreError) {
+        if !self.circuit_open.swap(true, Ordering::Relaxed) {
+            tracing::warn!(limiter = %self.name, %error, policy = self.failure.name(),
+                "concurrency store failing: circuit open");
+        }
+        *self.error.lock() = Some(error);
+        // Release: publishes the error slot to waiters that see the new sequence number.
+        self.error_seq.fetch_add(1, Ordering::Release);
+        self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn recovered(&self) {
+        if self.circuit_open.swap(false, Ordering::Relaxed) {
+            tracing::info!(limiter = %self.name, "concurrency store answering again: circuit closed");
+        }
+    }
+}
+
+/// Pure: `n` slots counted in `claimed` for an acquire in flight. Dropped before
+/// [`settle`](Self::settle) (the caller's future was cancelled), it un-claims them and flags
+/// the count for repair, since the call may have gone through.
+struct Reservation<'a, S: ConcurrencyStore> {
+    shared: &'a Shared<S>,
+    n: u64,
+    seq: u64,
+    held_before: u64,
+    settled: bool,
+}
+
+impl<S: ConcurrencyStore> Reservation<'_, S> {
+    /// The call returned; the caller settles `claimed` itself.
+    fn settle(mut self) -> Self {
+        self.settled = true;
+        self
+    }
+}
+
+impl<S: ConcurrencyStore> Drop for Reservation<'_, S> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.shared.claimed.fetch_sub(self.n, Ordering::SeqCst);
+            self.shared.suspect();
+        }
+        self.shared.call_ended();
+    }
+}
