@@ -17,9 +17,13 @@
 //!   store call per decision) boxes the decision and the call.
 //! - **Shedding** — [`KeyedRateLimitLayer`] over a [`KeyedLimiter`], keyed by a user-supplied
 //!   extractor (API key, user, client address): the key is only known from the request, so the
-//!   decision is made in `call`, and a limited request fails at once with a [`Limited`] error
-//!   that carries the retry hint. An HTTP server turns it into `429 Too Many Requests` with
-//!   `Retry-After` (`examples/axum.rs` does, with axum's `HandleErrorLayer`).
+//!   decision is made in `call`. A request the limiter can admit within
+//!   [`max_wait`](KeyedRateLimitLayer::max_wait) (default [`DEFAULT_MAX_WAIT`]) waits for it —
+//!   a [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers a key it holds no tokens for
+//!   (a new user) "after one round trip", which should not be a refusal; any other request
+//!   fails at once with a [`Limited`] error that carries the retry hint. An HTTP server turns
+//!   it into `429 Too Many Requests` with `Retry-After` (`examples/axum.rs` does, with axum's
+//!   `HandleErrorLayer`).
 //!
 //! Both services' error type is [`BoxError`], as tower's own middleware: the inner service's
 //! error, a limiter error ([`Error`]: a store failure under
@@ -39,6 +43,10 @@ use tower_service::Service;
 
 use crate::error::Error;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
+
+/// How long a keyed request may wait for its tokens before it is shed, unless
+/// [`KeyedRateLimitLayer::max_wait`] says otherwise: long enough for a lease round trip.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(50);
 
 /// The error type of the services here, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -299,6 +307,7 @@ pub struct KeyedRateLimitLayer<KL, F> {
     limiter: KL,
     key: Arc<F>,
     tokens: u64,
+    max_wait: Duration,
 }
 
 impl<KL: Clone, F> Clone for KeyedRateLimitLayer<KL, F> {
@@ -307,6 +316,7 @@ impl<KL: Clone, F> Clone for KeyedRateLimitLayer<KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
+            max_wait: self.max_wait,
         }
     }
 }
@@ -316,6 +326,7 @@ impl<KL: fmt::Debug, F> fmt::Debug for KeyedRateLimitLayer<KL, F> {
         f.debug_struct("KeyedRateLimitLayer")
             .field("limiter", &self.limiter)
             .field("tokens", &self.tokens)
+            .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
 }
@@ -327,12 +338,21 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
             limiter,
             key: Arc::new(key),
             tokens: 1,
+            max_wait: DEFAULT_MAX_WAIT,
         }
     }
 
     /// Charges `tokens` per request instead of one (0 is read as 1).
     pub fn tokens(mut self, tokens: u64) -> Self {
         self.tokens = tokens.max(1);
+        self
+    }
+
+    /// Lets a request wait up to `max_wait` for tokens the limiter expects to have by then
+    /// (default [`DEFAULT_MAX_WAIT`]); `Duration::ZERO` sheds every request that cannot be
+    /// admitted at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
         self
     }
 }
@@ -346,6 +366,7 @@ impl<S, KL: Clone, F> Layer<S> for KeyedRateLimitLayer<KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
+            max_wait: self.max_wait,
         }
     }
 }
@@ -356,6 +377,7 @@ pub struct KeyedRateLimit<S, KL, F> {
     limiter: KL,
     key: Arc<F>,
     tokens: u64,
+    max_wait: Duration,
 }
 
 impl<S: Clone, KL: Clone, F> Clone for KeyedRateLimit<S, KL, F> {
@@ -365,6 +387,7 @@ impl<S: Clone, KL: Clone, F> Clone for KeyedRateLimit<S, KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
+            max_wait: self.max_wait,
         }
     }
 }
@@ -375,6 +398,7 @@ impl<S: fmt::Debug, KL: fmt::Debug, F> fmt::Debug for KeyedRateLimit<S, KL, F> {
             .field("inner", &self.inner)
             .field("limiter", &self.limiter)
             .field("tokens", &self.tokens)
+            .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
 }
@@ -399,27 +423,31 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key)(&req);
-        let decision = match self.limiter.try_acquire_now(&key, self.tokens) {
-            Some(decision) => decision,
-            None => {
-                // A limiter that must await: decide inside the response future, on a clone of
-                // the inner service made ready there (the one polled ready stays ready).
-                let limiter = self.limiter.clone();
-                let tokens = self.tokens;
-                let ready = self.inner.clone();
-                let mut inner = std::mem::replace(&mut self.inner, ready);
-                return ResponseFuture::boxed(Box::pin(async move {
-                    match limiter.try_acquire(&key, tokens).await? {
-                        Decision::Allowed => inner.call(req).await.map_err(Into::into),
-                        Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
-                    }
-                }));
+        match self.limiter.try_acquire_now(&key, self.tokens) {
+            Some(Ok(Decision::Allowed)) => return ResponseFuture::inner(self.inner.call(req)),
+            Some(Ok(Decision::Denied { retry_after })) if retry_after > self.max_wait => {
+                return ResponseFuture::failed(Limited { retry_after })
             }
-        };
-        match decision {
-            Ok(Decision::Allowed) => ResponseFuture::inner(self.inner.call(req)),
-            Ok(Decision::Denied { retry_after }) => ResponseFuture::failed(Limited { retry_after }),
-            Err(e) => ResponseFuture::failed(e),
+            Some(Err(e)) => return ResponseFuture::failed(e),
+            // Worth waiting for, or a limiter that must await: decide below.
+            Some(Ok(Decision::Denied { .. })) | None => {}
         }
+        // Decide inside the response future, on a clone of the inner service made ready there
+        // (the one polled ready stays ready).
+        let limiter = self.limiter.clone();
+        let (tokens, max_wait) = (self.tokens, self.max_wait);
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        ResponseFuture::boxed(Box::pin(async move {
+            let decision = if max_wait.is_zero() {
+                limiter.try_acquire(&key, tokens).await?
+            } else {
+                limiter.try_acquire_for(&key, tokens, max_wait).await?
+            };
+            match decision {
+                Decision::Allowed => inner.call(req).await.map_err(Into::into),
+                Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
+            }
+        }))
     }
 }

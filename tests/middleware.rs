@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelease::middleware::{BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer};
+use ratelease::middleware::{
+    BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer, DEFAULT_MAX_WAIT,
+};
 use ratelease::{
     Error, HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota, RedisLimiter,
     RedisStore, TokioClock, Unconfigured,
@@ -176,54 +178,42 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
         .lease_size(4)
         .build()
         .unwrap();
-    // Each key's first token, through the limiter itself.
-    for key in ["a", "b"] {
-        keyed.acquire(key, 1).await.unwrap();
-    }
     let calls = Arc::new(AtomicU64::new(0));
-    let mut svc = ServiceBuilder::new()
-        .layer(KeyedRateLimitLayer::new(
-            keyed.clone(),
-            |req: &(String, u32)| req.0.clone(),
-        ))
-        .service(keyed_inner(calls.clone()));
-    // The layer answers from local tokens only, so a denial may just mean "lease in flight":
-    // keep asking (with pauses) until a's budget is spent, and never past it.
-    let (mut served, mut limited) = (0, Vec::new());
-    for _ in 0..50 {
-        let (s, l) = send(&mut svc, "a", 1).await;
-        served += s;
-        limited.extend(l);
-        if served == 3 && !limited.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(served, 3, "a's budget, no more");
+    let layer = |max_wait| {
+        ServiceBuilder::new()
+            .layer(
+                KeyedRateLimitLayer::new(keyed.clone(), |req: &(String, u32)| req.0.clone())
+                    .max_wait(max_wait),
+            )
+            .service(keyed_inner(calls.clone()))
+    };
+    // Strict shedding: a new key holds no tokens yet, so its first request is refused with a
+    // hint of about one round trip while its lease is fetched.
+    let mut strict = layer(Duration::ZERO);
+    let (served, limited) = send(&mut strict, "new", 1).await;
+    assert_eq!((served, limited.len()), (0, 1));
     assert!(
-        limited.iter().all(|l| l.retry_after() > Duration::ZERO),
+        limited[0].retry_after() < Duration::from_secs(1),
         "{limited:?}"
     );
-    let (served_b, _) = send(&mut svc, "b", 1).await;
-    let (more_b, _) = send(&mut svc, "b", 1).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let (last_b, _) = send(&mut svc, "b", 1).await;
-    assert!(served_b + more_b + last_b >= 1, "b has a budget of its own");
-    assert_eq!(
-        calls.load(Ordering::Relaxed),
-        u64::from(3 + served_b + more_b + last_b)
-    );
+    // The default waits that round trip: a's first request is served, and so is its whole
+    // budget; then requests are shed at once with a hint of a token's refill time.
+    let mut svc = layer(DEFAULT_MAX_WAIT);
+    let (served, limited) = send(&mut svc, "a", 6).await;
+    assert_eq!((served, limited.len()), (4, 2));
+    assert!(limited
+        .iter()
+        .all(|l| l.retry_after() > Duration::from_secs(60)));
+    let (served, limited) = send(&mut svc, "b", 2).await;
+    assert_eq!((served, limited.len()), (2, 0), "b has a budget of its own");
+    assert_eq!(calls.load(Ordering::Relaxed), 6);
     // Charging more per request drains a budget faster: at 2 tokens a request, a fresh key's
-    // 4 tokens buy two requests however often it asks.
+    // 4 tokens buy two requests.
     let mut costly = ServiceBuilder::new()
         .layer(
             KeyedRateLimitLayer::new(keyed.clone(), |req: &(String, u32)| req.0.clone()).tokens(2),
         )
         .service(keyed_inner(calls.clone()));
-    let mut served_costly = 0;
-    for _ in 0..10 {
-        served_costly += send(&mut costly, "c", 1).await.0;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(served_costly, 2, "c's 4 tokens buy two requests of 2");
+    let (served, limited) = send(&mut costly, "c", 3).await;
+    assert_eq!((served, limited.len()), (2, 1));
 }

@@ -558,6 +558,21 @@ where
         self.miss(key, None, n, queue)
     }
 
+    /// Takes `n` of `key`'s local tokens if it holds them; no lease, no denial counted.
+    fn take_local<Q>(&self, key: &Q, n: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get(key).is_some_and(|state| {
+            let taken = state.take(n).is_some();
+            if taken {
+                state.touch(self.tick());
+            }
+            taken
+        })
+    }
+
     /// The slow half of `take`: `state` is the key's (held under its shard's read lock), or
     /// `None` if the key has no state.
     #[cold]
@@ -759,7 +774,10 @@ where
                     self.ensure_state(key);
                     match self.ask(key, n).await? {
                         Answer::Granted => return Ok(Decision::Allowed),
-                        Answer::Denied(wait) => wait,
+                        // Another lease of this key (a refill) may have brought tokens while
+                        // this one was refused: take them rather than wait out the refusal.
+                        Answer::Denied(wait) if !self.take_local(key, n) => wait,
+                        Answer::Denied(_) => return Ok(Decision::Allowed),
                         Answer::Failed(e) if self.failure == FailurePolicy::FailClosed => {
                             return Err(Error::Store(e))
                         }
