@@ -114,3 +114,8 @@ pub use store::{
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
 pub use verdict::Verdict;
+
+/// The README's examples, compiled as doctests (they use the `tower` and `toml` features).
+#[cfg(all(doctest, feature = "tower", feature = "toml"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
