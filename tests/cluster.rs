@@ -16,10 +16,14 @@ use support::RedisCluster;
 const PREFIX: &str = "rl:";
 
 async fn store(cluster: &RedisCluster) -> RedisStore {
+    store_with(cluster, Duration::from_secs(3)).await
+}
+
+async fn store_with(cluster: &RedisCluster, response_timeout: Duration) -> RedisStore {
     RedisStore::cluster_builder(cluster.urls())
         .prefix(PREFIX)
         .connect_timeout(Duration::from_secs(2))
-        .response_timeout(Duration::from_secs(3))
+        .response_timeout(response_timeout)
         .connect()
         .await
         .unwrap()
@@ -47,7 +51,9 @@ fn slow(burst: u64) -> Quota {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_limiters_spread_over_every_primary_and_admit_exactly_their_burst() {
     let cluster = RedisCluster::start(3);
-    let store = store(&cluster).await;
+    // 4 000 calls at once through one connection take 1–4 s in a debug build on a busy
+    // 2-core machine: a generous timeout, as this test checks where keys go, not latency.
+    let store = store_with(&cluster, Duration::from_secs(30)).await;
     let quota = slow(3);
     let mut tasks = Vec::new();
     for i in 0..1_000 {
@@ -316,8 +322,10 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
         slowest < Duration::from_secs(3),
         "a pure call took {slowest:?}"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await; // let an in-flight lease land
-    let held = hybrid.available();
+    // The hybrid limiter gives back what it holds (a lease still in flight lands first), so
+    // every token is now admitted or in Redis.
+    hybrid.shutdown().await;
+    let stats = hybrid.stats();
     // Drain what is left in Redis, in decreasing chunks.
     let mut extra = 0;
     for chunk in [100, 10, 1] {
@@ -327,10 +335,10 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
     }
     let total = after + extra;
     assert!(total <= burst, "admitted {total} > burst {burst}");
-    // Pure mode is exact: every token is admitted, held by the hybrid limiter, or was left.
-    assert!(
-        total + held >= burst - 1,
-        "admitted {total} + held {held} < burst {burst}: tokens lost in the migration"
+    // Pure mode is exact: nothing was lost in the migration.
+    assert_eq!(
+        total, burst,
+        "admitted {after} + left {extra} != burst {burst}: tokens lost in the migration; {stats:?}"
     );
     let on_target: u64 = cluster.nodes()[to].cmd(&["EXISTS", &bucket]);
     assert_eq!(on_target, 1);
