@@ -493,15 +493,24 @@ fn redis_server_bin() -> String {
         .unwrap_or_else(|| "redis-server".to_string())
 }
 
-/// A loopback port that was free a moment ago (never 6379). Another process
-/// may grab it before redis-server binds it; callers retry on that.
+/// The highest port a cluster node may listen on: its cluster bus listens
+/// 10 000 higher, and redis-server exits ("Redis port number too high") above
+/// this. Linux gives a `SO_REUSEADDR` listener (as std's are) a port from the
+/// lower half of its ephemeral range (32 768–60 999) while there is one free,
+/// so this rarely matters there; other systems' ranges (macOS: 49 152–65 535)
+/// would make most cluster nodes fail to start.
+const MAX_PORT: u16 = 65_535 - 10_000;
+
+/// A loopback port that was free a moment ago (never 6379, never above
+/// [`MAX_PORT`]). Another process may grab it before redis-server binds it;
+/// callers retry on that.
 fn free_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("cannot bind a loopback port")
             .port();
-        if port != 6379 {
+        if port != 6379 && port <= MAX_PORT {
             return port;
         }
     }
