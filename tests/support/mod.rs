@@ -118,7 +118,19 @@ impl RedisServer {
     /// the harness's own clients trust `ca_pem`.
     #[cfg(feature = "tls")]
     pub fn start_tls(cert_pem: &str, key_pem: &str, ca_pem: &str) -> RedisServer {
-        let mut server = RedisServer::new(Addr::Tls(0), &[]);
+        RedisServer::start_tls_with_args(cert_pem, key_pem, ca_pem, &[])
+    }
+
+    /// [`RedisServer::start_tls`] with extra `redis-server` arguments, as in
+    /// [`RedisServer::start_with_args`].
+    #[cfg(feature = "tls")]
+    pub fn start_tls_with_args(
+        cert_pem: &str,
+        key_pem: &str,
+        ca_pem: &str,
+        extra: &[&str],
+    ) -> RedisServer {
+        let mut server = RedisServer::new(Addr::Tls(0), extra);
         for (file, pem) in [
             ("server.crt", cert_pem),
             ("server.key", key_pem),
@@ -196,6 +208,15 @@ impl RedisServer {
         match self.addr {
             Addr::Tcp(port) | Addr::Tls(port) => Some(port),
             Addr::Unix(_) => None,
+        }
+    }
+
+    /// The CA certificate file the server was started with (`--tls-ca-cert-file`), or `None`
+    /// if it does not speak TLS.
+    pub fn tls_ca_file(&self) -> Option<PathBuf> {
+        match self.addr {
+            Addr::Tls(_) => Some(self.dir.path().join("ca.crt")),
+            Addr::Tcp(_) | Addr::Unix(_) => None,
         }
     }
 
@@ -493,15 +514,24 @@ fn redis_server_bin() -> String {
         .unwrap_or_else(|| "redis-server".to_string())
 }
 
-/// A loopback port that was free a moment ago (never 6379). Another process
-/// may grab it before redis-server binds it; callers retry on that.
+/// The highest port a cluster node may listen on: its cluster bus listens
+/// 10 000 higher, and redis-server exits ("Redis port number too high") above
+/// this. Linux gives a `SO_REUSEADDR` listener (as std's are) a port from the
+/// lower half of its ephemeral range (32 768–60 999) while there is one free,
+/// so this rarely matters there; other systems' ranges (macOS: 49 152–65 535)
+/// would make most cluster nodes fail to start.
+const MAX_PORT: u16 = 65_535 - 10_000;
+
+/// A loopback port that was free a moment ago (never 6379, never above
+/// [`MAX_PORT`]). Another process may grab it before redis-server binds it;
+/// callers retry on that.
 fn free_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("cannot bind a loopback port")
             .port();
-        if port != 6379 {
+        if port != 6379 && port <= MAX_PORT {
             return port;
         }
     }
@@ -584,9 +614,34 @@ impl RedisCluster {
     /// slots evenly and waits until every node reports `cluster_state:ok` and
     /// knows all the others.
     pub fn start(n: usize) -> RedisCluster {
+        RedisCluster::start_with(n, RedisServer::start_with_args)
+    }
+
+    /// [`RedisCluster::start`] over TLS only: every node is a
+    /// [`RedisServer::start_tls`] server with this certificate, key and CA
+    /// (`--port 0`, clients need no certificate), the cluster bus is TLS too
+    /// (`--tls-cluster yes`, which also makes the nodes announce their TLS
+    /// port in `CLUSTER SLOTS` and MOVED/ASK replies), and so is replication
+    /// (`--tls-replication yes`, for replicas a test may add). The URLs are
+    /// `rediss://`; the harness's own clients and `redis-cli` trust `ca_pem`.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(n: usize, cert_pem: &str, key_pem: &str, ca_pem: &str) -> RedisCluster {
+        RedisCluster::start_with(n, |cluster_args| {
+            let args = [
+                cluster_args,
+                &["--tls-cluster", "yes", "--tls-replication", "yes"],
+            ];
+            RedisServer::start_tls_with_args(cert_pem, key_pem, ca_pem, &args.concat())
+        })
+    }
+
+    /// Starts `n` nodes with `start_node(cluster arguments)`, joins them with
+    /// `redis-cli --cluster create` (over TLS if the nodes speak it) and waits
+    /// until the cluster is ok.
+    fn start_with(n: usize, start_node: impl Fn(&[&str]) -> RedisServer) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..n)
             .map(|_| {
-                RedisServer::start_with_args(&[
+                start_node(&[
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -601,6 +656,11 @@ impl RedisCluster {
             .filter(|bin| !bin.is_empty())
             .unwrap_or_else(|| "redis-cli".to_string());
         let mut create = Command::new(&cli);
+        if let Some(ca) = nodes[0].tls_ca_file() {
+            // The nodes do not ask for client certificates (`--tls-auth-clients no`), so
+            // `--cert`/`--key` are not needed.
+            create.arg("--tls").arg("--cacert").arg(ca);
+        }
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port().unwrap()));
