@@ -63,14 +63,8 @@ if op ~= 'acquire' and op ~= 'release' and op ~= 'sync' and op ~= 'peek' then
   return bad('op')
 end
 
-local now
-if ARGV[2] == nil or ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = int_arg(2, 0, MAX_TIME)
-  if not now then return bad('now_us') end
-end
+local now = now_arg(2, MAX_TIME)
+if not now then return bad('now_us') end
 
 local holder = ARGV[3] or ''
 if #holder > 128 or string.sub(holder, 1, 1) == '#' or (holder == '' and op ~= 'peek') then

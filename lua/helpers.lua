@@ -7,13 +7,15 @@
 -- client in another language concatenates the files the same way (nothing in between). Each
 -- script documents its own keys, arguments and reply at the top of its file.
 --
--- This file only defines (it reads no argument, calls no Redis command, returns nothing):
+-- Loading it only defines these (nothing runs, no argument is read, until a script calls them):
 --   MAX         2^52, the largest integer argument (and stored value) the scripts accept
 --   MAX_TIME    2^53, the largest time in µs where a script allows one beyond MAX
 --   SLACK_MS    how many ms stored state outlives the time it could matter
 --   int_val(x, lo, hi)  x as an integer in [lo, hi], or nil
 --   int_arg(i, lo, hi)  int_val(ARGV[i], lo, hi)
 --   int_str(x)          an integer as a string with every digit, for redis.call
+--   now_arg(i, hi)      the time in µs: the Redis server clock (TIME) if ARGV[i] is absent or
+--                       "", else int_arg(i, 0, hi) (nil if that is not valid)
 --   floor_div(a, b), ceil_div(a, b)  exact integer division, rounded down / up
 --   gcd(a, b)           the greatest common divisor
 --   bad(name)           the "RATELEASE invalid argument <name>" error reply
@@ -40,6 +42,15 @@ end
 -- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
 local function int_str(x)
   return string.format('%.0f', x + 0)
+end
+
+-- The time of the call: the server's clock, or the explicit time of a test or replay.
+local function now_arg(i, hi)
+  if ARGV[i] == nil or ARGV[i] == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return int_arg(i, 0, hi)
 end
 
 -- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.

@@ -61,13 +61,8 @@ local function read_args(nkeys, windowed)
       if not a.at then return nil, bad('at') end
     end
   end
-  if ARGV[7] == nil or ARGV[7] == '' then
-    local t = redis.call('TIME')
-    a.now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    a.now = int_arg(7, 0, MAX)
-    if not a.now then return nil, bad('now_us') end
-  end
+  a.now = now_arg(7, MAX)
+  if not a.now then return nil, bad('now_us') end
   return a
 end
 

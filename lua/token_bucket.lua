@@ -151,14 +151,8 @@ else
   if not want then return bad('tokens') end
 end
 
-local now
-if ARGV[7] == nil or ARGV[7] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = int_arg(7, 0, MAX_TIME)
-  if not now then return bad('now_us') end
-end
+local now = now_arg(7, MAX_TIME)
+if not now then return bad('now_us') end
 
 local node = ARGV[8] or ''
 if #node > 128 then return bad('node') end
