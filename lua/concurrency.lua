@@ -1,4 +1,6 @@
 -- ratelease concurrency limit: at most `limit` permits held across a fleet at once.
+-- Sent after lua/helpers.lua (MAX, int_arg, int_str, bad, …): the crate's CONCURRENCY_LUA is
+-- the two put together.
 --
 -- KEYS[1]  the holders hash  <prefix>{<name>}:conc         field <holder> = "count aseq rseq",
 --                                                           field "#total" = sum of the counts
@@ -53,32 +55,7 @@
 -- raises a Lua error: an unparsable record reads as absent, an invalid total is recounted from
 -- the indexed records.
 
-local MAX = 4503599627370496 -- 2^52
-local MAX_TIME = 9007199254740992 -- 2^53
-local SLACK_MS = 10000
 local TOTAL = '#total'
-
--- An integer in [lo, hi], or nil. `+ 0` turns -0 into 0.
-local function int_val(x, lo, hi)
-  local v = tonumber(x)
-  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
-    return nil
-  end
-  return v + 0
-end
-
-local function int_arg(i, lo, hi)
-  return int_val(ARGV[i], lo, hi)
-end
-
--- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
-local function int_str(x)
-  return string.format('%.0f', x + 0)
-end
-
-local function bad(name)
-  return redis.error_reply('RATELEASE invalid argument ' .. name)
-end
 
 if #KEYS ~= 2 then return bad('keys') end
 local op = ARGV[1]
@@ -86,14 +63,8 @@ if op ~= 'acquire' and op ~= 'release' and op ~= 'sync' and op ~= 'peek' then
   return bad('op')
 end
 
-local now
-if ARGV[2] == nil or ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = int_arg(2, 0, MAX_TIME)
-  if not now then return bad('now_us') end
-end
+local now = now_arg(2, MAX_TIME)
+if not now then return bad('now_us') end
 
 local holder = ARGV[3] or ''
 if #holder > 128 or string.sub(holder, 1, 1) == '#' or (holder == '' and op ~= 'peek') then

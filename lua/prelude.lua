@@ -1,9 +1,9 @@
 -- ratelease: the head of fixed_window.lua, sliding_window.lua and leaky_bucket.lua.
 --
--- Each of those scripts is sent as this file followed by its own (the crate's
--- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are the two put together; a client
--- in another language concatenates them the same way). This file holds the helpers and reads
--- the arguments the three share:
+-- Each of those scripts is sent as lua/helpers.lua, then this file, then its own (the crate's
+-- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are the three put together; a
+-- client in another language concatenates them the same way). This file reads the arguments
+-- the three share, with the helpers of helpers.lua:
 --
 -- ARGV[1]  op: "lease", "release" or "peek" (changes nothing, reports the budget)
 -- ARGV[2]  rate       tokens per period                   (integer, 1 ..= 2^52)
@@ -30,50 +30,6 @@
 --
 -- Bad arguments get a "RATELEASE …" error reply, never a Lua runtime error, and nothing is
 -- written. Every value stays an exact integer in a Lua double (below 2^53).
-
-local MAX = 4503599627370496 -- 2^52
-local SLACK_MS = 10000
-
--- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0.
-local function int_val(x, lo, hi)
-  local v = tonumber(x)
-  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
-    return nil
-  end
-  return v + 0
-end
-
-local function int_arg(i, lo, hi)
-  return int_val(ARGV[i], lo, hi)
-end
-
--- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
-local function int_str(x)
-  return string.format('%.0f', x + 0)
-end
-
--- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53.
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 end
-  if (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  local q = floor_div(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
-
-local function gcd(a, b)
-  while b ~= 0 do a, b = b, a % b end
-  return a
-end
-
-local function bad(name)
-  return redis.error_reply('RATELEASE invalid argument ' .. name)
-end
 
 -- The shared arguments of a script with `nkeys` keys (`windowed`: burst must equal rate and a
 -- release names its window), with the quota's fixed point (one token is `scale` units, one µs
@@ -105,13 +61,8 @@ local function read_args(nkeys, windowed)
       if not a.at then return nil, bad('at') end
     end
   end
-  if ARGV[7] == nil or ARGV[7] == '' then
-    local t = redis.call('TIME')
-    a.now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    a.now = int_arg(7, 0, MAX)
-    if not a.now then return nil, bad('now_us') end
-  end
+  a.now = now_arg(7, MAX)
+  if not a.now then return nil, bad('now_us') end
   return a
 end
 

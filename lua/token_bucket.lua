@@ -1,4 +1,6 @@
 -- ratelease token bucket: the one atomic step shared by every process.
+-- Sent after lua/helpers.lua (MAX, int_arg, floor_div, bad, …): the crate's TOKEN_BUCKET_LUA
+-- is the two put together.
 --
 -- KEYS[1]  the bucket hash   (v = level in 1/scale token units, s = scale, t = time in µs,
 --                              o = tokens leased out and not yet spent or returned,
@@ -81,52 +83,6 @@
 -- so both give bit-identical results. Bad arguments get a "RATELEASE …" error reply, never a
 -- Lua runtime error, and nothing is written; invalid stored state reads as absent.
 
-local MAX = 4503599627370496 -- 2^52
-local MAX_TIME = 9007199254740992 -- 2^53
-local SLACK_MS = 10000
-
--- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0, so it is
--- never stored as "-0", which strict integer parsers in other clients reject.
-local function int_val(x, lo, hi)
-  local v = tonumber(x)
-  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
-    return nil
-  end
-  return v + 0
-end
-
-local function int_arg(i, lo, hi)
-  return int_val(ARGV[i], lo, hi)
-end
-
--- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
-local function int_str(x)
-  return string.format('%.0f', x + 0)
-end
-
--- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 end
-  if (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-
-local function ceil_div(a, b)
-  local q = floor_div(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
-
-local function gcd(a, b)
-  while b ~= 0 do a, b = b, a % b end
-  return a
-end
-
-local function bad(name)
-  return redis.error_reply('RATELEASE invalid argument ' .. name)
-end
-
 if #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 3 or 4') end
 local op = ARGV[1]
 local config_op = op == 'config_get' or op == 'config_init' or op == 'config_set'
@@ -195,14 +151,8 @@ else
   if not want then return bad('tokens') end
 end
 
-local now
-if ARGV[7] == nil or ARGV[7] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = int_arg(7, 0, MAX_TIME)
-  if not now then return bad('now_us') end
-end
+local now = now_arg(7, MAX_TIME)
+if not now then return bad('now_us') end
 
 local node = ARGV[8] or ''
 if #node > 128 then return bad('node') end

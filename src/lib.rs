@@ -52,6 +52,10 @@
 //! ```
 #![warn(missing_docs)]
 
+// First: its `lua_script!` macro is used by the modules below.
+#[macro_use]
+mod lua;
+
 pub mod algorithm;
 pub mod bucket;
 mod clock;

@@ -2,6 +2,10 @@
 //! `lua/token_bucket.lua` on one limiter's key while a Rust `HybridLimiter` leases from it on
 //! the same redis-server, and together they stay within one budget.
 //!
+//! The Python client builds the script as a client in another language would, from the files:
+//! `lua/helpers.lua` followed by `lua/token_bucket.lua`; the test checks that it ran the same
+//! script as the crate (`TOKEN_BUCKET_LUA`, by SHA1).
+//!
 //! Python's dependencies go into a venv under the cargo target dir (`CARGO_TARGET_TMPDIR`),
 //! created once and reused while `tests/python/requirements.txt` is unchanged.
 //! `scripts/test.sh` installs `python3` and `python3-venv` when missing. Without Python or
@@ -15,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelease::{HybridLimiter, Quota, RedisStore};
+use ratelease::{HybridLimiter, Quota, RedisStore, TOKEN_BUCKET_LUA};
 use support::RedisServer;
 
 const REQUIREMENTS: &str = include_str!("python/requirements.txt");
@@ -95,12 +99,12 @@ async fn python_and_rust_share_one_bucket() {
             }
         })
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua/token_bucket.lua");
+    let lua_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/token_bucket_client.py");
     let out = tokio::process::Command::new(&python)
         .arg(&client)
         .arg(server.url())
-        .arg(&script)
+        .arg(&lua_dir)
         .arg(&key)
         .args([
             rate.to_string(),
@@ -129,6 +133,11 @@ async fn python_and_rust_share_one_bucket() {
             .unwrap()
     };
     let (py_admitted, py_calls) = (field("admitted"), field("calls"));
+    let sha = redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_owned();
+    assert!(
+        stdout.contains(&format!("\"sha\": \"{sha}\"")),
+        "python ran another script than TOKEN_BUCKET_LUA ({sha}): {stdout}"
+    );
     let rust_admitted = rust_admitted.load(Ordering::Relaxed);
     let total = py_admitted + rust_admitted;
     let budget = burst as f64 + rate as f64 * elapsed;

@@ -21,7 +21,8 @@
 //! | [`LeakyBucket`](Algorithm::LeakyBucket) | a funnel of `burst` tokens leaking `rate` per `period` (GCRA) | as the token bucket; after a burst, grants spaced `period / rate` apart | no |
 //!
 //! The three new scripts share one protocol, and one head that reads it (`lua/prelude.lua`,
-//! sent before each):
+//! sent before each, after the helpers of `lua/helpers.lua` that every script but the lock's
+//! starts with):
 //! `KEYS` = the state keys; `ARGV` = `op` (`lease`, `release` or `peek`), `rate`, `period_us`,
 //! `burst`, `want` or `tokens`, `min` or `at`, `now_us` (empty: the server's `TIME`); the reply
 //! is `{granted, remaining, retry_after_us, reset_after_us, at_us}`, redis-cell's fields plus
@@ -86,21 +87,15 @@ use crate::error::{Error, StoreError};
 use crate::quota::{Quota, MAX_VALUE};
 use crate::store::{micros, LeaseReply, LeaseRequest, ReleaseRequest};
 
-/// The fixed-window script: `lua/prelude.lua` followed by `lua/fixed_window.lua`.
-pub const FIXED_WINDOW_LUA: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/fixed_window.lua")
-);
-/// The sliding-window script: `lua/prelude.lua` followed by `lua/sliding_window.lua`.
-pub const SLIDING_WINDOW_LUA: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/sliding_window.lua")
-);
-/// The leaky-bucket (GCRA) script: `lua/prelude.lua` followed by `lua/leaky_bucket.lua`.
-pub const LEAKY_BUCKET_LUA: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/leaky_bucket.lua")
-);
+/// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
+/// `lua/fixed_window.lua`, concatenated in that order.
+pub const FIXED_WINDOW_LUA: &str = lua_script!("prelude.lua", "fixed_window.lua");
+/// The complete sliding-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
+/// `lua/sliding_window.lua`, concatenated in that order.
+pub const SLIDING_WINDOW_LUA: &str = lua_script!("prelude.lua", "sliding_window.lua");
+/// The complete leaky-bucket (GCRA) script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
+/// `lua/leaky_bucket.lua`, concatenated in that order.
+pub const LEAKY_BUCKET_LUA: &str = lua_script!("prelude.lua", "leaky_bucket.lua");
 
 /// Largest explicit time (µs) the new scripts accept: 2^52.
 pub const MAX_NOW_US: u64 = MAX_VALUE;

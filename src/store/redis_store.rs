@@ -1,7 +1,8 @@
 //! [`RedisStore`]: the shared bucket in Redis, stepped by `lua/token_bucket.lua`.
 //!
-//! The script is embedded with `include_str!` and sent with EVALSHA; redis-rs reloads it on
-//! NOSCRIPT (after `SCRIPT FLUSH` or a restart), so callers never see that error. The connection
+//! The script (`lua/helpers.lua` + `lua/token_bucket.lua`) is embedded with `include_str!` and
+//! sent with EVALSHA; redis-rs reloads it on NOSCRIPT (after `SCRIPT FLUSH` or a restart), so
+//! callers never see that error. The connection
 //! is a redis-rs `ConnectionManager` (one server) or cluster connection (feature `cluster`,
 //! [`RedisStore::cluster_builder`]), see `src/connect.rs`: cheap to clone, reconnecting in the
 //! background, and given explicit connect and response timeouts so a slow Redis costs a bounded
@@ -30,9 +31,10 @@ use crate::error::{Error, StoreError};
 use crate::key;
 use crate::quota::Quota;
 
-/// The token-bucket script, as shipped in `lua/token_bucket.lua`. Other languages can run it
-/// against the same keys (see its header for the argument protocol).
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
+/// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by
+/// `lua/token_bucket.lua`. Other languages can run it against the same keys (see the latter's
+/// header for the argument protocol), or concatenate the two files the same way.
+pub const TOKEN_BUCKET_LUA: &str = lua_script!("token_bucket.lua");
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TOKEN_BUCKET_LUA));
 

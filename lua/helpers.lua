@@ -1,0 +1,78 @@
+-- ratelease helpers: the head of every script but lock.lua.
+--
+-- Each of token_bucket.lua and concurrency.lua is sent as this file followed by the script;
+-- fixed_window.lua, sliding_window.lua and leaky_bucket.lua as this file, then prelude.lua (the
+-- arguments they share), then the script. The crate's TOKEN_BUCKET_LUA, CONCURRENCY_LUA,
+-- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are those texts put together; a
+-- client in another language concatenates the files the same way (nothing in between). Each
+-- script documents its own keys, arguments and reply at the top of its file.
+--
+-- Loading it only defines these (nothing runs, no argument is read, until a script calls them):
+--   MAX         2^52, the largest integer argument (and stored value) the scripts accept
+--   MAX_TIME    2^53, the largest time in µs where a script allows one beyond MAX
+--   SLACK_MS    how many ms stored state outlives the time it could matter
+--   int_val(x, lo, hi)  x as an integer in [lo, hi], or nil
+--   int_arg(i, lo, hi)  int_val(ARGV[i], lo, hi)
+--   int_str(x)          an integer as a string with every digit, for redis.call
+--   now_arg(i, hi)      the time in µs: the Redis server clock (TIME) if ARGV[i] is absent or
+--                       "", else int_arg(i, 0, hi) (nil if that is not valid)
+--   floor_div(a, b), ceil_div(a, b)  exact integer division, rounded down / up
+--   gcd(a, b)           the greatest common divisor
+--   bad(name)           the "RATELEASE invalid argument <name>" error reply
+-- Every value stays an exact integer in a Lua double (below 2^53).
+
+local MAX = 4503599627370496 -- 2^52
+local MAX_TIME = 9007199254740992 -- 2^53
+local SLACK_MS = 10000
+
+-- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0, so it is
+-- never stored as "-0", which strict integer parsers in other clients reject.
+local function int_val(x, lo, hi)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v < lo or v > hi or v ~= math.floor(v) then
+    return nil
+  end
+  return v + 0
+end
+
+local function int_arg(i, lo, hi)
+  return int_val(ARGV[i], lo, hi)
+end
+
+-- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
+local function int_str(x)
+  return string.format('%.0f', x + 0)
+end
+
+-- The time of the call: the server's clock, or the explicit time of a test or replay.
+local function now_arg(i, hi)
+  if ARGV[i] == nil or ARGV[i] == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return int_arg(i, 0, hi)
+end
+
+-- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = floor_div(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local function gcd(a, b)
+  while b ~= 0 do a, b = b, a % b end
+  return a
+end
+
+local function bad(name)
+  return redis.error_reply('RATELEASE invalid argument ' .. name)
+end
+

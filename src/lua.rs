@@ -1,0 +1,64 @@
+//! The text of the Lua scripts in `lua/`, put together once.
+//!
+//! Every script but `lua/lock.lua` starts with `lua/helpers.lua` (the constants and integer
+//! helpers they share); the fixed window, sliding window and leaky bucket then take
+//! `lua/prelude.lua` (the arguments they share) before their own file. [`lua_script!`] writes
+//! that concatenation for every public `*_LUA` constant, so each constant is the complete text,
+//! ready for `EVAL` or `SCRIPT LOAD`.
+
+/// The complete text of a script: `lua/helpers.lua`, then each named file of `lua/`, in order,
+/// with nothing in between (what a client in another language concatenates too).
+macro_rules! lua_script {
+    ($($file:literal),+ $(,)?) => {
+        concat!(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/helpers.lua")),
+            $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $file))),+
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        CONCURRENCY_LUA, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
+    };
+
+    const HELPERS: &str = include_str!("../lua/helpers.lua");
+    const PRELUDE: &str = include_str!("../lua/prelude.lua");
+
+    /// Each helper is defined once in a complete script: in `lua/helpers.lua`, at its head (a
+    /// second `local` of the same name would shadow it silently).
+    #[test]
+    fn every_script_starts_with_the_helpers_and_defines_them_once() {
+        let scripts = [
+            ("token_bucket", TOKEN_BUCKET_LUA, false),
+            ("concurrency", CONCURRENCY_LUA, false),
+            ("fixed_window", FIXED_WINDOW_LUA, true),
+            ("sliding_window", SLIDING_WINDOW_LUA, true),
+            ("leaky_bucket", LEAKY_BUCKET_LUA, true),
+        ];
+        // `local MAX = …` and `local function gcd(a, b)` define `MAX` and `gcd`.
+        let defines = |line: &str| -> Option<String> {
+            let rest = line.strip_prefix("local ")?;
+            let rest = rest.strip_prefix("function ").unwrap_or(rest);
+            Some(rest.split([' ', '=', '(']).next()?.to_string())
+        };
+        let defined: Vec<String> = HELPERS.lines().filter_map(defines).collect();
+        assert_eq!(defined.len(), 11, "{defined:?}");
+        for (name, script, prelude) in scripts {
+            assert!(script.starts_with(HELPERS), "{name}");
+            assert_eq!(
+                script[HELPERS.len()..].starts_with(PRELUDE),
+                prelude,
+                "{name}"
+            );
+            for def in &defined {
+                let count = script
+                    .lines()
+                    .filter(|l| defines(l).as_ref() == Some(def))
+                    .count();
+                assert_eq!(count, 1, "{name}: {def}");
+            }
+        }
+    }
+}
