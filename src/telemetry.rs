@@ -52,12 +52,12 @@
 //! [`Unconfigured::Unlimited`](crate::Unconfigured::Unlimited) are not limited and not counted.
 //!
 //! The keyed hybrid limiter reports the hybrid rows (not demand and fair share, which it keeps
-//! per key) from its [`KeyedStats`](crate::KeyedStats), summed over every key:
+//! per key) from its [`KeyedStats`], summed over every key:
 //! `ratelease_expired_tokens_total` is `tokens_lost` (tokens whose release failed), and
 //! `ratelease_local_tokens` the tokens all keys hold. Admitted tokens are derived the same way:
 //! `tokens_leased − returned − held + tokens_admitted_degraded`, where `returned` counts the
 //! tokens its worker queued for release and `held` is the sum over the keys. The concurrency
-//! limiter's counters are its [`ConcurrencyStats`](crate::ConcurrencyStats) (`acquires`,
+//! limiter's counters are its [`ConcurrencyStats`] (`acquires`,
 //! `releases`, `syncs`, `store_errors`, `in_use`, `pooled`); its mode is `pure` or `hybrid`.
 //!
 //! # How the hybrid limiter publishes, and how stale it is
