@@ -44,9 +44,18 @@ pub struct RedisLimiterBuilder<S> {
     client_id: Option<u64>,
     unconfigured: Unconfigured,
     algorithm: Algorithm,
+    /// Handles to report to instead of the limiter's own (a keyed limiter's, shared by its
+    /// keys).
+    metrics: Option<Arc<CallMetrics>>,
 }
 
 impl<S: LeaseStore> RedisLimiterBuilder<S> {
+    /// Reports to `metrics` instead of registering handles of the limiter's own.
+    pub(crate) fn metrics(mut self, metrics: Arc<CallMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// How to count (default [`Algorithm::TokenBucket`]).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -85,7 +94,10 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             Budget::Overall => None,
             Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
         };
-        let metrics = CallMetrics::pure(&self.name);
+        let metrics = match self.metrics {
+            Some(metrics) => metrics,
+            None => Arc::new(CallMetrics::pure(&self.name)),
+        };
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
@@ -112,7 +124,7 @@ struct State {
     /// Until when (ns since `origin`) the name is known to be unconfigured.
     absent_until_ns: AtomicU64,
     /// Metric handles, updated after each store call ([`crate::telemetry`]).
-    metrics: CallMetrics,
+    metrics: Arc<CallMetrics>,
 }
 
 /// A limiter that asks the store for every decision (`min = want = n`).
@@ -172,6 +184,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
             client_id: None,
             unconfigured: Unconfigured::UseQuota,
             algorithm: Algorithm::TokenBucket,
+            metrics: None,
         }
     }
 

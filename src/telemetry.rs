@@ -7,8 +7,14 @@
 //! # Metrics
 //!
 //! Every metric carries the label `limiter` (the limiter's name); those both modes report also
-//! carry `mode` (`hybrid` or `pure`). Two limiters with the same name and mode in one process
-//! add up into the same series.
+//! carry `mode`: `hybrid` or `pure` for [`HybridLimiter`](crate::HybridLimiter) and
+//! [`RedisLimiter`](crate::RedisLimiter), `keyed-hybrid` or `keyed-pure` for
+//! [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) and
+//! [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) (a keyed limiter is labelled by its own
+//! name, never by key: keys are unbounded). The keyed hybrid limiter carries `mode` on *every*
+//! metric, the rows marked "hybrid" included, so it never adds into a plain limiter's series of
+//! the same name. Two limiters with the same name and mode in one process add up into the same
+//! series.
 //!
 //! | name | type | labels | meaning |
 //! | --- | --- | --- | --- |
@@ -28,11 +34,31 @@
 //! | `ratelease_circuit_open` | gauge | `limiter`, `policy` | hybrid: 1 while the circuit is open (the last lease failed), else 0 |
 //! | `ratelease_demand_tokens_per_second` | gauge | `limiter` | hybrid: measured demand (admitted and denied) |
 //! | `ratelease_fair_share_tokens_per_second` | gauge | `limiter` | hybrid: fair share the store last reported (0 if none) |
+//! | `ratelease_live_keys` | gauge | `limiter`, `mode` | keyed hybrid: keys with local state |
+//! | `ratelease_created_keys_total` | counter | `limiter`, `mode` | keyed hybrid: keys given local state |
+//! | `ratelease_evicted_keys_total` | counter | `limiter`, `mode`, `reason` | keyed hybrid: keys evicted, `reason` `idle` (unused for the idle TTL) or `cap` (to make room at `max_keys`) |
+//! | `ratelease_refused_keys_total` | counter | `limiter`, `mode`, `reason` | keyed hybrid: new keys turned away for a moment, `reason` `cap` (at `max_keys`) or `busy` (first-lease queue full) |
+//! | `ratelease_acquired_permits_total` | counter | `limiter`, `mode` | concurrency: slots handed to callers in permits (those the failure policy admitted included) |
+//! | `ratelease_denied_permits_total` | counter | `limiter`, `mode` | concurrency: slots refused to callers that would not wait (longer): `try_acquire`, `try_acquire_now` or `try_acquire_for` answering `None` |
+//! | `ratelease_held_permits` | gauge | `limiter`, `mode` | concurrency: slots in this process's live permits |
+//! | `ratelease_pooled_permits` | gauge | `limiter`, `mode` | concurrency, hybrid: leased slots waiting in the local pool |
+//! | `ratelease_concurrency_calls_total` | counter | `limiter`, `mode`, `op` | concurrency: store calls, `op` `acquire`, `release` or `sync` (renewal) |
+//! | `ratelease_concurrency_errors_total` | counter | `limiter`, `mode` | concurrency: store calls that failed |
+//! | `ratelease_acquire_duration_seconds` | histogram | `limiter`, `mode` | concurrency, pure: round trip of each caller's acquire call |
 //!
 //! The hybrid counters are the [`HybridStats`] fields of the same names;
 //! `admitted` is `tokens_leased − tokens_released − tokens_expired − local_tokens +
 //! tokens_admitted_degraded`. Admissions of a name that has no central config under
 //! [`Unconfigured::Unlimited`](crate::Unconfigured::Unlimited) are not limited and not counted.
+//!
+//! The keyed hybrid limiter reports the hybrid rows (not demand and fair share, which it keeps
+//! per key) from its [`KeyedStats`], summed over every key:
+//! `ratelease_expired_tokens_total` is `tokens_lost` (tokens whose release failed), and
+//! `ratelease_local_tokens` the tokens all keys hold. Admitted tokens are derived the same way:
+//! `tokens_leased − returned − held + tokens_admitted_degraded`, where `returned` counts the
+//! tokens its worker queued for release and `held` is the sum over the keys. The concurrency
+//! limiter's counters are its [`ConcurrencyStats`] (`acquires`,
+//! `releases`, `syncs`, `store_errors`, `in_use`, `pooled`); its mode is `pure` or `hybrid`.
 //!
 //! # How the hybrid limiter publishes, and how stale it is
 //!
@@ -51,6 +77,22 @@
 //! denial wakes the task (or a lease in flight does when it returns), which publishes. The two
 //! histograms are recorded by the task as each lease returns.
 //!
+//! # The keyed hybrid and concurrency limiters
+//!
+//! Both publish the same way, through the same wrapper around their background task (the
+//! keyed limiter's one worker; the concurrency limiter's task): nothing on a caller's thread
+//! calls into `metrics`. The keyed hot path (a map read and a CAS) counts nothing new: admitted
+//! tokens are derived as above, and the sum over the keys that needs is taken by the worker at
+//! most once per [`PUBLISH_INTERVAL`] (it reads the whole map, as a sweep does), so admitted
+//! tokens and `ratelease_local_tokens` lag by at most one interval plus one 100 ms tick while
+//! keys are live; the other counters are published after every poll of the worker, and the
+//! lease histograms recorded as leases return. A hybrid concurrency permit counts itself in a
+//! word next to the pool's, on the cache line its CAS already owns; refusals are counted on
+//! the denial path. A pure concurrency limiter's caller records its acquire's latency (it made
+//! the store call) and wakes the task to publish. Either limiter stays active for one more
+//! interval after any counter changed, so a count made just after a publication is published
+//! within one interval; [`shutdown`](crate::KeyedHybridLimiter::shutdown) leaves exact totals.
+//!
 //! Admitted tokens are read with the local bucket at rest (no chunk of tokens in transit
 //! between its words, which would otherwise read as spent; for the few loads that read takes,
 //! callers that need a chunk take straight from the reserve instead), and a counter's
@@ -59,7 +101,8 @@
 //! # Pure mode
 //!
 //! [`RedisLimiter`](crate::RedisLimiter) makes a store call per decision anyway, so it updates
-//! its handles on the caller's task after each call.
+//! its handles on the caller's task after each call; so does
+//! [`KeyedRedisLimiter`](crate::KeyedRedisLimiter), whose per-key limiters share its handles.
 //!
 //! # Traces
 //!
@@ -100,9 +143,12 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit};
 
+use crate::concurrency::ConcurrencyStats;
 use crate::hybrid::HybridStats;
+use crate::keyed::KeyedStats;
 
-/// Longest time a hybrid limiter's published metrics lag behind while it is active.
+/// Longest time a limiter's published metrics lag behind while it is active (hybrid, keyed
+/// hybrid and concurrency limiters, which publish from their background task).
 pub const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `ratelease_admitted_tokens_total`.
@@ -137,6 +183,28 @@ pub const CIRCUIT_OPEN: &str = "ratelease_circuit_open";
 pub const DEMAND: &str = "ratelease_demand_tokens_per_second";
 /// `ratelease_fair_share_tokens_per_second`.
 pub const FAIR_SHARE: &str = "ratelease_fair_share_tokens_per_second";
+/// `ratelease_live_keys`.
+pub const LIVE_KEYS: &str = "ratelease_live_keys";
+/// `ratelease_created_keys_total`.
+pub const CREATED_KEYS: &str = "ratelease_created_keys_total";
+/// `ratelease_evicted_keys_total`.
+pub const EVICTED_KEYS: &str = "ratelease_evicted_keys_total";
+/// `ratelease_refused_keys_total`.
+pub const REFUSED_KEYS: &str = "ratelease_refused_keys_total";
+/// `ratelease_acquired_permits_total`.
+pub const ACQUIRED_PERMITS: &str = "ratelease_acquired_permits_total";
+/// `ratelease_denied_permits_total`.
+pub const DENIED_PERMITS: &str = "ratelease_denied_permits_total";
+/// `ratelease_held_permits`.
+pub const HELD_PERMITS: &str = "ratelease_held_permits";
+/// `ratelease_pooled_permits`.
+pub const POOLED_PERMITS: &str = "ratelease_pooled_permits";
+/// `ratelease_concurrency_calls_total`.
+pub const CONCURRENCY_CALLS: &str = "ratelease_concurrency_calls_total";
+/// `ratelease_concurrency_errors_total`.
+pub const CONCURRENCY_ERRORS: &str = "ratelease_concurrency_errors_total";
+/// `ratelease_acquire_duration_seconds`.
+pub const ACQUIRE_DURATION: &str = "ratelease_acquire_duration_seconds";
 
 /// What kind of metric a name is.
 #[derive(Clone, Copy)]
@@ -147,7 +215,7 @@ enum Kind {
 }
 
 /// Every metric: name, kind, unit, description (the recorder's HELP text).
-const DESCRIPTIONS: [(&str, Kind, Unit, &str); 16] = [
+const DESCRIPTIONS: [(&str, Kind, Unit, &str); 27] = [
     (
         ADMITTED_TOKENS,
         Kind::Counter,
@@ -224,7 +292,7 @@ const DESCRIPTIONS: [(&str, Kind, Unit, &str); 16] = [
         LOCAL_TOKENS,
         Kind::Gauge,
         Unit::Count,
-        "Tokens in the local bucket.",
+        "Tokens held locally (the local bucket, or every key's tokens).",
     ),
     (
         CIRCUIT_OPEN,
@@ -244,6 +312,72 @@ const DESCRIPTIONS: [(&str, Kind, Unit, &str); 16] = [
         Unit::CountPerSecond,
         "Fair share the store last reported, tokens per second.",
     ),
+    (
+        LIVE_KEYS,
+        Kind::Gauge,
+        Unit::Count,
+        "Keys with local state.",
+    ),
+    (
+        CREATED_KEYS,
+        Kind::Counter,
+        Unit::Count,
+        "Keys given local state.",
+    ),
+    (
+        EVICTED_KEYS,
+        Kind::Counter,
+        Unit::Count,
+        "Keys whose local state was evicted, by reason.",
+    ),
+    (
+        REFUSED_KEYS,
+        Kind::Counter,
+        Unit::Count,
+        "New keys turned away for a moment, by reason.",
+    ),
+    (
+        ACQUIRED_PERMITS,
+        Kind::Counter,
+        Unit::Count,
+        "Concurrency slots handed to callers in permits.",
+    ),
+    (
+        DENIED_PERMITS,
+        Kind::Counter,
+        Unit::Count,
+        "Concurrency slots refused to callers that would not wait (longer).",
+    ),
+    (
+        HELD_PERMITS,
+        Kind::Gauge,
+        Unit::Count,
+        "Concurrency slots in this process's live permits.",
+    ),
+    (
+        POOLED_PERMITS,
+        Kind::Gauge,
+        Unit::Count,
+        "Leased concurrency slots waiting in the local pool.",
+    ),
+    (
+        CONCURRENCY_CALLS,
+        Kind::Counter,
+        Unit::Count,
+        "Concurrency store calls, by operation.",
+    ),
+    (
+        CONCURRENCY_ERRORS,
+        Kind::Counter,
+        Unit::Count,
+        "Concurrency store calls that failed.",
+    ),
+    (
+        ACQUIRE_DURATION,
+        Kind::Histogram,
+        Unit::Seconds,
+        "Round trip of each pure-mode concurrency acquire call.",
+    ),
 ];
 
 /// Describes every metric to the recorder in force (recorders keep the first description;
@@ -261,7 +395,28 @@ fn describe() {
     });
 }
 
-/// The handles both modes update.
+/// A label set: `limiter` first, then whatever else.
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(limiter: &str, more: &[(&'static str, &str)]) -> Labels {
+    let mut labels = vec![("limiter", limiter.to_owned())];
+    labels.extend(more.iter().map(|&(k, v)| (k, v.to_owned())));
+    labels
+}
+
+/// Adds to `counter` what the cumulative total `now` grew since `last` (the total published so
+/// far), and records `now` as published. A total that reads lower than before publishes
+/// nothing, so a counter never goes backwards. Says whether anything was added.
+fn bump(counter: &Counter, last: &mut u64, now: u64) -> bool {
+    if now > *last {
+        counter.increment(now - *last);
+        *last = now;
+        return true;
+    }
+    false
+}
+
+/// The handles every rate limiter updates (pure mode: on the caller's task, per call).
 #[derive(Debug)]
 pub(crate) struct CallMetrics {
     admitted: Counter,
@@ -274,7 +429,7 @@ pub(crate) struct CallMetrics {
 impl CallMetrics {
     fn new(limiter: &str, mode: &'static str) -> Self {
         describe();
-        let labels = [("limiter", limiter.to_owned()), ("mode", mode.to_owned())];
+        let labels = labels(limiter, &[("mode", mode)]);
         CallMetrics {
             admitted: metrics::counter!(ADMITTED_TOKENS, &labels),
             denied: metrics::counter!(DENIED_TOKENS, &labels),
@@ -287,6 +442,12 @@ impl CallMetrics {
     /// Pure mode's handles for `limiter`.
     pub(crate) fn pure(limiter: &str) -> Self {
         Self::new(limiter, "pure")
+    }
+
+    /// A pure keyed limiter's handles, shared by the limiters of all its keys (labelled by the
+    /// keyed limiter's name: a label per key would be unbounded).
+    pub(crate) fn keyed_pure(limiter: &str) -> Self {
+        Self::new(limiter, "keyed-pure")
     }
 
     /// A lease call returned after `elapsed`, successfully or not.
@@ -308,9 +469,26 @@ impl CallMetrics {
     }
 }
 
-/// A hybrid limiter's handles.
+/// Cumulative totals of a limiter that leases batches (hybrid or keyed hybrid): what it
+/// publishes, and (as [`Published`]) what it published so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LeaseTotals {
+    pub(crate) admitted: u64,
+    pub(crate) denied: u64,
+    pub(crate) leases: u64,
+    pub(crate) store_errors: u64,
+    pub(crate) leased: u64,
+    pub(crate) over_limit: u64,
+    pub(crate) releases: u64,
+    pub(crate) released: u64,
+    pub(crate) expired: u64,
+    pub(crate) degraded: u64,
+}
+
+/// The handles of a limiter that leases batches and spends them locally: the hybrid limiter
+/// and the keyed hybrid limiter, published by their background task as deltas.
 #[derive(Debug)]
-pub(crate) struct HybridMetrics {
+pub(crate) struct LeaseMetrics {
     calls: CallMetrics,
     leased: Counter,
     lease_size: Histogram,
@@ -321,27 +499,23 @@ pub(crate) struct HybridMetrics {
     degraded: Counter,
     local: Gauge,
     circuit_open: Gauge,
-    demand: Gauge,
-    share: Gauge,
 }
 
-/// The totals published so far (what the next publication subtracts).
-#[derive(Debug, Default)]
-pub(crate) struct Published {
-    admitted: u64,
-    stats: HybridStats,
-}
-
-impl HybridMetrics {
-    /// Handles for `limiter`, whose failure policy is named `policy`.
-    pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
-        let calls = CallMetrics::new(limiter, "hybrid");
-        let name = [("limiter", limiter.to_owned())];
-        let with_policy = [
-            ("limiter", limiter.to_owned()),
-            ("policy", policy.to_owned()),
-        ];
-        HybridMetrics {
+impl LeaseMetrics {
+    /// Handles for `limiter` in `mode`, whose failure policy is named `policy`. The metrics of
+    /// this family that only leasing limiters report carry `extra` besides `limiter` (and
+    /// `policy`, for the two the policy governs).
+    fn new(
+        limiter: &str,
+        mode: &'static str,
+        policy: &'static str,
+        extra: &[(&'static str, &str)],
+    ) -> Self {
+        let calls = CallMetrics::new(limiter, mode);
+        let name = labels(limiter, extra);
+        let mut with_policy = name.clone();
+        with_policy.push(("policy", policy.to_owned()));
+        LeaseMetrics {
             calls,
             leased: metrics::counter!(LEASED_TOKENS, &name),
             lease_size: metrics::histogram!(LEASE_SIZE, &name),
@@ -352,8 +526,6 @@ impl HybridMetrics {
             degraded: metrics::counter!(DEGRADED_TOKENS, &with_policy),
             local: metrics::gauge!(LOCAL_TOKENS, &name),
             circuit_open: metrics::gauge!(CIRCUIT_OPEN, &with_policy),
-            demand: metrics::gauge!(DEMAND, &name),
-            share: metrics::gauge!(FAIR_SHARE, &name),
         }
     }
 
@@ -367,36 +539,266 @@ impl HybridMetrics {
         self.lease_size.record(tokens as f64);
     }
 
+    /// Publishes the counters of `now` by what they grew since `last`; says whether any grew.
+    fn publish(&self, last: &mut LeaseTotals, now: &LeaseTotals) -> bool {
+        let c = &self.calls;
+        // Non-short-circuiting `|`: every counter is published.
+        bump(&c.admitted, &mut last.admitted, now.admitted)
+            | bump(&c.denied, &mut last.denied, now.denied)
+            | bump(&c.leases, &mut last.leases, now.leases)
+            | bump(&c.store_errors, &mut last.store_errors, now.store_errors)
+            | bump(&self.leased, &mut last.leased, now.leased)
+            | bump(&self.over_limit, &mut last.over_limit, now.over_limit)
+            | bump(&self.releases, &mut last.releases, now.releases)
+            | bump(&self.released, &mut last.released, now.released)
+            | bump(&self.expired, &mut last.expired, now.expired)
+            | bump(&self.degraded, &mut last.degraded, now.degraded)
+    }
+
+    fn set_circuit(&self, open: bool) {
+        self.circuit_open.set(f64::from(u8::from(open)));
+    }
+}
+
+/// A hybrid limiter's handles.
+#[derive(Debug)]
+pub(crate) struct HybridMetrics {
+    lease: LeaseMetrics,
+    demand: Gauge,
+    share: Gauge,
+}
+
+/// The totals published so far (what the next publication subtracts).
+#[derive(Debug, Default)]
+pub(crate) struct Published(LeaseTotals);
+
+impl HybridMetrics {
+    /// Handles for `limiter`, whose failure policy is named `policy`.
+    pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
+        let lease = LeaseMetrics::new(limiter, "hybrid", policy, &[]);
+        let name = labels(limiter, &[]);
+        HybridMetrics {
+            lease,
+            demand: metrics::gauge!(DEMAND, &name),
+            share: metrics::gauge!(FAIR_SHARE, &name),
+        }
+    }
+
+    /// A lease call took `rtt` (recorded by the background task as it returns).
+    pub(crate) fn lease_returned(&self, rtt: Duration) {
+        self.lease.lease_returned(rtt);
+    }
+
+    /// A lease granted `tokens` (> 0).
+    pub(crate) fn granted(&self, tokens: u64) {
+        self.lease.granted(tokens);
+    }
+
     /// Publishes `stats` and `admitted` (cumulative totals): counters by what they grew since
     /// `last`, gauges as they are. A total that reads lower than before publishes nothing.
     pub(crate) fn publish(&self, last: &mut Published, stats: &HybridStats, admitted: u64) {
-        let bump = |counter: &Counter, last: &mut u64, now: u64| {
-            if now > *last {
-                counter.increment(now - *last);
-                *last = now;
-            }
+        let now = LeaseTotals {
+            admitted,
+            denied: stats.tokens_denied,
+            leases: stats.leases,
+            store_errors: stats.store_errors,
+            leased: stats.tokens_leased,
+            over_limit: stats.over_limit,
+            releases: stats.releases,
+            released: stats.tokens_released,
+            expired: stats.tokens_expired,
+            degraded: stats.tokens_admitted_degraded,
         };
-        let (l, c) = (&mut last.stats, &self.calls);
-        bump(&c.admitted, &mut last.admitted, admitted);
-        bump(&c.denied, &mut l.tokens_denied, stats.tokens_denied);
-        bump(&c.leases, &mut l.leases, stats.leases);
-        bump(&c.store_errors, &mut l.store_errors, stats.store_errors);
-        bump(&self.leased, &mut l.tokens_leased, stats.tokens_leased);
-        bump(&self.over_limit, &mut l.over_limit, stats.over_limit);
-        bump(&self.releases, &mut l.releases, stats.releases);
-        bump(
-            &self.released,
-            &mut l.tokens_released,
-            stats.tokens_released,
-        );
-        bump(&self.expired, &mut l.tokens_expired, stats.tokens_expired);
-        let degraded = stats.tokens_admitted_degraded;
-        bump(&self.degraded, &mut l.tokens_admitted_degraded, degraded);
-        self.local.set(stats.local_tokens as f64);
-        self.circuit_open
-            .set(f64::from(u8::from(stats.circuit_open)));
+        self.lease.publish(&mut last.0, &now);
+        self.lease.local.set(stats.local_tokens as f64);
+        self.lease.set_circuit(stats.circuit_open);
         self.demand.set(stats.demand_mtps as f64 / 1_000.0);
         self.share.set(stats.share_mtps as f64 / 1_000.0);
+    }
+}
+
+/// A keyed hybrid limiter's handles: the leasing family with `mode="keyed-hybrid"` on every
+/// metric (so they never add into a plain hybrid limiter's series of the same name), and the
+/// keys' own. Nothing is labelled by key: the number of keys is unbounded.
+#[derive(Debug)]
+pub(crate) struct KeyedMetrics {
+    lease: LeaseMetrics,
+    live: Gauge,
+    created: Counter,
+    evicted_idle: Counter,
+    evicted_at_cap: Counter,
+    refused_at_cap: Counter,
+    refused_busy: Counter,
+}
+
+/// What a keyed limiter published so far.
+#[derive(Debug, Default)]
+pub(crate) struct KeyedPublished {
+    lease: LeaseTotals,
+    created: u64,
+    evicted_idle: u64,
+    evicted_at_cap: u64,
+    refused_at_cap: u64,
+    refused_busy: u64,
+}
+
+/// The `mode` of a keyed hybrid limiter's metrics.
+pub(crate) const KEYED_HYBRID: &str = "keyed-hybrid";
+
+impl KeyedMetrics {
+    /// Handles for keyed limiter `limiter`, whose failure policy is named `policy`.
+    pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
+        let mode = [("mode", KEYED_HYBRID)];
+        let lease = LeaseMetrics::new(limiter, KEYED_HYBRID, policy, &mode);
+        let name = labels(limiter, &mode);
+        let reason = |r| labels(limiter, &[("mode", KEYED_HYBRID), ("reason", r)]);
+        KeyedMetrics {
+            lease,
+            live: metrics::gauge!(LIVE_KEYS, &name),
+            created: metrics::counter!(CREATED_KEYS, &name),
+            evicted_idle: metrics::counter!(EVICTED_KEYS, &reason("idle")),
+            evicted_at_cap: metrics::counter!(EVICTED_KEYS, &reason("cap")),
+            refused_at_cap: metrics::counter!(REFUSED_KEYS, &reason("cap")),
+            refused_busy: metrics::counter!(REFUSED_KEYS, &reason("busy")),
+        }
+    }
+
+    /// A lease call took `rtt` (recorded by the worker as it returns).
+    pub(crate) fn lease_returned(&self, rtt: Duration) {
+        self.lease.lease_returned(rtt);
+    }
+
+    /// A lease granted `tokens` (> 0).
+    pub(crate) fn granted(&self, tokens: u64) {
+        self.lease.granted(tokens);
+    }
+
+    /// Publishes `stats` (cumulative totals) by what they grew since `last`, and the gauges.
+    /// `held` is `Some((admitted, local tokens))` when the worker has just summed the tokens
+    /// every key holds (admitted tokens are derived from that sum, see the module docs), else
+    /// `None`: admitted tokens and the local tokens gauge then wait for the next sum. Says
+    /// whether any counter grew.
+    pub(crate) fn publish(
+        &self,
+        last: &mut KeyedPublished,
+        stats: &KeyedStats,
+        held: Option<(u64, u64)>,
+    ) -> bool {
+        let now = LeaseTotals {
+            admitted: held.map_or(last.lease.admitted, |(admitted, _)| admitted),
+            denied: stats.tokens_denied,
+            leases: stats.leases,
+            store_errors: stats.store_errors,
+            leased: stats.tokens_leased,
+            over_limit: stats.over_limit,
+            releases: stats.releases,
+            released: stats.tokens_released,
+            expired: stats.tokens_lost,
+            degraded: stats.tokens_admitted_degraded,
+        };
+        let grew = self.lease.publish(&mut last.lease, &now)
+            | bump(&self.created, &mut last.created, stats.keys_created)
+            | bump(
+                &self.evicted_idle,
+                &mut last.evicted_idle,
+                stats.evicted_idle,
+            )
+            | bump(
+                &self.evicted_at_cap,
+                &mut last.evicted_at_cap,
+                stats.evicted_at_cap,
+            )
+            | bump(
+                &self.refused_at_cap,
+                &mut last.refused_at_cap,
+                stats.refused_at_cap,
+            )
+            | bump(
+                &self.refused_busy,
+                &mut last.refused_busy,
+                stats.refused_busy,
+            );
+        if let Some((_, local)) = held {
+            self.lease.local.set(local as f64);
+        }
+        self.lease.set_circuit(stats.circuit_open);
+        self.live.set(stats.live_keys as f64);
+        grew
+    }
+}
+
+/// A concurrency limiter's handles (`mode` is `pure` or `hybrid`).
+#[derive(Debug)]
+pub(crate) struct ConcurrencyMetrics {
+    acquired: Counter,
+    denied: Counter,
+    held: Gauge,
+    /// Hybrid only.
+    pooled: Option<Gauge>,
+    acquire_calls: Counter,
+    release_calls: Counter,
+    sync_calls: Counter,
+    errors: Counter,
+    acquire_duration: Histogram,
+}
+
+/// What a concurrency limiter published so far.
+#[derive(Debug, Default)]
+pub(crate) struct ConcurrencyPublished {
+    acquired: u64,
+    denied: u64,
+    acquires: u64,
+    releases: u64,
+    syncs: u64,
+    errors: u64,
+}
+
+impl ConcurrencyMetrics {
+    /// Handles for concurrency limiter `limiter`, hybrid or pure.
+    pub(crate) fn new(limiter: &str, hybrid: bool) -> Self {
+        describe();
+        let mode = if hybrid { "hybrid" } else { "pure" };
+        let name = labels(limiter, &[("mode", mode)]);
+        let op = |op| labels(limiter, &[("mode", mode), ("op", op)]);
+        ConcurrencyMetrics {
+            acquired: metrics::counter!(ACQUIRED_PERMITS, &name),
+            denied: metrics::counter!(DENIED_PERMITS, &name),
+            held: metrics::gauge!(HELD_PERMITS, &name),
+            pooled: hybrid.then(|| metrics::gauge!(POOLED_PERMITS, &name)),
+            acquire_calls: metrics::counter!(CONCURRENCY_CALLS, &op("acquire")),
+            release_calls: metrics::counter!(CONCURRENCY_CALLS, &op("release")),
+            sync_calls: metrics::counter!(CONCURRENCY_CALLS, &op("sync")),
+            errors: metrics::counter!(CONCURRENCY_ERRORS, &name),
+            acquire_duration: metrics::histogram!(ACQUIRE_DURATION, &name),
+        }
+    }
+
+    /// Pure mode: an acquire call returned after `elapsed` (recorded on the caller's task,
+    /// which made the call).
+    pub(crate) fn acquire_returned(&self, elapsed: Duration) {
+        self.acquire_duration.record(elapsed);
+    }
+
+    /// Publishes `stats`, `acquired` and `denied` (cumulative totals) by what they grew since
+    /// `last`, and the gauges. Says whether any counter grew.
+    pub(crate) fn publish(
+        &self,
+        last: &mut ConcurrencyPublished,
+        stats: &ConcurrencyStats,
+        acquired: u64,
+        denied: u64,
+    ) -> bool {
+        let grew = bump(&self.acquired, &mut last.acquired, acquired)
+            | bump(&self.denied, &mut last.denied, denied)
+            | bump(&self.acquire_calls, &mut last.acquires, stats.acquires)
+            | bump(&self.release_calls, &mut last.releases, stats.releases)
+            | bump(&self.sync_calls, &mut last.syncs, stats.syncs)
+            | bump(&self.errors, &mut last.errors, stats.store_errors);
+        self.held.set(stats.in_use as f64);
+        if let Some(pooled) = &self.pooled {
+            pooled.set(stats.pooled as f64);
+        }
+        grew
     }
 }
 

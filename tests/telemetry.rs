@@ -4,7 +4,9 @@
 //! layer that captures spans (`set_default`: this thread only).
 //!
 //! The hybrid limiter's counters are checked against its own [`HybridStats`] and against
-//! exact values on virtual time; store errors against a redis-server the test stops.
+//! exact values on virtual time; store errors against a redis-server the test stops. The
+//! keyed and concurrency limiters likewise, against their [`KeyedStats`] and
+//! [`ConcurrencyStats`].
 
 mod support;
 
@@ -17,7 +19,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use ratelease::telemetry::{self, PUBLISH_INTERVAL};
 use ratelease::{
-    Decision, FailurePolicy, FakeClock, HybridLimiter, HybridStats, LeaseReply, LeaseRequest,
+    ConcurrencyLimiter, ConcurrencyStats, Decision, FailurePolicy, FakeClock, HybridLimiter,
+    HybridStats, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, LeaseReply, LeaseRequest,
     LeaseStore, MemoryStore, Quota, RedisLimiter, RedisStore, ReleaseRequest, StoreError,
     TokioClock,
 };
@@ -578,4 +581,441 @@ async fn store_errors_are_counted_and_traced_when_redis_dies() {
         3 + stats.store_errors,
         "one span with an error per failed call: {failed:?}"
     );
+}
+
+/// A keyed hybrid limiter's counters, read from the recorder (every series labelled
+/// `mode="keyed-hybrid"`), in [`KeyedStats`]' terms, and the admitted tokens.
+fn keyed_published(m: &Reading, name: &str) -> (KeyedStats, u64) {
+    let l = [("limiter", name), ("mode", "keyed-hybrid")];
+    let reason = |r| [("limiter", name), ("mode", "keyed-hybrid"), ("reason", r)];
+    let mut s = KeyedStats::default();
+    s.live_keys = m.gauge(telemetry::LIVE_KEYS, &l) as u64;
+    s.keys_created = m.counter(telemetry::CREATED_KEYS, &l);
+    s.evicted_idle = m.counter(telemetry::EVICTED_KEYS, &reason("idle"));
+    s.evicted_at_cap = m.counter(telemetry::EVICTED_KEYS, &reason("cap"));
+    s.refused_at_cap = m.counter(telemetry::REFUSED_KEYS, &reason("cap"));
+    s.refused_busy = m.counter(telemetry::REFUSED_KEYS, &reason("busy"));
+    s.leases = m.counter(telemetry::LEASES, &l);
+    s.tokens_leased = m.counter(telemetry::LEASED_TOKENS, &l);
+    s.over_limit = m.counter(telemetry::OVER_LIMIT, &l);
+    s.releases = m.counter(telemetry::RELEASES, &l);
+    s.tokens_released = m.counter(telemetry::RELEASED_TOKENS, &l);
+    s.tokens_lost = m.counter(telemetry::EXPIRED_TOKENS, &l);
+    s.store_errors = m.counter(telemetry::STORE_ERRORS, &l);
+    s.tokens_denied = m.counter(telemetry::DENIED_TOKENS, &l);
+    (s, m.counter(telemetry::ADMITTED_TOKENS, &l))
+}
+
+/// The fields `keyed_published` reads, as the limiter's own stats have them.
+fn keyed_expected(s: &KeyedStats) -> KeyedStats {
+    let mut e = *s;
+    e.tokens_admitted_degraded = 0;
+    e.circuit_open = false;
+    e
+}
+
+/// Three keys on a budget of 10 tokens an hour: `a` is denied 3 then spends its exact lease
+/// of 3, `b` waits for 4 (handed straight from the grant), `c` leases 2 and spends one without
+/// waking the worker, and `a` asks for 8 more than its bucket has (over the limit). Every
+/// counter is published under the keyed limiter's name, with exact values; shutdown gives
+/// `c`'s last token back and leaves the totals exact.
+#[tokio::test(start_paused = true)]
+async fn keyed_hybrid_counters_are_exact_and_published_by_the_worker() {
+    let quota = Quota::new(10, Duration::from_secs(3_600)).unwrap();
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let (limiter, m) = Recorded::build(|| {
+        KeyedHybridLimiter::<String, _>::builder("keys", quota, store)
+            .give_back_after(Duration::from_secs(3_600))
+            .build()
+            .unwrap()
+    });
+    assert!(!limiter.try_acquire("a", 3).unwrap().is_allowed());
+    settle().await;
+    assert!(limiter.try_acquire("a", 3).unwrap().is_allowed());
+    limiter.acquire("b", 4).await.unwrap();
+    assert!(!limiter.try_acquire("c", 2).unwrap().is_allowed());
+    settle().await;
+    assert_eq!(limiter.available("c"), 2);
+    let over = limiter
+        .try_acquire_for("a", 8, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert!(!over.is_allowed(), "7 tokens left in a's bucket");
+    // One hit on c, above its low-water mark (exact leases have none): nothing wakes the
+    // worker; its tick publishes, and the admitted count waits for the next sum of the keys.
+    assert!(limiter.try_acquire("c", 1).unwrap().is_allowed());
+    tokio::time::sleep(PUBLISH_INTERVAL + Duration::from_millis(200)).await;
+    let stats = limiter.stats();
+    let r = m.read();
+    let (counted, admitted) = keyed_published(&r, "keys");
+    assert_eq!(counted, keyed_expected(&stats));
+    assert_eq!(admitted, 3 + 4 + 1);
+    assert_eq!(
+        (counted.leases, counted.tokens_leased, counted.over_limit),
+        (4, 9, 1)
+    );
+    assert_eq!((counted.keys_created, counted.live_keys), (3, 3));
+    assert_eq!(
+        counted.tokens_denied,
+        3 + 4 + 2 + 8,
+        "b waited after a denial too"
+    );
+    let l = [("limiter", "keys"), ("mode", "keyed-hybrid")];
+    assert_eq!(r.gauge(telemetry::LOCAL_TOKENS, &l), 1.0, "c's last token");
+    assert_eq!(r.samples(telemetry::LEASE_SIZE, &l), [3.0, 4.0, 2.0]);
+    // Virtual time stands still during a MemoryStore call.
+    assert_eq!(r.samples(telemetry::LEASE_DURATION, &l), [0.0; 4]);
+    let policy = [
+        ("limiter", "keys"),
+        ("mode", "keyed-hybrid"),
+        ("policy", "local_fallback"),
+    ];
+    assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 0.0);
+    assert!(
+        r.0.keys()
+            .all(|(_, _, labels)| labels.iter().all(|(k, v)| k != "key" && !v.contains('#'))),
+        "no series names a key: {:?}",
+        r.0.keys()
+    );
+
+    limiter.shutdown().await;
+    let stats = limiter.stats();
+    assert_eq!((stats.releases, stats.tokens_released), (1, 1));
+    let r = m.read();
+    let (counted, admitted) = keyed_published(&r, "keys");
+    assert_eq!(counted, keyed_expected(&stats));
+    assert_eq!(admitted, 8, "nothing more was admitted");
+    assert_eq!(r.counter(telemetry::RELEASED_TOKENS, &l), 1);
+    assert_eq!(r.gauge(telemetry::LOCAL_TOKENS, &l), 0.0);
+    assert_eq!(r.gauge(telemetry::LIVE_KEYS, &l), 0.0);
+}
+
+/// Keys evicted at the cap and after the idle TTL, and new keys refused at the cap, are
+/// counted by reason; the live keys gauge follows.
+#[tokio::test(start_paused = true)]
+async fn keyed_evictions_refusals_and_live_keys_are_published() {
+    let quota = Quota::per_second(1_000).unwrap();
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let (limiter, m) = Recorded::build(|| {
+        KeyedHybridLimiter::<String, _>::builder("evict", quota, store)
+            .max_keys(4)
+            .idle_ttl(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    });
+    // One at a time: the queue of first leases is a quarter of the cap long.
+    for k in ["k1", "k2", "k3", "k4"] {
+        assert!(!limiter.try_acquire(k, 1).unwrap().is_allowed());
+        settle().await;
+    }
+    let l = [("limiter", "evict"), ("mode", "keyed-hybrid")];
+    assert_eq!(m.read().gauge(telemetry::LIVE_KEYS, &l), 4.0);
+    // At the cap: refused, and the worker evicts one key to make room.
+    assert!(!limiter.try_acquire("k5", 1).unwrap().is_allowed());
+    settle().await;
+    let stats = limiter.stats();
+    assert_eq!((stats.refused_at_cap, stats.evicted_at_cap), (1, 1));
+    let r = m.read();
+    assert_eq!(keyed_published(&r, "evict").0, keyed_expected(&stats));
+    assert_eq!(r.gauge(telemetry::LIVE_KEYS, &l), 3.0);
+    let reason = |r| {
+        [
+            ("limiter", "evict"),
+            ("mode", "keyed-hybrid"),
+            ("reason", r),
+        ]
+    };
+    assert_eq!(r.counter(telemetry::REFUSED_KEYS, &reason("cap")), 1);
+    assert_eq!(r.counter(telemetry::EVICTED_KEYS, &reason("cap")), 1);
+    // The other three go after the idle TTL, their tokens back to the store.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let stats = limiter.stats();
+    assert_eq!((stats.live_keys, stats.evicted_idle), (0, 3), "{stats:?}");
+    let r = m.read();
+    assert_eq!(keyed_published(&r, "evict").0, keyed_expected(&stats));
+    assert_eq!(r.counter(telemetry::EVICTED_KEYS, &reason("idle")), 3);
+    assert_eq!(r.gauge(telemetry::LIVE_KEYS, &l), 0.0);
+    assert_eq!(
+        r.counter(telemetry::RELEASED_TOKENS, &l),
+        4,
+        "every key's token"
+    );
+    assert_eq!(keyed_published(&r, "evict").1, 0, "nothing was admitted");
+    limiter.shutdown().await;
+}
+
+/// A keyed limiter on a failing store: the failure policy's admissions, the store errors and
+/// the open circuit are published, with the policy label.
+#[tokio::test(start_paused = true)]
+async fn keyed_failure_policy_admissions_and_the_circuit_are_published() {
+    let store = Switch::new(Duration::ZERO);
+    store.failing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(100).unwrap();
+    let (limiter, m) = Recorded::build(|| {
+        KeyedHybridLimiter::<String, _>::builder("kdown", quota, store)
+            .on_store_failure(FailurePolicy::FailOpen)
+            .build()
+            .unwrap()
+    });
+    assert!(
+        !limiter.try_acquire("k", 1).unwrap().is_allowed(),
+        "first lease"
+    );
+    settle().await;
+    for _ in 0..5 {
+        assert!(
+            limiter.try_acquire("k", 1).unwrap().is_allowed(),
+            "fail open"
+        );
+    }
+    tokio::time::sleep(PUBLISH_INTERVAL).await;
+    let stats = limiter.stats();
+    assert!(stats.circuit_open && stats.store_errors >= 1, "{stats:?}");
+    let r = m.read();
+    assert_eq!(keyed_published(&r, "kdown").0, keyed_expected(&stats));
+    let policy = [
+        ("limiter", "kdown"),
+        ("mode", "keyed-hybrid"),
+        ("policy", "fail_open"),
+    ];
+    assert_eq!(r.counter(telemetry::DEGRADED_TOKENS, &policy), 5);
+    assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 1.0);
+    assert_eq!(keyed_published(&r, "kdown").1, 5, "admitted, degraded");
+    limiter.shutdown().await;
+}
+
+/// The pure keyed limiter reports every key's calls under its own name, `mode="keyed-pure"`,
+/// never under a key's bucket name.
+#[tokio::test]
+async fn keyed_pure_calls_are_counted_under_the_limiters_name() {
+    let store = MemoryStore::with_clock(FakeClock::new());
+    let quota = Quota::new(5, Duration::from_secs(3_600)).unwrap();
+    let (limiter, m) = Recorded::build(|| KeyedRedisLimiter::new("kp", quota, store).unwrap());
+    let mut allowed = 0;
+    for key in ["alice", "bob", "carol"] {
+        for _ in 0..3 {
+            allowed += u64::from(limiter.try_acquire(key, 2).await.unwrap().is_allowed());
+        }
+    }
+    assert_eq!(allowed, 6, "two requests of 2 per key");
+    let l = [("limiter", "kp"), ("mode", "keyed-pure")];
+    let r = m.read();
+    assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &l), 12);
+    assert_eq!(r.counter(telemetry::DENIED_TOKENS, &l), 6);
+    assert_eq!(r.counter(telemetry::LEASES, &l), 9);
+    assert_eq!(r.counter(telemetry::STORE_ERRORS, &l), 0);
+    assert_eq!(r.samples(telemetry::LEASE_DURATION, &l).len(), 9);
+    assert_eq!(r.0.len(), 5, "one series per metric: {:?}", r.0.keys());
+}
+
+/// A concurrency limiter's metrics, read from the recorder: acquired and denied permits,
+/// store calls by operation, errors, and the held permits gauge.
+fn conc_published(m: &Reading, name: &str, mode: &str) -> [u64; 7] {
+    let l = [("limiter", name), ("mode", mode)];
+    let op = |op| [("limiter", name), ("mode", mode), ("op", op)];
+    [
+        m.counter(telemetry::ACQUIRED_PERMITS, &l),
+        m.counter(telemetry::DENIED_PERMITS, &l),
+        m.counter(telemetry::CONCURRENCY_CALLS, &op("acquire")),
+        m.counter(telemetry::CONCURRENCY_CALLS, &op("release")),
+        m.counter(telemetry::CONCURRENCY_CALLS, &op("sync")),
+        m.counter(telemetry::CONCURRENCY_ERRORS, &l),
+        m.gauge(telemetry::HELD_PERMITS, &l) as u64,
+    ]
+}
+
+/// What `conc_published` should read, from the limiter's stats and the permits the test
+/// counted.
+fn conc_expected(s: &ConcurrencyStats, acquired: u64, denied: u64) -> [u64; 7] {
+    [
+        acquired,
+        denied,
+        s.acquires,
+        s.releases,
+        s.syncs,
+        s.store_errors,
+        s.in_use,
+    ]
+}
+
+/// Pure mode: a limit of 2, three callers, one refused; a permit dropped and released. The
+/// callers' store calls are counted and timed, and published by the background task.
+#[tokio::test(start_paused = true)]
+async fn pure_concurrency_permits_calls_and_latency_are_published() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let (limiter, m) = Recorded::build(|| {
+        ConcurrencyLimiter::builder("conc", 2, store)
+            .build()
+            .unwrap()
+    });
+    let a = limiter.try_acquire(1).await.unwrap().expect("free");
+    let b = limiter.try_acquire(1).await.unwrap().expect("free");
+    assert!(limiter.try_acquire(1).await.unwrap().is_none(), "full");
+    drop(a);
+    settle().await;
+    let stats = limiter.stats();
+    assert_eq!((stats.acquires, stats.releases, stats.in_use), (3, 1, 1));
+    let r = m.read();
+    assert_eq!(
+        conc_published(&r, "conc", "pure"),
+        conc_expected(&stats, 2, 1)
+    );
+    let l = [("limiter", "conc"), ("mode", "pure")];
+    assert_eq!(
+        r.samples(telemetry::ACQUIRE_DURATION, &l),
+        [0.0; 3],
+        "one per acquire call"
+    );
+
+    drop(b);
+    limiter.shutdown().await;
+    let stats = limiter.stats();
+    assert_eq!(stats.in_use, 0);
+    let r = m.read();
+    assert_eq!(
+        conc_published(&r, "conc", "pure"),
+        conc_expected(&stats, 2, 1)
+    );
+    assert!(stats.syncs >= 1, "the last renewal: {stats:?}");
+}
+
+/// Hybrid mode: permits taken from the pool (no store call, no metric call on the caller's
+/// thread) are counted by the background task, which publishes them within one interval.
+#[tokio::test(start_paused = true)]
+async fn hybrid_concurrency_permits_are_published_by_the_task() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let (limiter, m) = Recorded::build(|| {
+        ConcurrencyLimiter::builder("hconc", 8, store)
+            .hybrid(4)
+            .idle_return(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    });
+    let first = limiter.acquire(1).await.unwrap();
+    let second = limiter.try_acquire_now(2).unwrap().expect("from the pool");
+    assert!(
+        limiter.try_acquire_now(2).unwrap().is_none(),
+        "one slot left in the pool"
+    );
+    tokio::time::sleep(PUBLISH_INTERVAL + Duration::from_millis(100)).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.in_use, 3, "{stats:?}");
+    let r = m.read();
+    assert_eq!(
+        conc_published(&r, "hconc", "hybrid"),
+        conc_expected(&stats, 3, 2)
+    );
+    let l = [("limiter", "hconc"), ("mode", "hybrid")];
+    assert_eq!(
+        r.gauge(telemetry::POOLED_PERMITS, &l),
+        stats.pooled as f64,
+        "{stats:?}"
+    );
+    assert!(
+        r.samples(telemetry::ACQUIRE_DURATION, &l).is_empty(),
+        "the task's leases are not callers' acquires"
+    );
+
+    drop((first, second));
+    limiter.shutdown().await;
+    let stats = limiter.stats();
+    let r = m.read();
+    assert_eq!(
+        conc_published(&r, "hconc", "hybrid"),
+        conc_expected(&stats, 3, 2)
+    );
+    assert_eq!(r.gauge(telemetry::HELD_PERMITS, &l), 0.0);
+    assert_eq!(r.gauge(telemetry::POOLED_PERMITS, &l), 0.0);
+}
+
+/// Against a real redis-server that is then stopped: the pure keyed limiter and a pure
+/// concurrency limiter count their failed store calls.
+#[tokio::test]
+async fn keyed_and_concurrency_store_errors_are_counted_when_redis_dies() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    let ((keyed, conc), m) = Recorded::build(|| {
+        (
+            KeyedRedisLimiter::new("kdies", quota, store.clone()).unwrap(),
+            ConcurrencyLimiter::builder("cdies", 4, store.clone())
+                .on_store_failure(FailurePolicy::FailClosed)
+                .build()
+                .unwrap(),
+        )
+    });
+    assert!(keyed.try_acquire("u", 1).await.unwrap().is_allowed());
+    let permit = conc.try_acquire(1).await.unwrap().expect("free");
+    server.stop();
+    for _ in 0..3 {
+        assert!(keyed.try_acquire("u", 1).await.is_err());
+        assert!(conc.try_acquire(1).await.is_err());
+    }
+    let kl = [("limiter", "kdies"), ("mode", "keyed-pure")];
+    let r = m.read();
+    assert_eq!(r.counter(telemetry::STORE_ERRORS, &kl), 3);
+    assert_eq!(r.counter(telemetry::LEASES, &kl), 4);
+    drop(permit);
+    conc.shutdown().await;
+    let stats = conc.stats();
+    assert!(stats.store_errors >= 3, "{stats:?}");
+    let r = m.read();
+    assert_eq!(
+        conc_published(&r, "cdies", "pure"),
+        conc_expected(&stats, 1, 0)
+    );
+}
+
+#[tokio::test]
+async fn keyed_and_concurrency_metrics_are_registered_and_described() {
+    let (limiters, m) = Recorded::build(|| {
+        let store = MemoryStore::new();
+        let quota = Quota::per_second(10).unwrap();
+        (
+            KeyedHybridLimiter::<String, _>::new("new", quota, store.clone()).unwrap(),
+            ConcurrencyLimiter::builder("new", 4, store.clone())
+                .hybrid(2)
+                .build()
+                .unwrap(),
+        )
+    });
+    let seen = m.read().0;
+    let names = [
+        telemetry::LIVE_KEYS,
+        telemetry::CREATED_KEYS,
+        telemetry::EVICTED_KEYS,
+        telemetry::REFUSED_KEYS,
+        telemetry::ACQUIRED_PERMITS,
+        telemetry::DENIED_PERMITS,
+        telemetry::HELD_PERMITS,
+        telemetry::POOLED_PERMITS,
+        telemetry::CONCURRENCY_CALLS,
+        telemetry::CONCURRENCY_ERRORS,
+        telemetry::ACQUIRE_DURATION,
+        telemetry::ADMITTED_TOKENS,
+        telemetry::LEASED_TOKENS,
+    ];
+    for name in names {
+        let found: Vec<_> = seen.iter().filter(|(k, _)| k.1 == name).collect();
+        assert!(!found.is_empty(), "{name} not registered");
+        for ((_, _, labels), s) in found {
+            assert!(s.described, "{name} has no description");
+            assert_eq!(labels[0], ("limiter".to_owned(), "new".to_owned()));
+            assert!(
+                labels.iter().any(|(k, _)| k == "mode"),
+                "{name}: {labels:?}"
+            );
+        }
+    }
+    assert!(
+        !seen.keys().any(|k| k.1 == telemetry::DEMAND),
+        "no limiter-wide demand for keyed limiters"
+    );
+    limiters.0.shutdown().await;
+    limiters.1.shutdown().await;
 }

@@ -20,6 +20,7 @@ use crate::failure::FailurePolicy;
 use crate::key;
 use crate::quota::MAX_VALUE;
 use crate::store::{micros, node_key, RedisStore};
+use crate::telemetry::{self, ConcurrencyMetrics, ConcurrencyPublished};
 
 /// Default time a holder's record lives without a renewal: how long the slots of a crashed
 /// process stay taken. Renewals go out every third of it.
@@ -181,6 +182,7 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
         };
         let holder_id = self.holder_id.unwrap_or_else(|| fastrand::u64(..));
+        let metrics = ConcurrencyMetrics::new(&self.name, batch > 0);
         let shared = Arc::new(Shared {
             local: Arc::new(Local::new(batch > 0)),
             store: self.store,
@@ -213,8 +215,12 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
             touched: AtomicBool::new(false),
             leased: AtomicU64::new(0),
             counters: Counters::default(),
+            metrics,
         });
-        let task = runtime.spawn(task::run(shared.clone()));
+        let task = runtime.spawn(telemetry::publishing(
+            task::run(shared.clone()),
+            publisher(shared.clone()),
+        ));
         Ok(ConcurrencyLimiter {
             handle: Arc::new(Handle {
                 shared,
@@ -324,6 +330,9 @@ pub(crate) struct Shared<S> {
     /// Hybrid: slots leased (in the pool or in permits); written by the task only.
     pub(crate) leased: AtomicU64,
     pub(crate) counters: Counters,
+    /// Metric handles, published by the background task ([`publisher`]), except the
+    /// pure-mode acquire latency, recorded by the caller that made the call.
+    pub(crate) metrics: ConcurrencyMetrics,
 }
 
 #[derive(Default)]
@@ -335,6 +344,9 @@ pub(crate) struct Counters {
     pub(crate) syncs: AtomicU64,
     pub(crate) store_errors: AtomicU64,
     pub(crate) degraded: AtomicU64,
+    /// Slots refused to callers that would not wait (longer): `try_acquire`,
+    /// `try_acquire_now` and `try_acquire_for` answering `None`.
+    pub(crate) denied: AtomicU64,
 }
 
 impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
@@ -369,10 +381,11 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     pub async fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
         let s = &*self.handle.shared;
         s.check(n)?;
-        if s.local.hybrid {
-            return s.try_local(n);
-        }
-        s.try_store(n).await
+        let attempt = match s.local.hybrid {
+            true => s.try_local(n),
+            false => s.try_store(n).await,
+        };
+        s.count_denial(n, attempt)
     }
 
     /// Hybrid mode's synchronous path: takes `n` slots from the local pool, or answers `None`
@@ -391,7 +404,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
                 "try_acquire_now needs hybrid mode; use try_acquire".into(),
             ));
         }
-        s.try_local(n)
+        s.count_denial(n, s.try_local(n))
     }
 
     /// Waits until `n` slots are taken.
@@ -425,7 +438,8 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         n: u64,
         timeout: Duration,
     ) -> Result<Option<Permit>, Error> {
-        self.acquire_until(n, Some(Instant::now() + timeout)).await
+        let attempt = self.acquire_until(n, Some(Instant::now() + timeout)).await;
+        self.handle.shared.count_denial(n, attempt)
     }
 
     async fn acquire_until(
@@ -513,21 +527,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
 
     /// Counters of store traffic and local state.
     pub fn stats(&self) -> ConcurrencyStats {
-        let s = &*self.handle.shared;
-        let c = &s.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ConcurrencyStats {
-            acquires: get(&c.acquires),
-            granted: get(&c.granted),
-            full: get(&c.full),
-            releases: get(&c.releases),
-            syncs: get(&c.syncs),
-            store_errors: get(&c.store_errors),
-            degraded: get(&c.degraded),
-            circuit_open: s.circuit_open.load(Ordering::Relaxed),
-            in_use: s.in_use(),
-            pooled: get(&s.local.pool),
-        }
+        self.handle.shared.stats()
     }
 
     /// Stops the background task after giving back what no permit holds (pure: the slots of
@@ -574,7 +574,64 @@ impl Drop for Parked<'_> {
     }
 }
 
+/// Publishes a concurrency limiter's metrics from its background task (see
+/// [`crate::telemetry`]); says whether the limiter is active.
+fn publisher<S: ConcurrencyStore>(s: Arc<Shared<S>>) -> impl FnMut() -> bool {
+    let mut last = ConcurrencyPublished::default();
+    move || {
+        let stats = s.stats();
+        let c = &s.counters;
+        // Relaxed: statistics (see `stats`).
+        let granted = match s.local.hybrid {
+            true => s.local.pool.taken.load(Ordering::Relaxed),
+            false => stats.granted,
+        };
+        let denied = c.denied.load(Ordering::Relaxed);
+        let grew = s
+            .metrics
+            .publish(&mut last, &stats, granted + stats.degraded, denied);
+        // Active while slots are held or pooled or the store fails; and once more after
+        // anything changed, so a count made just after this publication (a denial is counted
+        // after the attempt that woke the task) is published within one interval.
+        grew || stats.in_use > 0 || stats.pooled > 0 || stats.circuit_open
+    }
+}
+
 impl<S: ConcurrencyStore> Shared<S> {
+    /// Counters of store traffic and local state (`Relaxed` loads: statistics).
+    fn stats(&self) -> ConcurrencyStats {
+        let s = self;
+        let c = &s.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConcurrencyStats {
+            acquires: get(&c.acquires),
+            granted: get(&c.granted),
+            full: get(&c.full),
+            releases: get(&c.releases),
+            syncs: get(&c.syncs),
+            store_errors: get(&c.store_errors),
+            degraded: get(&c.degraded),
+            circuit_open: s.circuit_open.load(Ordering::Relaxed),
+            in_use: s.in_use(),
+            pooled: get(&s.local.pool),
+        }
+    }
+
+    /// Counts a refusal (`attempt` answered no permit) of `n` slots to a caller that would not
+    /// wait (longer), and passes `attempt` on.
+    #[inline]
+    fn count_denial(
+        &self,
+        n: u64,
+        attempt: Result<Option<Permit>, Error>,
+    ) -> Result<Option<Permit>, Error> {
+        if matches!(attempt, Ok(None)) {
+            // Relaxed: a statistic, published by the background task. The denial path only.
+            self.counters.denied.fetch_add(n, Ordering::Relaxed);
+        }
+        attempt
+    }
+
     fn mode(&self) -> ConcurrencyMode {
         match self.batch {
             0 => ConcurrencyMode::Pure,
@@ -684,7 +741,12 @@ impl<S: ConcurrencyStore> Shared<S> {
             rseq: self.rseq_sent.load(Ordering::Relaxed),
         };
         self.counters.acquires.fetch_add(1, Ordering::Relaxed);
+        let sent = Instant::now();
         let result = self.store.concurrency(&self.name, &op).await;
+        // The caller made a store call anyway: its latency is recorded here, per call, and the
+        // background task is woken to publish the counters this call changes.
+        self.metrics.acquire_returned(sent.elapsed());
+        let _publish = Nudge(&self.local);
         let reservation = reservation.settle();
         let held_before = reservation.held_before;
         // The call has ended: a renewal may count now (`claimed` is settled below, before
@@ -785,6 +847,16 @@ impl<S: ConcurrencyStore> Shared<S> {
         if self.circuit_open.swap(false, Ordering::Relaxed) {
             tracing::info!(limiter = %self.name, "concurrency store answering again: circuit closed");
         }
+    }
+}
+
+/// Pure: wakes the background task when dropped (at the end of an acquire, after its counters
+/// changed), so it publishes them at once.
+struct Nudge<'a>(&'a Local);
+
+impl Drop for Nudge<'_> {
+    fn drop(&mut self) {
+        self.0.signal.request();
     }
 }
 

@@ -23,6 +23,7 @@
 //! guarantees that at least one side sees the other, so no wake-up is lost. The counts that
 //! only feed statistics are `Relaxed`.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -35,8 +36,8 @@ use crate::refill::RefillSignal;
 pub(crate) struct Local {
     /// Hybrid mode (a pool of leased slots), else pure mode.
     pub(crate) hybrid: bool,
-    /// Hybrid: leased slots in no permit, ready to hand out.
-    pub(crate) pool: AtomicU64,
+    /// Hybrid: leased slots in no permit, ready to hand out (and the count of slots taken).
+    pub(crate) pool: Pool,
     /// Hybrid: the store may have forgotten this holder (no successful renewal for 90 % of the
     /// ttl), or the limiter is closing; the pool is not handed out until a renewal succeeds.
     pub(crate) stale: AtomicBool,
@@ -52,6 +53,26 @@ pub(crate) struct Local {
     pub(crate) wake: Notify,
     /// Wakes the background task (pending releases, refill requests, shutdown).
     pub(crate) signal: RefillSignal,
+}
+
+/// Hybrid: the pool word (what `Deref` gives) and the total of slots ever taken from it, side
+/// by side in 16 aligned bytes, so on one cache line: a successful take already owns that
+/// line, and counting itself there costs no second cache miss. The total is a statistic
+/// (published by the background task), so the hot path makes no metrics call.
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+pub(crate) struct Pool {
+    slots: AtomicU64,
+    /// Slots taken from the pool by callers, ever.
+    pub(crate) taken: AtomicU64,
+}
+
+impl Deref for Pool {
+    type Target = AtomicU64;
+
+    fn deref(&self) -> &AtomicU64 {
+        &self.slots
+    }
 }
 
 impl Local {
@@ -75,7 +96,11 @@ impl Local {
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(current - n),
+                Ok(_) => {
+                    // Relaxed: a statistic; nothing is published through it.
+                    self.pool.taken.fetch_add(n, Ordering::Relaxed);
+                    return Ok(current - n);
+                }
                 Err(actual) => current = actual,
             }
         }

@@ -126,6 +126,7 @@ use crate::limiter::{check_tokens, Decision, KeyRef, KeyedLimiter};
 use crate::policy::{AdaptiveLease, FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
+use crate::telemetry::{self, KeyedMetrics, KeyedPublished, PUBLISH_INTERVAL};
 
 pub use name::MAX_KEY_BYTES;
 pub use pure::KeyedRedisLimiter;
@@ -240,6 +241,9 @@ struct Counters {
     store_errors: AtomicU64,
     tokens_denied: AtomicU64,
     admitted_degraded: AtomicU64,
+    /// Leased tokens that went back to the store's way instead of to a caller: queued for
+    /// release (whether the release then succeeds or not). Written by the worker only.
+    returned: AtomicU64,
 }
 
 /// Configures a [`KeyedHybridLimiter`].
@@ -404,6 +408,7 @@ where
             pressure: AtomicBool::new(false),
             wake: Notify::new(),
             counters: Counters::default(),
+            metrics: KeyedMetrics::new(&self.name, self.failure.name()),
             name: self.name,
             quota: self.quota,
             store: self.store,
@@ -414,7 +419,10 @@ where
             known: known_requests,
             fresh: fresh_requests,
         };
-        let task = runtime.spawn(worker::run(shared.clone(), requests, seed));
+        let task = runtime.spawn(telemetry::publishing(
+            worker::run(shared.clone(), requests, seed),
+            publisher(shared.clone()),
+        ));
         Ok(KeyedHybridLimiter {
             handle: Arc::new(Handle {
                 shared,
@@ -428,6 +436,55 @@ where
 fn count(counter: &AtomicU64, n: u64) {
     // Relaxed: statistics.
     counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Publishes a keyed limiter's metrics from its worker's task, between the worker's polls (see
+/// [`crate::telemetry`]); says whether the limiter is active.
+///
+/// Admitted tokens are derived, with no counter on the hot path: every token a lease brought
+/// went to a waiting caller, into a key (where callers spend it) or back to the store, so
+/// `admitted = leased − returned − held + degraded`, where `held` is the sum of every key's
+/// tokens. That sum reads the whole map, so it is taken at most once per
+/// [`PUBLISH_INTERVAL`] (and is 0 without keys, as after shutdown); admitted tokens and the
+/// local tokens gauge are published with it. Between the worker's polls nothing adds tokens
+/// to a key or moves them out, so only callers' spending can change the sum while it is
+/// read, and it never reads below what the keys hold once it is done: the derived count
+/// never runs ahead of what callers took.
+fn publisher<K, S, H>(s: Arc<Shared<K, S, H>>) -> impl FnMut() -> bool
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
+    let mut last = KeyedPublished::default();
+    let mut summed_at: Option<Instant> = None;
+    move || {
+        let stats = s.stats();
+        let now = Instant::now();
+        let held = if stats.live_keys == 0 {
+            Some(0)
+        } else if summed_at.is_none_or(|at| now >= at + PUBLISH_INTERVAL) {
+            summed_at = Some(now);
+            Some(s.map.iter().map(|state| state.tokens()).sum::<u64>())
+        } else {
+            None
+        };
+        let held = held.map(|held| {
+            let returned = s.counters.returned.load(Ordering::Relaxed);
+            let admitted = stats
+                .tokens_leased
+                .saturating_sub(returned)
+                .saturating_sub(held)
+                + stats.tokens_admitted_degraded;
+            (admitted, held)
+        });
+        let grew = s.metrics.publish(&mut last, &stats, held);
+        // Active while any key lives (the worker ticks then anyway) or the circuit is open;
+        // and once more after anything changed, so a count made just after this publication
+        // (a caller counts its denial after queueing the request that woke the worker) is
+        // published within one interval.
+        grew || stats.live_keys > 0 || stats.circuit_open
+    }
 }
 
 /// Whole ticks in `d`, rounded up, at least one.
@@ -481,6 +538,8 @@ struct Shared<K, S, H> {
     /// Wakes the worker for `closed` and `pressure`.
     wake: Notify,
     counters: Counters,
+    /// Metric handles, published by the worker's task ([`publisher`]).
+    metrics: KeyedMetrics,
 }
 
 /// The outcome of a local check.
@@ -526,6 +585,31 @@ impl<K, S, H> Shared<K, S, H> {
         match self.rtt_ns.load(Ordering::Relaxed) {
             0 => DEFAULT_RTT,
             ns => Duration::from_nanos(ns),
+        }
+    }
+
+    /// Counters of this limiter (`Relaxed` loads: statistics, each read on its own).
+    fn stats(&self) -> KeyedStats {
+        let s = self;
+        let c = &s.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        KeyedStats {
+            live_keys: s.live.load(Ordering::Relaxed) as u64,
+            keys_created: get(&c.keys_created),
+            evicted_idle: get(&c.evicted_idle),
+            evicted_at_cap: get(&c.evicted_at_cap),
+            refused_at_cap: get(&c.refused_at_cap),
+            refused_busy: get(&c.refused_busy),
+            leases: get(&c.leases),
+            tokens_leased: get(&c.tokens_leased),
+            over_limit: get(&c.over_limit),
+            releases: get(&c.releases),
+            tokens_released: get(&c.tokens_released),
+            tokens_lost: get(&c.tokens_lost),
+            store_errors: get(&c.store_errors),
+            tokens_denied: get(&c.tokens_denied),
+            tokens_admitted_degraded: get(&c.admitted_degraded),
+            circuit_open: s.circuit.is_open(),
         }
     }
 }
@@ -935,27 +1019,7 @@ where
 
     /// Counters of this limiter.
     pub fn stats(&self) -> KeyedStats {
-        let s = &*self.handle.shared;
-        let c = &s.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        KeyedStats {
-            live_keys: self.live_keys() as u64,
-            keys_created: get(&c.keys_created),
-            evicted_idle: get(&c.evicted_idle),
-            evicted_at_cap: get(&c.evicted_at_cap),
-            refused_at_cap: get(&c.refused_at_cap),
-            refused_busy: get(&c.refused_busy),
-            leases: get(&c.leases),
-            tokens_leased: get(&c.tokens_leased),
-            over_limit: get(&c.over_limit),
-            releases: get(&c.releases),
-            tokens_released: get(&c.tokens_released),
-            tokens_lost: get(&c.tokens_lost),
-            store_errors: get(&c.store_errors),
-            tokens_denied: get(&c.tokens_denied),
-            tokens_admitted_degraded: get(&c.admitted_degraded),
-            circuit_open: s.circuit.is_open(),
-        }
+        self.handle.shared.stats()
     }
 
     /// The limiter's name.

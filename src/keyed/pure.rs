@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 use std::fmt::Display;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -15,6 +16,7 @@ use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::pure::RedisLimiter;
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
+use crate::telemetry::CallMetrics;
 
 use super::name;
 
@@ -36,6 +38,9 @@ pub struct KeyedRedisLimiter<S = RedisStore> {
     name: String,
     quota: Quota,
     store: S,
+    /// One set of metric handles for every key, labelled `mode="keyed-pure"` and by this
+    /// limiter's name, never by key (see [`crate::telemetry`]).
+    metrics: Arc<CallMetrics>,
 }
 
 impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
@@ -47,12 +52,21 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
         let name = name.into();
         name::validate_keyed_name(&name)?;
-        Ok(KeyedRedisLimiter { name, quota, store })
+        let metrics = Arc::new(CallMetrics::keyed_pure(&name));
+        Ok(KeyedRedisLimiter {
+            name,
+            quota,
+            store,
+            metrics,
+        })
     }
 
-    /// The pure limiter of `key`'s bucket.
+    /// The pure limiter of `key`'s bucket. It reports its calls to this keyed limiter's
+    /// metrics (`mode="keyed-pure"`), not under the bucket's name.
     pub fn limiter<Q: Display + ?Sized>(&self, key: &Q) -> RedisLimiter<S> {
-        RedisLimiter::new(self.bucket_name(key), self.quota, self.store.clone())
+        RedisLimiter::builder(self.bucket_name(key), self.quota, self.store.clone())
+            .metrics(self.metrics.clone())
+            .build()
             .expect("a valid keyed name gives valid bucket names")
     }
 

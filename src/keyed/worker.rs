@@ -321,6 +321,7 @@ where
         let c = &s.counters;
         let now = Instant::now();
         s.observe_rtt(now - sent);
+        s.metrics.lease_returned(now - sent);
         count(&c.leases, 1);
         if probe {
             self.probing = false;
@@ -331,6 +332,7 @@ where
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
                 count(&c.tokens_leased, reply.granted);
+                s.metrics.granted(reply.granted);
                 // The waiter's share first (the grant is at least `min`, which is at least
                 // its `n`); the rest is in the key before the waiter is told, so a caller
                 // woken by the answer finds it.
@@ -343,9 +345,7 @@ where
                 let rest = reply.granted - to_waiter;
                 match &state {
                     Some(state) => state.grant(rest, to_waiter, ask.low_water, self.now_ms()),
-                    None if rest > 0 => self
-                        .releases
-                        .push_back((bucket_name(&s.name, &request.key), rest)),
+                    None if rest > 0 => self.give_back(bucket_name(&s.name, &request.key), rest),
                     None => {}
                 }
                 let told = request
@@ -356,9 +356,7 @@ where
                     // The waiter left meanwhile: its tokens stay with the key (or go back).
                     match &state {
                         Some(state) => state.add(to_waiter),
-                        None => self
-                            .releases
-                            .push_back((bucket_name(&s.name, &request.key), to_waiter)),
+                        None => self.give_back(bucket_name(&s.name, &request.key), to_waiter),
                     }
                 }
                 (None, None)
@@ -405,6 +403,14 @@ where
         self.probe_at = None;
     }
 
+    /// Queues `tokens` of bucket `name` for release: leased tokens that no caller got.
+    fn give_back(&mut self, name: String, tokens: u64) {
+        // Relaxed: a statistic, written by this task only and read by its metrics publisher
+        // between the worker's polls.
+        count(&self.s.counters.returned, tokens);
+        self.releases.push_back((name, tokens));
+    }
+
     /// Starts queued releases while there is room.
     fn start_releases(&mut self) {
         let most = (self.s.max_in_flight / 2).max(1);
@@ -439,8 +445,7 @@ where
         self.s.live.fetch_sub(1, Ordering::Relaxed);
         let tokens = state.take_all();
         if tokens > 0 {
-            self.releases
-                .push_back((bucket_name(&self.s.name, &key), tokens));
+            self.give_back(bucket_name(&self.s.name, &key), tokens);
         }
         true
     }
@@ -475,8 +480,7 @@ where
                 _ => 0,
             };
             if tokens > 0 {
-                self.releases
-                    .push_back((bucket_name(&self.s.name, &key), tokens));
+                self.give_back(bucket_name(&self.s.name, &key), tokens);
             }
         }
     }
@@ -541,12 +545,15 @@ where
         while let Some(done) = self.jobs.join_next().await {
             self.finish(done);
         }
+        let mut held = Vec::new();
         for entry in self.s.map.iter() {
             let tokens = entry.take_all();
             if tokens > 0 {
-                self.releases
-                    .push_back((bucket_name(&self.s.name, entry.key()), tokens));
+                held.push((bucket_name(&self.s.name, entry.key()), tokens));
             }
+        }
+        for (name, tokens) in held {
+            self.give_back(name, tokens);
         }
         self.s.map.clear();
         self.s.live.store(0, Ordering::Relaxed);
