@@ -12,7 +12,7 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -473,19 +473,29 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
 }
 
 impl Spans {
-    /// Captures spans on this thread (and the tasks of a current-thread runtime) until the
-    /// guard is dropped.
-    fn capture() -> (Spans, tracing::subscriber::DefaultGuard) {
-        let spans = Spans::default();
-        let subscriber = tracing_subscriber::registry().with(spans.clone());
-        (spans, tracing::subscriber::set_default(subscriber))
+    /// The spans of every thread of this test binary, from a global subscriber installed on
+    /// first use. (A thread-local subscriber misses spans: a callsite first hit on a thread
+    /// without one is cached as disabled for every thread.) Tests filter by their own names.
+    fn capture() -> Spans {
+        static GLOBAL: OnceLock<Spans> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| {
+                let spans = Spans::default();
+                let subscriber = tracing_subscriber::registry().with(spans.clone());
+                tracing::subscriber::set_global_default(subscriber)
+                    .expect("no other global subscriber in this test binary");
+                spans
+            })
+            .clone()
     }
 
-    fn store_calls(&self) -> Vec<SpanRecord> {
+    /// The `store_call` spans whose field `field` contains `value`.
+    fn store_calls(&self, field: &str, value: &str) -> Vec<SpanRecord> {
         let spans = self.0.lock().unwrap();
         spans
             .iter()
             .filter(|s| s.name == "store_call")
+            .filter(|s| s.fields.get(field).is_some_and(|v| v.contains(value)))
             .cloned()
             .collect()
     }
@@ -493,7 +503,7 @@ impl Spans {
 
 #[tokio::test(start_paused = true)]
 async fn memory_store_calls_run_in_spans() {
-    let (spans, _guard) = Spans::capture();
+    let spans = Spans::capture();
     let store = MemoryStore::with_clock(TokioClock::new());
     let limiter = HybridLimiter::builder("traced", Quota::per_second(100).unwrap(), store)
         .lease_size(10)
@@ -501,7 +511,7 @@ async fn memory_store_calls_run_in_spans() {
         .unwrap();
     limiter.acquire(1).await.unwrap();
     limiter.shutdown().await;
-    let calls = spans.store_calls();
+    let calls = spans.store_calls("limiter", "traced");
     let ops: Vec<_> = calls.iter().map(|s| s.fields["op"].as_str()).collect();
     assert_eq!(ops, ["lease", "release"], "{calls:?}");
     for call in &calls {
@@ -515,7 +525,7 @@ async fn memory_store_calls_run_in_spans() {
 #[tokio::test]
 async fn store_errors_are_counted_and_traced_when_redis_dies() {
     let mut server = RedisServer::start();
-    let (spans, _guard) = Spans::capture();
+    let spans = Spans::capture();
     let store = RedisStore::builder(server.url())
         .response_timeout(Duration::from_millis(50))
         .connect_timeout(Duration::from_millis(50))
@@ -535,7 +545,7 @@ async fn store_errors_are_counted_and_traced_when_redis_dies() {
     });
     hybrid.acquire(1).await.unwrap();
     assert!(pure.try_acquire(1).await.unwrap().is_allowed());
-    let healthy = spans.store_calls();
+    let healthy = spans.store_calls("key", "{dies}");
     let leases = hybrid.stats().leases;
     assert_eq!(healthy.len() as u64, leases + 1, "{healthy:?}");
     for call in &healthy {
@@ -572,7 +582,7 @@ async fn store_errors_are_counted_and_traced_when_redis_dies() {
     assert!(stats.store_errors >= 1, "{stats:?}");
     assert_eq!(published(&m.read(), "dies"), expected(&stats));
     let failed: Vec<_> = spans
-        .store_calls()
+        .store_calls("key", "{dies}")
         .into_iter()
         .filter(|s| s.fields.contains_key("error"))
         .collect();
