@@ -6,15 +6,13 @@
 //!
 //! # Metrics
 //!
-//! Every metric carries the label `limiter` (the limiter's name); those both modes report also
-//! carry `mode`: `hybrid` or `pure` for [`HybridLimiter`](crate::HybridLimiter) and
-//! [`RedisLimiter`](crate::RedisLimiter), `keyed-hybrid` or `keyed-pure` for
-//! [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) and
+//! Every metric carries the labels `limiter` (the limiter's name) and `mode`: `hybrid` or `pure`
+//! for [`HybridLimiter`](crate::HybridLimiter) and [`RedisLimiter`](crate::RedisLimiter),
+//! `keyed-hybrid` or `keyed-pure` for [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) and
 //! [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) (a keyed limiter is labelled by its own
-//! name, never by key: keys are unbounded). The keyed hybrid limiter carries `mode` on *every*
-//! metric, the rows marked "hybrid" included, so it never adds into a plain limiter's series of
-//! the same name. Two limiters with the same name and mode in one process add up into the same
-//! series.
+//! name, never by key: keys are unbounded), `pure` or `hybrid` for the concurrency limiter. So
+//! `sum by (limiter)` adds a name's modes up and a series never mixes two kinds of limiter. Two
+//! limiters with the same name and mode in one process add up into the same series.
 //!
 //! | name | type | labels | meaning |
 //! | --- | --- | --- | --- |
@@ -23,17 +21,17 @@
 //! | `ratelease_leases_total` | counter | `limiter`, `mode` | lease calls to the store, failed ones included (pure mode: one per decision) |
 //! | `ratelease_store_errors_total` | counter | `limiter`, `mode` | store calls (leases and releases) that failed |
 //! | `ratelease_lease_duration_seconds` | histogram | `limiter`, `mode` | round trip of each lease call, as the limiter saw it |
-//! | `ratelease_leased_tokens_total` | counter | `limiter` | hybrid: tokens granted by leases |
-//! | `ratelease_lease_size_tokens` | histogram | `limiter` | hybrid: tokens granted per lease that granted any |
-//! | `ratelease_over_limit_total` | counter | `limiter` | hybrid: lease calls answered "not enough tokens" |
-//! | `ratelease_releases_total` | counter | `limiter` | hybrid: release calls (unspent tokens given back) |
-//! | `ratelease_released_tokens_total` | counter | `limiter` | hybrid: tokens given back |
-//! | `ratelease_expired_tokens_total` | counter | `limiter` | hybrid: tokens dropped unspent (their lease expired, or giving them back failed) |
-//! | `ratelease_degraded_tokens_total` | counter | `limiter`, `policy` | hybrid: tokens the [`FailurePolicy`](crate::FailurePolicy) admitted while the circuit was open (also counted as admitted) |
-//! | `ratelease_local_tokens` | gauge | `limiter` | hybrid: tokens in the local bucket |
-//! | `ratelease_circuit_open` | gauge | `limiter`, `policy` | hybrid: 1 while the circuit is open (the last lease failed), else 0 |
-//! | `ratelease_demand_tokens_per_second` | gauge | `limiter` | hybrid: measured demand (admitted and denied) |
-//! | `ratelease_fair_share_tokens_per_second` | gauge | `limiter` | hybrid: fair share the store last reported (0 if none) |
+//! | `ratelease_leased_tokens_total` | counter | `limiter`, `mode` | hybrid: tokens granted by leases |
+//! | `ratelease_lease_size_tokens` | histogram | `limiter`, `mode` | hybrid: tokens granted per lease that granted any |
+//! | `ratelease_over_limit_total` | counter | `limiter`, `mode` | hybrid: lease calls answered "not enough tokens" |
+//! | `ratelease_releases_total` | counter | `limiter`, `mode` | hybrid: release calls (unspent tokens given back) |
+//! | `ratelease_released_tokens_total` | counter | `limiter`, `mode` | hybrid: tokens given back |
+//! | `ratelease_expired_tokens_total` | counter | `limiter`, `mode` | hybrid: tokens dropped unspent (their lease expired, or giving them back failed) |
+//! | `ratelease_degraded_tokens_total` | counter | `limiter`, `mode`, `policy` | hybrid: tokens the [`FailurePolicy`](crate::FailurePolicy) admitted while the circuit was open (also counted as admitted) |
+//! | `ratelease_local_tokens` | gauge | `limiter`, `mode` | hybrid: tokens in the local bucket |
+//! | `ratelease_circuit_open` | gauge | `limiter`, `mode`, `policy` | hybrid: 1 while the circuit is open (the last lease failed), else 0 |
+//! | `ratelease_demand_tokens_per_second` | gauge | `limiter`, `mode` | hybrid: measured demand (admitted and denied) |
+//! | `ratelease_fair_share_tokens_per_second` | gauge | `limiter`, `mode` | hybrid: fair share the store last reported (0 if none) |
 //! | `ratelease_live_keys` | gauge | `limiter`, `mode` | keyed hybrid: keys with local state |
 //! | `ratelease_created_keys_total` | counter | `limiter`, `mode` | keyed hybrid: keys given local state |
 //! | `ratelease_evicted_keys_total` | counter | `limiter`, `mode`, `reason` | keyed hybrid: keys evicted, `reason` `idle` (unused for the idle TTL) or `cap` (to make room at `max_keys`) |
@@ -502,17 +500,11 @@ pub(crate) struct LeaseMetrics {
 }
 
 impl LeaseMetrics {
-    /// Handles for `limiter` in `mode`, whose failure policy is named `policy`. The metrics of
-    /// this family that only leasing limiters report carry `extra` besides `limiter` (and
-    /// `policy`, for the two the policy governs).
-    fn new(
-        limiter: &str,
-        mode: &'static str,
-        policy: &'static str,
-        extra: &[(&'static str, &str)],
-    ) -> Self {
+    /// Handles for `limiter` in `mode`, whose failure policy is named `policy` (a label of the
+    /// two metrics the policy governs).
+    fn new(limiter: &str, mode: &'static str, policy: &'static str) -> Self {
         let calls = CallMetrics::new(limiter, mode);
-        let name = labels(limiter, extra);
+        let name = labels(limiter, &[("mode", mode)]);
         let mut with_policy = name.clone();
         with_policy.push(("policy", policy.to_owned()));
         LeaseMetrics {
@@ -575,8 +567,8 @@ pub(crate) struct Published(LeaseTotals);
 impl HybridMetrics {
     /// Handles for `limiter`, whose failure policy is named `policy`.
     pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
-        let lease = LeaseMetrics::new(limiter, "hybrid", policy, &[]);
-        let name = labels(limiter, &[]);
+        let lease = LeaseMetrics::new(limiter, "hybrid", policy);
+        let name = labels(limiter, &[("mode", "hybrid")]);
         HybridMetrics {
             lease,
             demand: metrics::gauge!(DEMAND, &name),
@@ -649,7 +641,7 @@ impl KeyedMetrics {
     /// Handles for keyed limiter `limiter`, whose failure policy is named `policy`.
     pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
         let mode = [("mode", KEYED_HYBRID)];
-        let lease = LeaseMetrics::new(limiter, KEYED_HYBRID, policy, &mode);
+        let lease = LeaseMetrics::new(limiter, KEYED_HYBRID, policy);
         let name = labels(limiter, &mode);
         let reason = |r| labels(limiter, &[("mode", KEYED_HYBRID), ("reason", r)]);
         KeyedMetrics {

@@ -118,17 +118,16 @@ impl Reading {
 /// A hybrid limiter's counters, read from the recorder, in [`HybridStats`]' terms.
 fn published(m: &Reading, name: &str) -> (HybridStats, u64) {
     let both = [("limiter", name), ("mode", "hybrid")];
-    let one = [("limiter", name)];
     let mut s = HybridStats::default();
     s.leases = m.counter(telemetry::LEASES, &both);
     s.store_errors = m.counter(telemetry::STORE_ERRORS, &both);
     s.tokens_denied = m.counter(telemetry::DENIED_TOKENS, &both);
-    s.tokens_leased = m.counter(telemetry::LEASED_TOKENS, &one);
-    s.over_limit = m.counter(telemetry::OVER_LIMIT, &one);
-    s.releases = m.counter(telemetry::RELEASES, &one);
-    s.tokens_released = m.counter(telemetry::RELEASED_TOKENS, &one);
-    s.tokens_expired = m.counter(telemetry::EXPIRED_TOKENS, &one);
-    s.local_tokens = m.gauge(telemetry::LOCAL_TOKENS, &one) as u64;
+    s.tokens_leased = m.counter(telemetry::LEASED_TOKENS, &both);
+    s.over_limit = m.counter(telemetry::OVER_LIMIT, &both);
+    s.releases = m.counter(telemetry::RELEASES, &both);
+    s.tokens_released = m.counter(telemetry::RELEASED_TOKENS, &both);
+    s.tokens_expired = m.counter(telemetry::EXPIRED_TOKENS, &both);
+    s.local_tokens = m.gauge(telemetry::LOCAL_TOKENS, &both) as u64;
     (s, m.counter(telemetry::ADMITTED_TOKENS, &both))
 }
 
@@ -192,12 +191,15 @@ async fn hybrid_counters_are_exact_on_virtual_time_and_match_the_stats() {
     );
     assert_eq!(counted.tokens_denied, 20);
     assert_eq!(counted.local_tokens, 0);
-    let one = [("limiter", "exact")];
-    assert_eq!(r.samples(telemetry::LEASE_SIZE, &one), [10.0; 3]);
     let both = [("limiter", "exact"), ("mode", "hybrid")];
+    assert_eq!(r.samples(telemetry::LEASE_SIZE, &both), [10.0; 3]);
     // Virtual time stands still during a MemoryStore call.
     assert_eq!(r.samples(telemetry::LEASE_DURATION, &both), [0.0; 4]);
-    let policy = [("limiter", "exact"), ("policy", "local_fallback")];
+    let policy = [
+        ("limiter", "exact"),
+        ("mode", "hybrid"),
+        ("policy", "local_fallback"),
+    ];
     assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 0.0);
 
     limiter.shutdown().await;
@@ -266,10 +268,9 @@ async fn local_spending_is_published_within_one_interval() {
     });
     settle().await;
     let both = [("limiter", "lag"), ("mode", "hybrid")];
-    let one = [("limiter", "lag")];
     let r = m.read();
     assert_eq!(
-        r.gauge(telemetry::LOCAL_TOKENS, &one),
+        r.gauge(telemetry::LOCAL_TOKENS, &both),
         100.0,
         "published after the lease"
     );
@@ -290,14 +291,14 @@ async fn local_spending_is_published_within_one_interval() {
     tokio::time::sleep(PUBLISH_INTERVAL).await;
     let r = m.read();
     assert_eq!(r.counter(telemetry::ADMITTED_TOKENS, &both), 10);
-    assert_eq!(r.gauge(telemetry::LOCAL_TOKENS, &one), 90.0);
+    assert_eq!(r.gauge(telemetry::LOCAL_TOKENS, &both), 90.0);
 
     limiter.shutdown().await;
     let stats = limiter.stats();
     assert_eq!((stats.releases, stats.tokens_released), (1, 90));
     let r = m.read();
     assert_eq!(published(&r, "lag"), expected(&stats));
-    assert_eq!(r.counter(telemetry::RELEASED_TOKENS, &one), 90);
+    assert_eq!(r.counter(telemetry::RELEASED_TOKENS, &both), 90);
 }
 
 #[tokio::test(start_paused = true)]
@@ -322,7 +323,11 @@ async fn failure_policy_admissions_store_errors_and_the_circuit_are_published() 
     assert!(stats.circuit_open && stats.store_errors >= 1, "{stats:?}");
     let r = m.read();
     assert_eq!(published(&r, "down"), expected(&stats));
-    let policy = [("limiter", "down"), ("policy", "fail_open")];
+    let policy = [
+        ("limiter", "down"),
+        ("mode", "hybrid"),
+        ("policy", "fail_open"),
+    ];
     assert_eq!(r.counter(telemetry::DEGRADED_TOKENS, &policy), 7);
     assert_eq!(stats.tokens_admitted_degraded, 7);
     assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 1.0);
@@ -346,7 +351,12 @@ async fn failure_policy_admissions_store_errors_and_the_circuit_are_published() 
     assert!(!stats.circuit_open, "{stats:?}");
     let r = m.read();
     assert_eq!(published(&r, "down"), expected(&stats));
-    assert!(r.gauge(telemetry::LOCAL_TOKENS, &[("limiter", "down")]) > 0.0);
+    assert!(
+        r.gauge(
+            telemetry::LOCAL_TOKENS,
+            &[("limiter", "down"), ("mode", "hybrid")]
+        ) > 0.0
+    );
     limiter.shutdown().await;
 }
 
@@ -408,6 +418,8 @@ async fn every_metric_is_registered_and_described() {
                 ("limiter".to_owned(), "all".to_owned()),
                 "{name}"
             );
+            // Every series says which kind of limiter it counts.
+            assert_eq!(labels[1].0, "mode", "{name}: {labels:?}");
         }
     }
     let modes: Vec<_> = seen
