@@ -88,15 +88,22 @@ fn ready_limiter(lease: u64) -> (tokio::runtime::Runtime, HybridLimiter<MemorySt
         .unwrap();
     rt.block_on(limiter.acquire(1)).unwrap();
     // `acquire` returns once the grant is in; the task lowers the flag right after.
-    wait_for(|| limiter.stats().leases == 1, "the first lease");
+    wait_for(
+        || limiter.stats().leases == 1,
+        || format!("the first lease: {:?}", limiter.stats()),
+    );
     std::thread::sleep(Duration::from_millis(20));
     (rt, limiter)
 }
 
-fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+fn wait_for<W: std::fmt::Display>(mut done: impl FnMut() -> bool, what: impl Fn() -> W) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {}",
+            what()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -168,7 +175,7 @@ fn local_hit_that_requests_a_refill_allocates_nothing() {
             n, 0,
             "lease {lease}: the refill-requesting hit allocated {n} times"
         );
-        wait_for(|| limiter.stats().leases == 2, "the requested refill");
+        wait_for(|| limiter.stats().leases == 2, || "the requested refill");
     }
 }
 
@@ -207,7 +214,7 @@ fn hybrid_concurrency_permits_allocate_nothing() {
         .build()
         .unwrap();
     drop(rt.block_on(limiter.acquire(1)).unwrap());
-    wait_for(|| limiter.stats().pooled == 4, "the first lease");
+    wait_for(|| limiter.stats().pooled == 4, || "the first lease");
     let (taken, n) = allocations(|| {
         let mut taken = 0;
         for _ in 0..1_000 {
@@ -329,4 +336,44 @@ fn keyed_hit_on_an_existing_key_allocates_nothing() {
     keyed_hits_allocate_nothing::<u64>(&42);
     // A `String` key looked up by `&str`, as middleware holding a header value would.
     keyed_hits_allocate_nothing::<String>("api-key-42");
+}
+
+/// The keyed middleware's admitted path over a keyed hybrid limiter with `u64` keys: the
+/// decision is synchronous and the inner future is wrapped without boxing.
+#[cfg(feature = "tower")]
+#[test]
+fn keyed_middleware_admission_allocates_nothing() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use ratelease::middleware::KeyedRateLimitLayer;
+    use tower::{Layer, Service};
+
+    let (_rt, limiter) = ready_keyed::<u64>(&7);
+    let inner =
+        tower::service_fn(|x: u64| std::future::ready(Ok::<_, std::convert::Infallible>(x)));
+    // Every request is for key 7 (the request is the key).
+    let mut svc = KeyedRateLimitLayer::new(limiter.clone(), |_: &u64| 7u64).layer(inner);
+    let mut cx = Context::from_waker(Waker::noop());
+    let requests = 400;
+    let (served, n) = allocations(|| {
+        (0..requests)
+            .filter(|&i| {
+                if !matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
+                    return false;
+                }
+                let mut response = std::pin::pin!(svc.call(i));
+                matches!(response.as_mut().poll(&mut cx), Poll::Ready(Ok(x)) if x == i)
+            })
+            .count()
+    });
+    assert_eq!(
+        served, requests as usize,
+        "every request was admitted at once"
+    );
+    assert_eq!(
+        n, 0,
+        "{requests} admitted keyed requests allocated {n} times"
+    );
+    assert_eq!(limiter.available(&7), 999 - requests);
 }
