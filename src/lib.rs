@@ -64,6 +64,7 @@ pub mod config;
 #[cfg(feature = "toml")]
 pub mod config_file;
 mod connect;
+mod deadline;
 mod demand;
 mod error;
 pub mod failure;

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::algorithm::Algorithm;
 use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
+use crate::deadline;
 use crate::error::Error;
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
@@ -312,12 +313,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = deadline::from_now(timeout);
         loop {
             match self.try_acquire(n).await? {
                 Decision::Allowed => return Ok(Decision::Allowed),
                 Decision::Denied { retry_after } => {
-                    if tokio::time::Instant::now() + retry_after > deadline {
+                    if deadline::from_now(retry_after) > deadline {
                         return Ok(Decision::Denied { retry_after });
                     }
                     tokio::time::sleep(retry_after).await;

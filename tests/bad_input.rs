@@ -442,3 +442,54 @@ fn negative_zero_arguments_are_stored_as_zero() {
         .unwrap();
     assert_eq!(t, "0");
 }
+
+/// `Duration::MAX` ("never", "wait forever") anywhere a duration is taken is read as a very
+/// long time, never a panic: timeouts of every limiter, and the keyed and concurrency
+/// limiters' idle settings (which their background tasks add to the current time).
+#[tokio::test(start_paused = true)]
+async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
+    use ratelease::{ConcurrencyLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore};
+
+    let quota = Quota::per_second(10).unwrap();
+    let store = MemoryStore::with_clock(ratelease::TokioClock::new());
+    let keyed = KeyedHybridLimiter::<String, _>::builder("huge", quota, store.clone())
+        .idle_ttl(Duration::MAX)
+        .give_back_after(Duration::MAX)
+        .build()
+        .unwrap();
+    let pure_keyed = KeyedRedisLimiter::new("huge-pure", quota, store.clone()).unwrap();
+    let pure = RedisLimiter::new("huge-pure-1", quota, store.clone()).unwrap();
+    let conc = ConcurrencyLimiter::builder("huge-conc", 2, store.clone())
+        .hybrid(2)
+        .idle_return(Duration::MAX)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let k = keyed.try_acquire_for("k", 1, Duration::MAX).await.unwrap();
+        let p = pure_keyed
+            .try_acquire_for("k", 1, Duration::MAX)
+            .await
+            .unwrap();
+        let q = pure.try_acquire_for(1, Duration::MAX).await.unwrap();
+        assert!(k.is_allowed() && p.is_allowed() && q.is_allowed());
+    }
+    let permit = conc.try_acquire_for(2, Duration::MAX).await.unwrap();
+    assert!(permit.is_some());
+    drop(permit);
+    // Let the background tasks run their timers (the pool is full and idle now): the
+    // concurrency task renews its holder record every third of its ttl, so it is alive.
+    let syncs = conc.stats().syncs;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(conc.stats().syncs > syncs, "{:?}", conc.stats());
+    let again = conc
+        .try_acquire_for(2, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        again.is_some(),
+        "the concurrency task is alive and the slots came back"
+    );
+    drop(again);
+    keyed.shutdown().await;
+    conc.shutdown().await;
+}

@@ -388,3 +388,67 @@ async fn a_config_stored_under_a_keys_bucket_name_applies_to_that_key() {
     }
     assert_eq!(admitted, [50, 5]);
 }
+
+/// Callers that only wait (`acquire`, `try_acquire_for`) probe the store too: after an outage
+/// the circuit closes without any `try_acquire` call, under every policy.
+#[tokio::test(start_paused = true)]
+async fn waiting_callers_alone_close_the_circuit_after_an_outage() {
+    for policy in [
+        FailurePolicy::FailClosed,
+        FailurePolicy::FailOpen,
+        FailurePolicy::local_fallback(1),
+    ] {
+        let store = Wrapped::new(RTT);
+        let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let limiter = KeyedHybridLimiter::<String, _>::builder("probe", quota, store.clone())
+            .on_store_failure(policy)
+            .build()
+            .unwrap();
+        store.failing.store(true, Ordering::SeqCst);
+        let during = limiter
+            .try_acquire_for("k", 1, Duration::from_millis(50))
+            .await;
+        assert!(limiter.stats().circuit_open, "{policy:?}: {during:?}");
+        store.failing.store(false, Ordering::SeqCst);
+        let start = Instant::now();
+        while limiter.stats().circuit_open {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{policy:?}: waiting callers never probed: {:?}",
+                limiter.stats()
+            );
+            let _ = limiter
+                .try_acquire_for("k", 1, Duration::from_millis(50))
+                .await;
+            sleep(Duration::from_millis(10)).await;
+        }
+        // Served from the store again.
+        let leases = limiter.stats().leases;
+        limiter.acquire("k", 1).await.unwrap();
+        limiter.acquire("other", 1).await.unwrap();
+        assert!(limiter.stats().leases > leases, "{policy:?}");
+        limiter.shutdown().await;
+    }
+}
+
+/// A `try_acquire` that queued a key's first lease, then a wait for the same key: one lease,
+/// not two (the wait joins the queued one).
+#[tokio::test(start_paused = true)]
+async fn a_wait_joins_the_lease_a_try_acquire_queued() {
+    let store = Wrapped::new(RTT);
+    let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+    let limiter = keyed("join", quota, store.clone());
+    assert!(!limiter.try_acquire("k", 1).unwrap().is_allowed());
+    let got = limiter
+        .try_acquire_for("k", 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(got.is_allowed());
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.leases, stats.tokens_leased),
+        (1, 1),
+        "one exact lease: {stats:?}"
+    );
+    limiter.shutdown().await;
+}

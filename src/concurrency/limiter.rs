@@ -15,6 +15,7 @@ use super::holders::Op;
 use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
 use super::task;
+use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::FailurePolicy;
 use crate::key;
@@ -438,7 +439,9 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         n: u64,
         timeout: Duration,
     ) -> Result<Option<Permit>, Error> {
-        let attempt = self.acquire_until(n, Some(Instant::now() + timeout)).await;
+        let attempt = self
+            .acquire_until(n, Some(deadline::from_now(timeout)))
+            .await;
         self.handle.shared.count_denial(n, attempt)
     }
 

@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use super::holders::{Op, Reply};
 use super::limiter::{Shared, MAX_POLL, MIN_POLL};
 use super::store::ConcurrencyStore;
+use crate::deadline;
 use crate::error::StoreError;
 use crate::refill::Wake;
 use crate::store::micros;
@@ -117,7 +118,7 @@ impl Task {
         }
         if s.local.hybrid {
             if s.local.pool.load(Ordering::SeqCst) > 0 {
-                at = at.min(Instant::now() + s.idle_return / 2);
+                at = at.min(deadline::from_now(s.idle_return / 2));
             }
             if let Some(deadline) = self.stale_at(s) {
                 // Once stale, failed renewals are retried through `dirty` and `retry_at`.
@@ -133,7 +134,7 @@ impl Task {
     fn stale_at<S>(&self, s: &Shared<S>) -> Option<Instant> {
         match (self.leased, self.renewed_at) {
             (0, _) | (_, None) => None,
-            (_, Some(at)) => Some(at + s.ttl.mul_f64(0.9)),
+            (_, Some(at)) => Some(deadline::after(at, s.ttl.mul_f64(0.9))),
         }
     }
 
@@ -410,7 +411,7 @@ impl Task {
         }
         match self.idle_since {
             None => self.idle_since = Some(now),
-            Some(since) if now >= since + s.idle_return => {
+            Some(since) if now >= deadline::after(since, s.idle_return) => {
                 self.idle_since = None;
                 let n = l.take_up_to(pooled);
                 self.give_back(s, n).await;

@@ -119,6 +119,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::hybrid::DEFAULT_RTT;
@@ -642,6 +643,17 @@ where
         self.miss(key, None, n, queue)
     }
 
+    /// Whether a lease of `key` is queued or in flight.
+    fn lease_queued<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map
+            .get(key)
+            .is_some_and(|state| state.flags() & state::QUEUED != 0)
+    }
+
     /// Takes `n` of `key`'s local tokens if it holds them; no lease, no denial counted.
     fn take_local<Q>(&self, key: &Q, n: u64) -> bool
     where
@@ -844,7 +856,11 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         loop {
-            let (retry_after, why) = match self.take(key, n, false)? {
+            // While the store is failing, a miss also queues a lease, as `try_acquire` does:
+            // that is the probe that closes the circuit again (the worker sends it when the
+            // back-off allows), else callers that only wait would never probe.
+            let probe = self.circuit.is_open();
+            let (retry_after, why) = match self.take(key, n, probe)? {
                 Outcome::Allowed => return Ok(Decision::Allowed),
                 Outcome::Denied { retry_after, why } => (retry_after, why),
             };
@@ -854,6 +870,9 @@ where
                     Some(e) => return Err(Error::Store(e)),
                     None => retry_after,
                 },
+                // A lease of this key is on its way (a refill, or the one a `try_acquire`
+                // just queued): wait for it instead of leasing a second batch.
+                Why::Pending if self.lease_queued(key) => self.rtt(),
                 Why::Pending => {
                     self.ensure_state(key);
                     match self.ask(key, n).await? {
@@ -877,7 +896,7 @@ where
                     }
                 }
             };
-            if deadline.is_some_and(|d| Instant::now() + wait > d) {
+            if deadline.is_some_and(|d| deadline::from_now(wait) > d) {
                 return Ok(Decision::Denied { retry_after: wait });
             }
             tokio::time::sleep(wait).await;
@@ -990,7 +1009,7 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline::from_now(timeout);
         match tokio::time::timeout_at(deadline, s.wait(key, n, Some(deadline))).await {
             Ok(result) => result,
             Err(_) => Ok(Decision::Denied {

@@ -14,6 +14,7 @@ use super::guard::LockGuard;
 use super::owner::LockOwner;
 use super::script::{self, Attempt, LockKeys};
 use crate::connect::{connection_manager, ConnectError, ConnectSettings};
+use crate::deadline;
 use crate::key;
 
 /// Default lease: how long a lock outlives a holder that stops renewing it (Redisson's 30 s).
@@ -289,7 +290,7 @@ impl RedisLock {
         owner: &LockOwner,
         timeout: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.wait(owner, Some(Instant::now() + timeout)).await
+        self.wait(owner, Some(deadline::from_now(timeout))).await
     }
 
     /// Waits until the lock is acquired.
