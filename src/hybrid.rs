@@ -975,7 +975,10 @@ impl Task {
             });
         }
         let sent = Instant::now();
-        let call = s.store.lease(&s.name, &s.quota, &request);
+        let call = async {
+            let reply = s.store.lease(&s.name, &s.quota, &request).await;
+            reply.and_then(|r| r.within(&request))
+        };
         let result = match self
             .expires
             .filter(|_| s.algorithm == Algorithm::FixedWindow)

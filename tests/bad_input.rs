@@ -493,3 +493,58 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
     keyed.shutdown().await;
     conc.shutdown().await;
 }
+
+/// A store (or a wrapper around one) that grants more than a lease asked for: the limiters
+/// treat the reply as a store failure (`StoreError::BadReply`, the failure policy answers)
+/// instead of counting tokens the bucket never had, or overflowing.
+#[tokio::test(start_paused = true)]
+async fn a_store_granting_more_than_asked_is_a_bad_reply() {
+    use ratelease::{
+        FailurePolicy, HybridLimiter, KeyedHybridLimiter, LeaseReply, LeaseRequest, LeaseStore,
+        MemoryStore, ReleaseRequest, StoreError,
+    };
+
+    #[derive(Clone)]
+    struct Generous(MemoryStore);
+
+    impl LeaseStore for Generous {
+        async fn lease(
+            &self,
+            name: &str,
+            quota: &Quota,
+            req: &LeaseRequest,
+        ) -> Result<LeaseReply, StoreError> {
+            let mut reply = self.0.lease(name, quota, req).await?;
+            reply.granted = u64::MAX;
+            Ok(reply)
+        }
+
+        async fn release(
+            &self,
+            name: &str,
+            quota: &Quota,
+            req: &ReleaseRequest,
+        ) -> Result<LeaseReply, StoreError> {
+            self.0.release(name, quota, req).await
+        }
+    }
+
+    let store = Generous(MemoryStore::with_clock(ratelease::TokioClock::new()));
+    let quota = Quota::per_second(10).unwrap();
+    let hybrid = HybridLimiter::builder("generous", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    let keyed = KeyedHybridLimiter::<String, _>::builder("generous", quota, store)
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    let h = hybrid.acquire(1).await.unwrap_err();
+    let k = keyed.acquire("k", 1).await.unwrap_err();
+    for e in [h, k] {
+        assert!(matches!(e, Error::Store(StoreError::BadReply(_))), "{e:?}");
+    }
+    assert_eq!(hybrid.available(), 0);
+    assert_eq!(keyed.available("k"), 0);
+    assert!(hybrid.stats().circuit_open && keyed.stats().circuit_open);
+}

@@ -202,6 +202,7 @@ where
             let lease = LeaseRequest::new(ask.want, ask.min);
             let sent = Instant::now();
             let result = s.store.lease(&name, &s.quota, &lease).await;
+            let result = result.and_then(|reply| reply.within(&lease));
             Done::Lease {
                 req: request,
                 ask,

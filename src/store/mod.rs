@@ -204,6 +204,20 @@ pub struct LeaseReply {
     pub at: Option<Duration>,
 }
 
+impl LeaseReply {
+    /// Refuses a reply that grants more than `request` wanted: a store (or a wrapper around
+    /// one) that did would have limiters count tokens the bucket never had.
+    pub(crate) fn within(self, request: &LeaseRequest) -> Result<Self, StoreError> {
+        if self.granted > request.want {
+            return Err(StoreError::BadReply(format!(
+                "granted {} of a lease that wanted at most {}",
+                self.granted, request.want
+            )));
+        }
+        Ok(self)
+    }
+}
+
 impl From<StepReply> for LeaseReply {
     fn from(r: StepReply) -> Self {
         LeaseReply {
