@@ -38,12 +38,18 @@ fn app<S: LeaseStore + Clone>(limiter: KeyedHybridLimiter<String, S>) -> Router 
     )
 }
 
-/// The caller's API key; requests without one share the budget of `anonymous`.
+/// The longest API key taken as a key (the limiter's cap counts keys, not bytes).
+const MAX_KEY_LEN: usize = 64;
+
+/// The caller's API key; requests without one (or with one too long to be real) share the
+/// budget of `anonymous`. A real service would authenticate the key first, so that callers
+/// cannot mint fresh budgets by inventing keys.
 fn api_key(request: &Request) -> String {
     request
         .headers()
         .get(API_KEY)
         .and_then(|v| v.to_str().ok())
+        .filter(|key| key.len() <= MAX_KEY_LEN)
         .unwrap_or("anonymous")
         .to_owned()
 }
@@ -60,7 +66,11 @@ async fn error_response(error: BoxError) -> Response {
             );
             response
         }
-        None => (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response(),
+        None => {
+            // The details are for the logs, not for the caller.
+            tracing::warn!(%error, "rate limiter unavailable");
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable\n").into_response()
+        }
     }
 }
 

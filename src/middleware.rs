@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use sync_wrapper::SyncWrapper;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -199,8 +200,9 @@ impl<F, T> fmt::Debug for ResponseFuture<F, T> {
 enum State {
     /// No permit, no wait in progress.
     Idle,
-    /// Waiting for the limiter.
-    Waiting(BoxFuture<Result<(), Error>>),
+    /// Waiting for the limiter. `SyncWrapper`: only ever polled through `&mut self`, so the
+    /// service is `Sync` (as axum requires) whether or not the limiter's future is.
+    Waiting(SyncWrapper<BoxFuture<Result<(), Error>>>),
     /// Holding a permit for the next `call`.
     Permitted,
 }
@@ -261,11 +263,12 @@ where
                     // Denied, or a limiter that must await: wait for a grant.
                     Some(Ok(Decision::Denied { .. })) | None => {
                         let (limiter, n) = (self.limiter.clone(), self.tokens);
-                        self.state =
-                            State::Waiting(Box::pin(async move { limiter.acquire(n).await }));
+                        self.state = State::Waiting(SyncWrapper::new(Box::pin(async move {
+                            limiter.acquire(n).await
+                        })));
                     }
                 },
-                State::Waiting(wait) => match wait.as_mut().poll(cx) {
+                State::Waiting(wait) => match wait.get_mut().as_mut().poll(cx) {
                     Poll::Ready(Ok(())) => self.state = State::Permitted,
                     Poll::Ready(Err(e)) => {
                         self.state = State::Idle;
@@ -432,8 +435,9 @@ where
             // Worth waiting for, or a limiter that must await: decide below.
             Some(Ok(Decision::Denied { .. })) | None => {}
         }
-        // Decide inside the response future, on a clone of the inner service made ready there
-        // (the one polled ready stays ready).
+        // Decide inside the response future. The inner service that was polled ready goes
+        // into it (it is the one allowed to be called); a clone takes its place here, to be
+        // polled ready before the next call.
         let limiter = self.limiter.clone();
         let (tokens, max_wait) = (self.tokens, self.max_wait);
         let ready = self.inner.clone();

@@ -217,3 +217,42 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
     let (served, limited) = send(&mut costly, "c", 3).await;
     assert_eq!((served, limited.len()), (2, 1));
 }
+
+/// `RateLimitLayer` goes straight onto an axum `Router` (which needs a `Sync` service) and
+/// holds requests to the rate there.
+#[tokio::test(start_paused = true)]
+async fn back_pressure_on_an_axum_router() {
+    use axum::body::Body;
+    use axum::error_handling::HandleErrorLayer;
+    use axum::http::{Request, StatusCode};
+    use axum::routing::get;
+    use axum::Router;
+
+    let quota = Quota::per_second(10).unwrap();
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let limiter = HybridLimiter::builder("axum-bp", quota, store)
+        .lease_size(5)
+        .build()
+        .unwrap();
+    // Limiter errors (a store failing under FailClosed, …) become 503s.
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(|_: BoxError| async {
+                StatusCode::SERVICE_UNAVAILABLE
+            }))
+            .layer(RateLimitLayer::new(limiter.clone())),
+    );
+    let start = tokio::time::Instant::now();
+    for _ in 0..30 {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // 30 tokens from a bucket of 10 refilling at 10/s: at least 2 s of waiting.
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2),
+        "30 requests in {elapsed:?}"
+    );
+    assert_eq!(limiter.stats().tokens_leased, 30);
+}
