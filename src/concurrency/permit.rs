@@ -86,9 +86,13 @@ impl Local {
     /// Takes `n` slots from the pool: `Ok(left)`, or `Err(what there was)`.
     #[inline]
     pub(crate) fn take(&self, n: u64) -> Result<u64, u64> {
-        // Relaxed load: the CAS below checks the value; SeqCst on success for the Dekker
-        // pattern with the refill flag (as in `crate::local`).
-        let mut current = self.pool.load(Ordering::Relaxed);
+        // SeqCst load (a plain load on x86): a waiter registers in `waiters`, then reads the
+        // pool here; a dropper adds to the pool, then reads `waiters` (`wake_waiters`). With
+        // all four SeqCst, one of them sees the other, so no wake-up is lost — a Relaxed read
+        // could see the pool from before the drop and park for a whole poll interval. SeqCst
+        // on a successful CAS for the Dekker pattern with the refill flag (as in
+        // `crate::local`).
+        let mut current = self.pool.load(Ordering::SeqCst);
         while current >= n {
             match self.pool.compare_exchange_weak(
                 current,
