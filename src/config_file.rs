@@ -874,7 +874,12 @@ impl LimitersConfig {
         self.len() == 0
     }
 
-    /// Builds every limiter on `store` (cloned for each), keyed ones with `String` keys.
+    /// Builds every limiter on `store` (cloned for each), keyed ones with `String` keys. The
+    /// store serves concurrency limits too ([`ConcurrencyStore`]: [`RedisStore`] and
+    /// [`MemoryStore`] do), whether or not the file has any.
+    ///
+    /// [`RedisStore`]: crate::RedisStore
+    /// [`MemoryStore`]: crate::MemoryStore
     ///
     /// # Errors
     /// As [`LimiterSpec::build`], [`KeyedSpec::build`] and [`ConcurrencySpec::build`]: a
