@@ -40,7 +40,7 @@
 //! period = "1m"
 //! max_keys = 100000        # keys held in memory at most (default 100000)
 //! idle_ttl = "2m"          # evict a key unused this long (default: fill time + 10s; >= 200ms)
-//! give_back_after = "1s"   # return a key's unused tokens after this long (default 500ms)
+//! give_back_after = "1s"   # return unused tokens after (default: the policy's, else 500ms)
 //! max_in_flight = 32       # store calls in flight at once (default 32)
 //!
 //! [concurrency.exports]
