@@ -93,7 +93,10 @@ pub use concurrency::{
 };
 pub use config::{Budget, ConfigStore, Unconfigured};
 #[cfg(feature = "toml")]
-pub use config_file::{AnyLimiter, ConfigFileError, LimiterSpec, Limiters, LimitersConfig};
+pub use config_file::{
+    AnyKeyedLimiter, AnyLimiter, ConcurrencySpec, ConfigFileError, KeyedSpec, LimiterSpec,
+    Limiters, LimitersConfig,
+};
 pub use error::{Error, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};

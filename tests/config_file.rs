@@ -1,5 +1,6 @@
 //! Limiters defined in a TOML file (feature `toml`): parsing, defaults, every refusal as a
-//! typed error, and the built limiters enforcing their quotas on a real redis-server.
+//! typed error, and the built limiters — plain, keyed and concurrency — enforcing their
+//! quotas and limits on a `MemoryStore` and on a real redis-server.
 #![cfg(feature = "toml")]
 
 mod support;
@@ -8,8 +9,9 @@ use std::time::Duration;
 
 use ratelease::config_file::Mode;
 use ratelease::{
-    Algorithm, AnyLimiter, ConfigFileError, FailurePolicy, Limiter, LimitersConfig, Quota,
-    RedisStore,
+    Algorithm, AnyKeyedLimiter, AnyLimiter, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStore,
+    ConfigFileError, FailurePolicy, KeyedLimiter, Limiter, LimitersConfig, MemoryStore, Quota,
+    RedisStore, DEFAULT_HOLDER_TTL, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS,
 };
 use support::RedisServer;
 
@@ -228,4 +230,488 @@ async fn the_built_limiters_enforce_their_quotas_on_redis() {
         .unwrap();
     assert!(!probe.try_acquire(1).await.unwrap().is_allowed());
     limiters.shutdown().await;
+}
+
+const KINDS: &str = r#"
+[defaults]
+mode = "hybrid"
+on_store_failure = "fail-closed"
+expected_nodes = 4
+algorithm = "fixed-window"   # plain limiters only: keyed limiters are token buckets
+unconfigured = "unlimited"   # plain limiters only
+budget = "per-client"        # plain limiters only
+horizon = "30ms"             # hybrid plain and keyed limiters; not concurrency limiters
+
+[keyed.per-user]
+rate = 5
+period = "1m"
+max_keys = 1000
+idle_ttl = "2m"
+give_back_after = "1s"
+max_in_flight = 8
+
+[keyed.per-ip]
+rate = 10
+burst = 4
+mode = "pure"
+on_store_failure = "local-fallback"
+
+[concurrency.exports]
+limit = 20
+ttl = "30s"
+batch = 4
+idle_return = "250ms"
+
+[concurrency.gpu]
+limit = 3
+expected_nodes = 2
+on_store_failure = "local-fallback"
+"#;
+
+#[test]
+fn keyed_and_concurrency_tables_parse_with_defaults_applied() {
+    let file = LimitersConfig::from_toml(KINDS).unwrap();
+    assert_eq!(file.len(), 4);
+    assert!(!file.is_empty());
+    assert_eq!(file.iter().count(), 0, "no [limiters.*] tables");
+
+    let user = file.keyed("per-user").unwrap();
+    assert_eq!(user.name(), "per-user");
+    assert_eq!(user.quota(), Quota::per_minute(5).unwrap());
+    assert_eq!(user.mode(), Mode::Hybrid);
+    assert_eq!(user.failure_policy(), FailurePolicy::FailClosed);
+    assert_eq!(user.max_keys(), 1000);
+    assert_eq!(user.idle_ttl(), Some(Duration::from_secs(120)));
+    assert_eq!(user.give_back_after(), Some(Duration::from_secs(1)));
+    assert_eq!(user.max_in_flight(), 8);
+
+    let ip = file.keyed("per-ip").unwrap();
+    assert_eq!(ip.mode(), Mode::Pure);
+    assert_eq!(
+        ip.quota(),
+        Quota::per_second(10).unwrap().with_burst(4).unwrap()
+    );
+    assert_eq!(ip.failure_policy(), FailurePolicy::local_fallback(4));
+    assert_eq!(ip.max_keys(), DEFAULT_MAX_KEYS);
+    assert_eq!(ip.idle_ttl(), None);
+    assert_eq!(ip.give_back_after(), None);
+    assert_eq!(ip.max_in_flight(), DEFAULT_MAX_IN_FLIGHT);
+
+    let exports = file.concurrency("exports").unwrap();
+    assert_eq!(exports.name(), "exports");
+    assert_eq!(exports.limit(), 20);
+    assert_eq!(exports.ttl(), Duration::from_secs(30));
+    assert_eq!(exports.mode(), ConcurrencyMode::Hybrid { batch: 4 });
+    assert_eq!(exports.failure_policy(), FailurePolicy::FailClosed);
+
+    // `[defaults]`' mode = "hybrid" does not make a concurrency limiter without a batch
+    // hybrid; its failure keys are its own.
+    let gpu = file.concurrency("gpu").unwrap();
+    assert_eq!(gpu.mode(), ConcurrencyMode::Pure);
+    assert_eq!(gpu.ttl(), DEFAULT_HOLDER_TTL);
+    assert_eq!(gpu.failure_policy(), FailurePolicy::local_fallback(2));
+
+    assert!(file.keyed("exports").is_none());
+    assert!(file.concurrency("per-user").is_none());
+    assert!(file.get("per-user").is_none());
+    let keyed: Vec<_> = file.iter_keyed().map(|s| s.name()).collect();
+    assert_eq!(keyed, ["per-ip", "per-user"]);
+    let concurrency: Vec<_> = file.iter_concurrency().map(|s| s.name()).collect();
+    assert_eq!(concurrency, ["exports", "gpu"]);
+
+    // `[defaults]` mode = "pure" applies to keyed limiters, not to concurrency limiters
+    // (a batch makes them hybrid), and its lease keys are skipped for pure limiters.
+    let file = LimitersConfig::from_toml(
+        "[defaults]\nmode = \"pure\"\nlease_size = 50\n\
+         [keyed.k]\nrate = 5\n[concurrency.c]\nlimit = 4\nbatch = 2\n\
+         [limiters.l]\nrate = 1",
+    )
+    .unwrap();
+    assert_eq!(file.keyed("k").unwrap().mode(), Mode::Pure);
+    assert_eq!(file.get("l").unwrap().mode(), Mode::Pure);
+    assert_eq!(
+        file.concurrency("c").unwrap().mode(),
+        ConcurrencyMode::Hybrid { batch: 2 }
+    );
+}
+
+#[test]
+fn bad_keyed_and_concurrency_tables_are_typed_errors_naming_the_limiter_and_the_field() {
+    invalid("[keyed.k]\nrate = 0", "k", "quota");
+    invalid("[keyed.k]\nrate = 5\nperiod = \"0s\"", "k", "quota");
+    invalid("[keyed.k]\nrate = 5\nmax_keys = 0", "k", "max_keys");
+    invalid(
+        "[keyed.k]\nrate = 5\nmax_in_flight = 0",
+        "k",
+        "max_in_flight",
+    );
+    invalid("[keyed.k]\nrate = 5\nidle_ttl = \"100ms\"", "k", "idle_ttl");
+    invalid(
+        "[keyed.k]\nrate = 5\nexpected_nodes = 0",
+        "k",
+        "expected_nodes",
+    );
+    invalid(
+        "[keyed.k]\nrate = 5\nlease_size = 6",
+        "k",
+        "exceeds the burst",
+    );
+    invalid("[keyed.k]\nrate = 5\nhorizon = \"10us\"", "k", "1ms");
+    invalid(
+        "[keyed.k]\nrate = 5\nhorizon = \"5ms\"\nlease_size = 2",
+        "k",
+        "not both",
+    );
+    for key in [
+        "max_keys = 5",
+        "idle_ttl = \"1m\"",
+        "give_back_after = \"1s\"",
+        "max_in_flight = 4",
+    ] {
+        let field = key.split(' ').next().unwrap();
+        invalid(
+            &format!("[keyed.k]\nrate = 5\nmode = \"pure\"\n{key}"),
+            "k",
+            field,
+        );
+    }
+    invalid(
+        "[keyed.k]\nrate = 5\nmode = \"pure\"\nlease_size = 2",
+        "k",
+        "hybrid mode",
+    );
+    // A default that does not fit a hybrid keyed limiter's burst is that limiter's error.
+    invalid(
+        "[defaults]\nlease_size = 20\n[keyed.k]\nrate = 5",
+        "k",
+        "exceeds the burst",
+    );
+    invalid("[keyed.\"\"]\nrate = 5", "", "name");
+    // Keyed names leave room for the key in every bucket name.
+    let long = "n".repeat(900);
+    invalid(
+        &format!("[keyed.{long}]\nrate = 5"),
+        &long,
+        "keyed limiter name",
+    );
+    LimitersConfig::from_toml(&format!("[limiters.{long}]\nrate = 5")).unwrap();
+
+    invalid("[concurrency.c]\nlimit = 0", "c", "limit");
+    invalid("[concurrency.c]\nlimit = 9007199254740993", "c", "limit");
+    invalid("[concurrency.c]\nlimit = 5\nttl = \"2ms\"", "c", "ttl");
+    invalid("[concurrency.c]\nlimit = 5\nbatch = 0", "c", "batch");
+    invalid("[concurrency.c]\nlimit = 5\nbatch = 6", "c", "batch");
+    invalid(
+        "[concurrency.c]\nlimit = 5\nmode = \"hybrid\"",
+        "c",
+        "batch",
+    );
+    invalid(
+        "[concurrency.c]\nlimit = 5\nmode = \"pure\"\nbatch = 2",
+        "c",
+        "batch",
+    );
+    invalid(
+        "[concurrency.c]\nlimit = 5\nidle_return = \"1s\"",
+        "c",
+        "idle_return",
+    );
+    invalid(
+        "[concurrency.c]\nlimit = 5\nexpected_nodes = 0",
+        "c",
+        "expected_nodes",
+    );
+    invalid(
+        "[defaults]\nexpected_nodes = 0\n[concurrency.c]\nlimit = 5",
+        "c",
+        "expected_nodes",
+    );
+    invalid("[concurrency.\"\"]\nlimit = 5", "", "name");
+
+    // Names are unique across kinds.
+    invalid(
+        "[limiters.sms]\nrate = 1\n[keyed.sms]\nrate = 1",
+        "sms",
+        "[limiters.sms] and [keyed.sms]",
+    );
+    invalid(
+        "[keyed.x]\nrate = 1\n[concurrency.x]\nlimit = 1",
+        "x",
+        "unique across kinds",
+    );
+
+    // Keys of another kind, misspelt keys, missing and wrongly typed values.
+    unparsable(
+        "[keyed.k]\nrate = 5\nalgorithm = \"fixed-window\"",
+        "algorithm",
+    );
+    unparsable("[keyed.k]\nrate = 5\nbudget = \"overall\"", "budget");
+    unparsable("[keyed.k]\nrate = 5\nmax_key = 3", "max_key");
+    unparsable("[keyed.k]\nrate = 5\nbatch = 3", "batch");
+    unparsable("[keyed.k]\nperiod = \"1s\"", "rate");
+    unparsable("[keyed.k]\nrate = 5\nidle_ttl = \"later\"", "idle_ttl");
+    unparsable("[keyed.k]\nrate = 5\nmax_keys = -1", "max_keys");
+    unparsable("[concurrency.c]\nlimit = 5\nrate = 5", "rate");
+    unparsable("[concurrency.c]\nlimit = 5\nhorizon = \"5ms\"", "horizon");
+    unparsable("[concurrency.c]\nlimit = 5\nmax_keys = 5", "max_keys");
+    unparsable("[concurrency.c]\nttl = \"5s\"", "limit");
+    unparsable("[concurrency.c]\nlimit = \"many\"", "limit");
+    unparsable("[concurrency.c]\nlimit = 5\nmode = \"turbo\"", "turbo");
+    unparsable("[defaults]\nmax_keys = 5", "max_keys");
+    unparsable("[defaults]\nlimit = 5", "limit");
+    unparsable("keyed = 3", "keyed");
+    unparsable("[concurency.c]\nlimit = 5", "concurency");
+}
+
+/// Takes one token of `key` at a time until refused (waiting for each lease), and returns
+/// how many were admitted.
+async fn admitted<L: KeyedLimiter<String>>(limiter: &L, key: &str, tries: u32) -> u32 {
+    let mut admitted = 0;
+    for _ in 0..tries {
+        if limiter
+            .try_acquire_for(key, 1, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+const BUILT: &str = r#"
+[keyed.hourly]
+rate = 3
+period = "1h"
+
+[keyed.hourly-pure]
+rate = 4
+period = "1h"
+mode = "pure"
+
+[keyed.batched]
+rate = 1
+period = "1h"
+burst = 10
+lease_size = 5
+
+[concurrency.pure]
+limit = 3
+
+[concurrency.leased]
+limit = 3
+batch = 2
+"#;
+
+#[tokio::test]
+async fn a_keyed_limiter_from_the_file_gives_each_key_exactly_its_burst() {
+    let store = MemoryStore::new();
+    let limiters = LimitersConfig::from_toml(BUILT)
+        .unwrap()
+        .build(&store)
+        .unwrap();
+    assert_eq!(limiters.iter_keyed().count(), 3);
+
+    let hourly = limiters.keyed("hourly").unwrap();
+    assert!(matches!(hourly, AnyKeyedLimiter::Hybrid(_)), "{hourly:?}");
+    assert_eq!(hourly.name(), "hourly");
+    assert_eq!(admitted(hourly, "alice", 8).await, 3);
+    assert_eq!(
+        admitted(hourly, "bob", 8).await,
+        3,
+        "every key has a budget"
+    );
+    // The hybrid answers synchronously through the trait: alice is spent.
+    let now = KeyedLimiter::<String>::try_acquire_now(hourly, "alice", 1).expect("hybrid");
+    assert!(!now.unwrap().is_allowed());
+
+    let pure = limiters.keyed("hourly-pure").unwrap();
+    assert!(matches!(pure, AnyKeyedLimiter::Pure(_)), "{pure:?}");
+    assert_eq!(admitted(pure, "alice", 8).await, 4);
+    assert_eq!(admitted(pure, "carol", 8).await, 4);
+    assert!(KeyedLimiter::<String>::try_acquire_now(pure, "carol", 1).is_none());
+    assert_eq!(
+        KeyedLimiter::<String>::quota(pure),
+        Quota::new(4, Duration::from_secs(3600)).unwrap()
+    );
+
+    // Fixed batches of 5 for a hot key, out of a burst of 10: exactly 10, no more.
+    let batched = limiters.keyed("batched").unwrap();
+    assert_eq!(admitted(batched, "dave", 14).await, 10);
+    // The budget is in the store, under the key's bucket: a fresh build finds it spent.
+    let again = LimitersConfig::from_toml(BUILT)
+        .unwrap()
+        .keyed("batched")
+        .unwrap()
+        .pure(store.clone())
+        .unwrap();
+    assert_eq!(batched.bucket_name("dave"), again.bucket_name("dave"));
+    assert!(!again.try_acquire("dave", 1).await.unwrap().is_allowed());
+    limiters.shutdown().await;
+}
+
+#[tokio::test]
+async fn keyed_limiters_can_be_built_with_any_key_type() {
+    let store = MemoryStore::new();
+    let file = LimitersConfig::from_toml(BUILT).unwrap();
+    let by_id = file.build_with_keys::<u64, _>(&store).unwrap();
+    let hourly = by_id.keyed("hourly").unwrap();
+    let mut admitted = 0;
+    for _ in 0..5 {
+        if hourly
+            .try_acquire_for(&42, 1, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+    // One keyed limiter with a key type of its own; keys that print alike share a bucket.
+    let by_name = file
+        .keyed("hourly")
+        .unwrap()
+        .build::<String, _>(store.clone())
+        .unwrap();
+    assert!(!by_name
+        .try_acquire_for("42", 1, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_allowed());
+    by_name.shutdown().await;
+    by_id.shutdown().await;
+}
+
+/// Takes single permits from `limiter` until refused; returns them.
+async fn fill<S: ConcurrencyStore>(limiter: &ConcurrencyLimiter<S>) -> Vec<ratelease::Permit> {
+    let mut permits = Vec::new();
+    for _ in 0..10 {
+        match limiter
+            .try_acquire_for(1, Duration::from_millis(50))
+            .await
+            .unwrap()
+        {
+            Some(permit) => permits.push(permit),
+            None => break,
+        }
+    }
+    permits
+}
+
+#[tokio::test]
+async fn a_concurrency_limiter_from_the_file_refuses_the_permit_over_its_limit() {
+    let store = MemoryStore::new();
+    let limiters = LimitersConfig::from_toml(BUILT)
+        .unwrap()
+        .build(&store)
+        .unwrap();
+    for name in ["pure", "leased"] {
+        let limiter = limiters.concurrency(name).unwrap();
+        assert_eq!(limiter.name(), name);
+        assert_eq!(limiter.limit(), 3);
+        let mut permits = fill(limiter).await;
+        assert_eq!(permits.len(), 3, "{name}: the limit, then no more");
+        assert!(limiter.try_acquire(1).await.unwrap().is_none(), "{name}");
+        permits.pop();
+        assert!(
+            limiter
+                .try_acquire_for(1, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}: a dropped permit's slot comes back"
+        );
+    }
+    assert_eq!(
+        limiters.concurrency("pure").unwrap().mode(),
+        ConcurrencyMode::Pure
+    );
+    let leased = limiters.concurrency("leased").unwrap();
+    assert_eq!(leased.mode(), ConcurrencyMode::Hybrid { batch: 2 });
+    assert_eq!(limiters.iter_concurrency().count(), 2);
+    limiters.shutdown().await;
+}
+
+#[tokio::test]
+async fn keyed_and_concurrency_limiters_from_a_file_hold_across_processes_on_redis() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiters.toml");
+    std::fs::write(
+        &path,
+        r#"
+        [defaults]
+        expected_nodes = 2
+        on_store_failure = "fail-closed"
+
+        [keyed.sms]
+        rate = 3
+        period = "1h"
+
+        [concurrency.exports]
+        limit = 3
+        batch = 1
+        ttl = "5s"
+        idle_return = "20ms"
+        "#,
+    )
+    .unwrap();
+    // Two processes: each loads the file and builds on a connection of its own.
+    let file = LimitersConfig::load(&path).unwrap();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let a = file.build(&store).unwrap();
+    let b = file
+        .build(&RedisStore::connect(server.url()).await.unwrap())
+        .unwrap();
+
+    let (sms_a, sms_b) = (a.keyed("sms").unwrap(), b.keyed("sms").unwrap());
+    let mut admitted = 0;
+    for i in 0..10 {
+        let node = if i % 2 == 0 { sms_a } else { sms_b };
+        if node
+            .try_acquire_for("+4912345", 1, Duration::from_millis(500))
+            .await
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3, "one budget per key across the fleet");
+    assert!(sms_b
+        .try_acquire_for("+4967890", 1, Duration::from_millis(500))
+        .await
+        .unwrap()
+        .is_allowed());
+    let bucket = store.key(&sms_a.bucket_name("+4912345"));
+    let exists: i64 = server.cmd(&["EXISTS", &bucket]);
+    assert_eq!(exists, 1, "the key's bucket {bucket} is in Redis");
+
+    let (ex_a, ex_b) = (
+        a.concurrency("exports").unwrap(),
+        b.concurrency("exports").unwrap(),
+    );
+    let held_a = fill(ex_a).await;
+    let held_b = fill(ex_b).await;
+    assert_eq!(
+        held_a.len() + held_b.len(),
+        3,
+        "the limit holds across processes"
+    );
+    assert!(ex_b.try_acquire(1).await.unwrap().is_none());
+    drop(held_a);
+    // A's pool goes back to the store once idle (`idle_return`), and B gets a slot.
+    let more = ex_b
+        .try_acquire_for(1, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        more.is_some(),
+        "slots dropped in one process serve the other"
+    );
+    drop((held_b, more));
+    a.shutdown().await;
+    b.shutdown().await;
 }

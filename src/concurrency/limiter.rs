@@ -155,29 +155,7 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
     /// runtime.
     pub fn build(self) -> Result<ConcurrencyLimiter<S>, Error> {
         key::validate_name(&self.name)?;
-        let config = |msg: String| Err(Error::Config(msg));
-        if !(1..=MAX_VALUE).contains(&self.limit) {
-            return config(format!(
-                "concurrency limit {} must be in 1..=2^52",
-                self.limit
-            ));
-        }
-        if self.ttl < Duration::from_millis(3) || micros(self.ttl) > MAX_VALUE {
-            return config(format!(
-                "holder ttl {:?} must be between 3 ms and 2^52 µs",
-                self.ttl
-            ));
-        }
-        let batch = match self.mode {
-            ConcurrencyMode::Pure => 0,
-            ConcurrencyMode::Hybrid { batch } if (1..=self.limit).contains(&batch) => batch,
-            ConcurrencyMode::Hybrid { batch } => {
-                return config(format!(
-                    "hybrid batch {batch} must be in 1..=limit ({})",
-                    self.limit
-                ))
-            }
-        };
+        let batch = check_settings(self.limit, self.ttl, self.mode)?;
         let runtime = match self.runtime {
             Some(rt) => rt,
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
@@ -228,6 +206,32 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
                 task: Mutex::new(Some(task)),
             }),
         })
+    }
+}
+
+/// Checks a limit, a holder ttl and a mode as [`ConcurrencyBuilder::build`] does, without a
+/// runtime or a store (the TOML loader checks files with it); returns the hybrid batch (0 in
+/// pure mode).
+pub(crate) fn check_settings(
+    limit: u64,
+    ttl: Duration,
+    mode: ConcurrencyMode,
+) -> Result<u64, Error> {
+    let config = |msg: String| Err(Error::Config(msg));
+    if !(1..=MAX_VALUE).contains(&limit) {
+        return config(format!("concurrency limit {limit} must be in 1..=2^52"));
+    }
+    if ttl < Duration::from_millis(3) || micros(ttl) > MAX_VALUE {
+        return config(format!(
+            "holder ttl {ttl:?} must be between 3 ms and 2^52 µs"
+        ));
+    }
+    match mode {
+        ConcurrencyMode::Pure => Ok(0),
+        ConcurrencyMode::Hybrid { batch } if (1..=limit).contains(&batch) => Ok(batch),
+        ConcurrencyMode::Hybrid { batch } => config(format!(
+            "hybrid batch {batch} must be in 1..=limit ({limit})"
+        )),
     }
 }
 

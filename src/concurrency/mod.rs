@@ -90,6 +90,8 @@ mod permit;
 mod store;
 mod task;
 
+#[cfg(feature = "toml")]
+pub(crate) use limiter::check_settings;
 pub use limiter::{
     ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, DEFAULT_HOLDER_TTL,
     DEFAULT_IDLE_RETURN,

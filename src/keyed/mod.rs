@@ -129,6 +129,8 @@ use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
 use crate::telemetry::{self, KeyedMetrics, KeyedPublished, PUBLISH_INTERVAL};
 
+#[cfg(feature = "toml")]
+pub(crate) use name::validate_keyed_name;
 pub use name::MAX_KEY_BYTES;
 pub use pure::KeyedRedisLimiter;
 
@@ -137,6 +139,8 @@ use worker::{Answer, Request};
 
 /// The coarse clock's tick: last-use times and idle ages are counted in these.
 const TICK: Duration = Duration::from_millis(100);
+/// Shortest [`KeyedHybridBuilder::idle_ttl`]: two ticks.
+pub(crate) const MIN_IDLE_TTL: Duration = Duration::from_millis(200);
 /// Most leases queued at once in each of the two queues (fewer with a smaller cap).
 const MAX_QUEUE: usize = 4096;
 
@@ -302,7 +306,7 @@ where
     /// plus 10 s; at least 200 ms). Shorter is safe — the truth is in the store — but a
     /// key's next call after eviction starts cold.
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
-        self.idle_ttl = Some(ttl.max(TICK * 2));
+        self.idle_ttl = Some(ttl.max(MIN_IDLE_TTL));
         self
     }
 
