@@ -237,23 +237,18 @@ fn hybrid_concurrency_permits_allocate_nothing() {
     );
 }
 
-/// The tower middleware's admitted path over a hybrid limiter: `poll_ready` answers from the
-/// synchronous check and `call` wraps the inner future without boxing it.
+/// Sends requests `0..requests` through `svc` (an echo service behind a layer), each polled
+/// ready and then called and polled once; returns how many were answered at once, and the
+/// allocations that took.
 #[cfg(feature = "tower")]
-#[test]
-fn middleware_admission_allocates_nothing() {
+fn served_at_once<S>(svc: &mut S, requests: u64) -> (u64, u64)
+where
+    S: tower::Service<u64, Response = u64>,
+{
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
 
-    use ratelease::middleware::RateLimitLayer;
-    use tower::{Layer, Service};
-
-    let (_rt, limiter) = ready_limiter(1_000);
-    let inner =
-        tower::service_fn(|x: u32| std::future::ready(Ok::<_, std::convert::Infallible>(x)));
-    let mut svc = RateLimitLayer::new(limiter.clone()).layer(inner);
     let mut cx = Context::from_waker(Waker::noop());
-    let requests = 100;
     let (served, n) = allocations(|| {
         (0..requests)
             .filter(|&i| {
@@ -265,12 +260,37 @@ fn middleware_admission_allocates_nothing() {
             })
             .count()
     });
-    assert_eq!(
-        served, requests as usize,
-        "every request was admitted at once"
-    );
+    (served as u64, n)
+}
+
+/// An inner service that answers every request at once with the request.
+#[cfg(feature = "tower")]
+fn echo() -> impl tower::Service<
+    u64,
+    Response = u64,
+    Error = std::convert::Infallible,
+    Future = std::future::Ready<Result<u64, std::convert::Infallible>>,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(|x: u64| std::future::ready(Ok(x)))
+}
+
+/// The tower middleware's admitted path over a hybrid limiter: `poll_ready` answers from the
+/// synchronous check and `call` wraps the inner future without boxing it.
+#[cfg(feature = "tower")]
+#[test]
+fn middleware_admission_allocates_nothing() {
+    use ratelease::middleware::RateLimitLayer;
+    use tower::Layer;
+
+    let (_rt, limiter) = ready_limiter(1_000);
+    let mut svc = RateLimitLayer::new(limiter.clone()).layer(echo());
+    let requests = 100;
+    let (served, n) = served_at_once(&mut svc, requests);
+    assert_eq!(served, requests, "every request was admitted at once");
     assert_eq!(n, 0, "{requests} admitted requests allocated {n} times");
-    assert_eq!(limiter.available(), 1_000 - 1 - u64::from(requests));
+    assert_eq!(limiter.available(), 1_000 - 1 - requests);
 }
 
 /// A keyed limiter whose key `k` holds a batch of 999 tokens with a low-water mark of 500: the
@@ -343,34 +363,15 @@ fn keyed_hit_on_an_existing_key_allocates_nothing() {
 #[cfg(feature = "tower")]
 #[test]
 fn keyed_middleware_admission_allocates_nothing() {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-
     use ratelease::middleware::KeyedRateLimitLayer;
-    use tower::{Layer, Service};
+    use tower::Layer;
 
     let (_rt, limiter) = ready_keyed::<u64>(&7);
-    let inner =
-        tower::service_fn(|x: u64| std::future::ready(Ok::<_, std::convert::Infallible>(x)));
-    // Every request is for key 7 (the request is the key).
-    let mut svc = KeyedRateLimitLayer::new(limiter.clone(), |_: &u64| 7u64).layer(inner);
-    let mut cx = Context::from_waker(Waker::noop());
+    // Every request is for key 7.
+    let mut svc = KeyedRateLimitLayer::new(limiter.clone(), |_: &u64| 7u64).layer(echo());
     let requests = 400;
-    let (served, n) = allocations(|| {
-        (0..requests)
-            .filter(|&i| {
-                if !matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
-                    return false;
-                }
-                let mut response = std::pin::pin!(svc.call(i));
-                matches!(response.as_mut().poll(&mut cx), Poll::Ready(Ok(x)) if x == i)
-            })
-            .count()
-    });
-    assert_eq!(
-        served, requests as usize,
-        "every request was admitted at once"
-    );
+    let (served, n) = served_at_once(&mut svc, requests);
+    assert_eq!(served, requests, "every request was admitted at once");
     assert_eq!(
         n, 0,
         "{requests} admitted keyed requests allocated {n} times"
