@@ -988,7 +988,10 @@ where
     /// [`FailurePolicy::FailClosed`] while the store is failing.
     ///
     /// # Cancel safety
-    /// Cancel safe: tokens leased for a dropped call stay with the key for the next one.
+    /// Cancel safe: tokens leased for a dropped call stay with the key for the next one —
+    /// except in one narrow window: a call dropped after its grant was sent to it but before
+    /// it was polled again loses those tokens (to this process: the store counted them, so
+    /// the fleet admits less, never more).
     pub async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
     where
         K: Borrow<Q>,
