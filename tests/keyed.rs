@@ -452,3 +452,27 @@ async fn a_wait_joins_the_lease_a_try_acquire_queued() {
     );
     limiter.shutdown().await;
 }
+
+/// The worker keeps time only while keys are live: a key created after an idle spell still
+/// counts as just used, and is not evicted as if it had been idle all along.
+#[tokio::test(start_paused = true)]
+async fn a_key_created_after_an_idle_spell_is_not_evicted_at_once() {
+    let quota = Quota::per_second(100).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("spell", quota, memory())
+        .idle_ttl(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    limiter.acquire("a", 1).await.unwrap();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(limiter.live_keys(), 0, "{:?}", limiter.stats());
+    // Nothing live: the worker's clock stands still through this.
+    sleep(Duration::from_secs(30)).await;
+    limiter.acquire("b", 1).await.unwrap();
+    sleep(Duration::from_millis(600)).await;
+    let stats = limiter.stats();
+    assert_eq!((stats.live_keys, stats.evicted_idle), (1, 1), "{stats:?}");
+    // And b goes once it really was idle for its TTL.
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(limiter.stats().evicted_idle, 2, "{:?}", limiter.stats());
+    limiter.shutdown().await;
+}

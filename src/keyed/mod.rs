@@ -582,6 +582,16 @@ impl<K, S, H> Shared<K, S, H> {
         self.tick.load(Ordering::Relaxed)
     }
 
+    /// The coarse clock brought up to the time since the origin, and returned. The worker
+    /// keeps time only while keys are live, so a key created after an idle spell reads this,
+    /// not `tick` (which could be the idle spell old and get the new key evicted at once).
+    fn fresh_tick(&self) -> u32 {
+        let ticks = self.origin.elapsed().as_nanos() / TICK.as_nanos();
+        let now = u32::try_from(ticks).unwrap_or(u32::MAX);
+        // Relaxed: see `tick`; `fetch_max`, so concurrent updates never move it back.
+        self.tick.fetch_max(now, Ordering::Relaxed).max(now)
+    }
+
     fn now_ns(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
@@ -782,7 +792,7 @@ where
         match self.map.entry(key.to_owned()) {
             Entry::Vacant(slot) => {
                 let key = slot.key().clone();
-                slot.insert(KeyState::new(self.tick(), state::QUEUED));
+                slot.insert(KeyState::new(self.fresh_tick(), state::QUEUED));
                 count(&self.counters.keys_created, 1);
                 permit.send(Request {
                     key,
@@ -808,7 +818,7 @@ where
         }
         match self.map.entry(key.to_owned()) {
             Entry::Vacant(slot) => {
-                slot.insert(KeyState::new(self.tick(), 0));
+                slot.insert(KeyState::new(self.fresh_tick(), 0));
                 count(&self.counters.keys_created, 1);
             }
             Entry::Occupied(_) => {

@@ -157,10 +157,7 @@ where
 {
     /// Sets the coarse clock from the time since the limiter's origin.
     fn advance_clock(&self) {
-        let ticks = self.s.origin.elapsed().as_nanos() / TICK.as_nanos();
-        let tick = u32::try_from(ticks).unwrap_or(u32::MAX);
-        // Relaxed: see `Shared::tick`.
-        self.s.tick.store(tick, Ordering::Relaxed);
+        self.s.fresh_tick();
     }
 
     /// The next tick, if there is anything to keep time for.
