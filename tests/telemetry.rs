@@ -9,9 +9,10 @@
 //! [`ConcurrencyStats`].
 
 mod support;
+mod wrapped;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -20,9 +21,8 @@ use metrics_util::MetricKind;
 use ratelease::telemetry::{self, PUBLISH_INTERVAL};
 use ratelease::{
     ConcurrencyLimiter, ConcurrencyStats, Decision, FailurePolicy, FakeClock, HybridLimiter,
-    HybridStats, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, LeaseReply, LeaseRequest,
-    LeaseStore, MemoryStore, Quota, RedisLimiter, RedisStore, ReleaseRequest, StoreError,
-    TokioClock,
+    HybridStats, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, MemoryStore, Quota,
+    RedisLimiter, RedisStore, TokioClock,
 };
 use support::RedisServer;
 use tracing::field::{Field, Visit};
@@ -30,6 +30,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
+use wrapped::Wrapped;
 
 /// A metric: kind, name and sorted labels.
 type Key = (MetricKind, String, Vec<(String, String)>);
@@ -208,58 +209,12 @@ async fn hybrid_counters_are_exact_on_virtual_time_and_match_the_stats() {
     assert_eq!(published(&r, "exact").1, 30, "nothing more was admitted");
 }
 
-/// A store that fails while its switch is on, and whose calls take `delay` of virtual time.
-#[derive(Clone)]
-struct Switch {
-    inner: MemoryStore,
-    failing: Arc<AtomicBool>,
-    delay: Duration,
-}
-
-impl Switch {
-    fn new(delay: Duration) -> Self {
-        Switch {
-            inner: MemoryStore::with_clock(TokioClock::new()),
-            failing: Arc::default(),
-            delay,
-        }
-    }
-}
-
-impl LeaseStore for Switch {
-    async fn lease(
-        &self,
-        name: &str,
-        q: &Quota,
-        r: &LeaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::Timeout(Duration::from_millis(50)));
-        }
-        self.inner.lease(name, q, r).await
-    }
-
-    async fn release(
-        &self,
-        name: &str,
-        q: &Quota,
-        r: &ReleaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::Timeout(Duration::from_millis(50)));
-        }
-        self.inner.release(name, q, r).await
-    }
-}
-
 /// Tokens spent without waking the background task show up within one interval, and
 /// shutdown publishes the tokens given back — not as spent while the release is in flight.
 #[tokio::test(start_paused = true)]
 async fn local_spending_is_published_within_one_interval() {
     let quota = Quota::per_second(1_000).unwrap();
-    let store = Switch::new(Duration::from_millis(2));
+    let store = Wrapped::new(Duration::from_millis(2));
     let (limiter, m) = Recorded::build(|| {
         HybridLimiter::builder("lag", quota, store)
             .lease_size(100)
@@ -303,7 +258,7 @@ async fn local_spending_is_published_within_one_interval() {
 
 #[tokio::test(start_paused = true)]
 async fn failure_policy_admissions_store_errors_and_the_circuit_are_published() {
-    let store = Switch::new(Duration::ZERO);
+    let store = Wrapped::new(Duration::ZERO);
     let failing = store.failing.clone();
     failing.store(true, Ordering::SeqCst);
     let quota = Quota::per_second(100).unwrap();
@@ -770,7 +725,7 @@ async fn keyed_evictions_refusals_and_live_keys_are_published() {
 /// the open circuit are published, with the policy label.
 #[tokio::test(start_paused = true)]
 async fn keyed_failure_policy_admissions_and_the_circuit_are_published() {
-    let store = Switch::new(Duration::ZERO);
+    let store = Wrapped::new(Duration::ZERO);
     store.failing.store(true, Ordering::SeqCst);
     let quota = Quota::per_second(100).unwrap();
     let (limiter, m) = Recorded::build(|| {
