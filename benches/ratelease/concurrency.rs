@@ -12,14 +12,13 @@
 //! message when `redis-server` is not installed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion};
 use ratelease::{ConcurrencyLimiter, RedisStore};
 
 use crate::common::runtime;
-use crate::redis::redis_server_available;
-use crate::support::RedisServer;
+use crate::redis::redis_group;
 
 /// A limit that never binds.
 const LIMIT: u64 = 1_000_000;
@@ -27,15 +26,10 @@ const LIMIT: u64 = 1_000_000;
 const BATCH: u64 = 64;
 
 pub fn benches(c: &mut Criterion) {
-    if !redis_server_available() {
+    let Some((server, mut group)) = redis_group(c, "concurrency") else {
         return;
-    }
-    let server = RedisServer::start();
+    };
     let url = server.url();
-    let mut group = c.benchmark_group("concurrency");
-    group.throughput(Throughput::Elements(1));
-    group.sample_size(20);
-    group.measurement_time(Duration::from_secs(5));
 
     let tasks_rt = runtime(2);
     let pure = tasks_rt.block_on(async {

@@ -30,6 +30,24 @@ use crate::support::{RedisServer, REDIS_SERVER_BIN_ENV};
 /// Concurrent tasks in the `64tasks` cases.
 const TASKS: u64 = 64;
 
+/// A redis-server of its own and a criterion group `name` set up for round trips (~0.1 ms
+/// each: fewer, longer samples keep a group to about a minute), or `None` (and why, printed)
+/// if no redis-server can be run.
+pub fn redis_group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> Option<(RedisServer, BenchmarkGroup<'a, WallTime>)> {
+    if !redis_server_available() {
+        return None;
+    }
+    let server = RedisServer::start();
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(5));
+    Some((server, group))
+}
+
 /// Whether the `redis-server` the harness would start can be run; prints why not.
 pub fn redis_server_available() -> bool {
     let bin = std::env::var(REDIS_SERVER_BIN_ENV)
@@ -54,18 +72,11 @@ pub fn redis_server_available() -> bool {
 }
 
 pub fn benches(c: &mut Criterion) {
-    if !redis_server_available() {
+    let Some((server, mut group)) = redis_group(c, "redis") else {
         return;
-    }
-    let server = RedisServer::start();
+    };
     let url = server.url();
     let quota = unbounded_quota();
-
-    let mut group = c.benchmark_group("redis");
-    group.throughput(Throughput::Elements(1));
-    // A round trip is ~0.1 ms: fewer, longer samples keep the group to about a minute.
-    group.sample_size(20);
-    group.measurement_time(Duration::from_secs(5));
 
     // Pure-Redis mode: every decision is a store call, on the tasks' runtime.
     let tasks_rt = runtime(2);

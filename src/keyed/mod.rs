@@ -645,8 +645,7 @@ where
     {
         check_tokens(n, self.quota.burst())?;
         if let Some(state) = self.map.get(key) {
-            if let Some(left) = state.take(n) {
-                state.touch(self.tick());
+            if let Some(left) = self.take_held(&state, n) {
                 if state.below_low_water(left) {
                     self.request(key, &state, 0);
                 }
@@ -674,13 +673,17 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.map.get(key).is_some_and(|state| {
-            let taken = state.take(n).is_some();
-            if taken {
-                state.touch(self.tick());
-            }
-            taken
-        })
+        self.map
+            .get(key)
+            .is_some_and(|state| self.take_held(&state, n).is_some())
+    }
+
+    /// Takes `n` of the tokens `state` holds and marks it used; returns what is left.
+    #[inline]
+    fn take_held(&self, state: &KeyState, n: u64) -> Option<u64> {
+        let left = state.take(n)?;
+        state.touch(self.tick());
+        Some(left)
     }
 
     /// The slow half of `take`: `state` is the key's (held under its shard's read lock), or
