@@ -28,6 +28,7 @@
 //! - **Results** ([`metrics`], [`report`], [`plots`]). Metrics are pure functions of the log;
 //!   the report directory holds `report.json`, `windows.csv`, `summary.md` and SVG plots.
 
+pub mod calibrate;
 pub mod demand;
 pub mod live;
 pub mod lock_mode;

@@ -3,6 +3,7 @@
 //! ```text
 //! simulate [OPTIONS] <SCENARIO.toml>                     virtual time, in-memory store
 //! simulate live --redis URL [OPTIONS] <SCENARIO.toml>    real time, real Redis
+//! simulate calibrate --redis URL                         Redis CPU per script operation
 //! ```
 //!
 //! Prints the seed, a progress bar (on a terminal), and the comparison table; writes the
@@ -17,7 +18,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use simulations::live::DEFAULT_LIVE_DURATION_S;
-use simulations::{live, plots, sim, Mode, Scenario};
+use simulations::{calibrate, live, plots, sim, Mode, Scenario};
 
 /// Fleet simulator for ratelease: fairness, accuracy and store load of each limiter mode
 /// under uneven traffic.
@@ -36,6 +37,42 @@ struct Cli {
 enum Command {
     /// Run the scenario in real time against a real Redis (short runs: default at most 5 s).
     Live(LiveArgs),
+    /// Measure what each script operation costs a real Redis (µs of server time per call,
+    /// from INFO commandstats), beside a redis_rate-style GCRA baseline in the same run.
+    Calibrate(CalibrateArgs),
+}
+
+#[derive(Debug, Args)]
+struct CalibrateArgs {
+    /// Redis URL, e.g. redis://127.0.0.1:6380/. Use a Redis nobody else is using: its
+    /// statistics are reset (CONFIG RESETSTAT) before each operation.
+    #[arg(long)]
+    redis: String,
+    /// Script calls per operation.
+    #[arg(long, default_value_t = 20_000)]
+    calls: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Leasers on record for the node-lease rows, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+    leasers: Vec<u64>,
+}
+
+fn calibrate(args: &CalibrateArgs) -> Result<()> {
+    let plan = calibrate::Plan {
+        calls: args.calls.max(1),
+        clients: args.clients.max(1),
+        leasers: args.leasers.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let costs = rt.block_on(calibrate::measure(&args.redis, &plan))?;
+    println!("{}", command_line());
+    print!("{}", calibrate::table(&costs));
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +203,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Live(args)) => run(&args.scenario, args.opts, Some(&args.redis)),
+        Some(Command::Calibrate(args)) => calibrate(&args),
         None => {
             let Some(path) = cli.scenario else {
                 use clap::CommandFactory;

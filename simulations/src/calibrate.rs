@@ -1,0 +1,448 @@
+//! `simulate calibrate`: what each script operation costs a real Redis server.
+//!
+//! The simulator models Redis as one FIFO server that is busy for a *service time* per script
+//! call. That number decides when pure-Redis mode saturates and how much Redis CPU a fleet
+//! costs, so it must come from a real server, not from a guess. This command measures it the
+//! way an operator would: it runs each operation many times against `--redis` (a server
+//! nobody else is using) and reads Redis's own accounting, `INFO commandstats`, where
+//! `usec_per_call` of `cmdstat_evalsha` is the server time one script call took (the script and
+//! every command it ran, excluding network and client time). `CONFIG RESETSTAT` runs before
+//! each operation, so each row is that operation alone. Beside it, the server's whole CPU time
+//! per call (`used_cpu_user + used_cpu_sys` of `INFO cpu`, before and after): the command plus
+//! reading, parsing and answering it — what a call really costs a Redis core, and what the
+//! simulator's service times are.
+//!
+//! The operations are the ones the limiters send, through the library's own [`RedisStore`]:
+//! a pure-mode decision (an anonymous lease of exactly one token), a node's lease on terms with
+//! 10 to 10 000 other leasers on record, and a node's release. Beside them, in the same run, a
+//! **GCRA baseline** in the style of go-redis/redis_rate (one script: `TIME`, `GET` the
+//! theoretical arrival time, `SET` it with an expiry) — the cheapest exact shared limiter there
+//! is — so every cost is also a ratio that does not depend on the machine.
+//!
+//! The closing lines print the simulator's service-time settings as measured: `service_us`
+//! for a node's lease (the most expensive of the leaser counts), `service_pure_us` for a pure
+//! decision, `service_release_us` for a release and `service_command_us` for one plain
+//! command (the baseline's GET and SET, as the lock-based mode sends them).
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ratelease::{
+    LeaseRequest, LeaseStore, NodeLease, NodeRelease, Quota, RedisStore, ReleaseRequest,
+};
+
+/// A GCRA decision as go-redis/redis_rate makes it: the key holds the theoretical arrival time
+/// (TAT) in seconds; a request of `cost` is allowed if `TAT + cost × interval − burst ×
+/// interval ≤ now`, and then TAT moves on. Written here from the algorithm (it is the
+/// baseline, not a product).
+const GCRA_LUA: &str = r#"
+redis.replicate_commands()
+local burst, rate, period, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local interval = period / rate
+local t = redis.call('TIME')
+local now = (t[1] - 1483228800) + t[2] / 1000000
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local next_tat = tat + interval * cost
+local diff = now - (next_tat - interval * burst)
+if diff < 0 then return { 0, 0, tostring(-diff), tostring(tat - now) } end
+local reset = next_tat - now
+if reset > 0 then redis.call('SET', KEYS[1], next_tat, 'EX', math.ceil(reset)) end
+return { cost, diff / interval, '-1', tostring(reset) }
+"#;
+
+/// One measured operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cost {
+    /// What was measured.
+    pub op: String,
+    /// Script calls the server counted.
+    pub calls: u64,
+    /// Server time per call, µs (`usec / calls` of `cmdstat_evalsha`).
+    pub usec_per_call: f64,
+    /// The server's CPU time per call, µs (`INFO cpu` before and after, over the calls made),
+    /// including network I/O and parsing; NaN where not measured.
+    pub cpu_us_per_call: f64,
+    /// Calls per second the client achieved (wall clock, all clients together).
+    pub calls_per_s: f64,
+}
+
+/// `calls=` and `usec=` of `cmdstat_<name>` in an `INFO commandstats` reply.
+pub fn parse_command_stat(info: &str, name: &str) -> Option<(u64, u64)> {
+    let want = format!("cmdstat_{name}");
+    info.lines().find_map(|line| {
+        let (key, fields) = line.trim().split_once(':')?;
+        if key != want {
+            return None;
+        }
+        let field = |prefix: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(prefix))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some((field("calls=")?, field("usec=")?))
+    })
+}
+
+/// What `calibrate` measures.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Script calls per operation.
+    pub calls: u64,
+    /// Concurrent clients sending them.
+    pub clients: usize,
+    /// Leasers on record for the node-lease rows.
+    pub leasers: Vec<u64>,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            calls: 20_000,
+            clients: 8,
+            leasers: vec![10, 1_000, 10_000],
+        }
+    }
+}
+
+/// Measures every operation of `plan` against the Redis at `url`.
+pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
+    let client = redis::Client::open(url).context("bad Redis URL")?;
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    let store = RedisStore::builder(url)
+        .prefix("ratelease:calibrate:")
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    // A quota no run can exhaust: every call does the full work of a grant.
+    let big = Quota::per_second(1_000_000_000)?.with_burst(1_000_000_000)?;
+    let mut costs = Vec::new();
+
+    let gcra = redis::Script::new(GCRA_LUA);
+    let shared = admin.clone();
+    let baseline = run_op(
+        &mut admin,
+        "gcra baseline (redis_rate style)",
+        &["evalsha"],
+        plan,
+        |i| {
+            let mut conn = shared.clone();
+            let gcra = gcra.clone();
+            async move {
+                let key = format!("ratelease:calibrate:gcra:{}", i % 16);
+                let _: redis::Value = gcra
+                    .key(key)
+                    .arg(1_000_000u64)
+                    .arg(1_000_000u64)
+                    .arg(1)
+                    .arg(1)
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    costs.push(baseline);
+    // One plain command a call (GET and SET in turn), as the lock-based mode sends them.
+    let plain = run_op(
+        &mut admin,
+        "plain command (GET or SET)",
+        &["get", "set"],
+        plan,
+        |i| {
+            let mut conn = shared.clone();
+            async move {
+                let key = format!("ratelease:calibrate:plain:{}", i % 16);
+                if i % 2 == 0 {
+                    let _: Option<String> =
+                        redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+                } else {
+                    let _: () = redis::cmd("SET")
+                        .arg(key)
+                        .arg(i)
+                        .arg("PX")
+                        .arg(60_000)
+                        .query_async(&mut conn)
+                        .await?;
+                }
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    costs.push(plain);
+
+    costs.push(
+        run_op(
+            &mut admin,
+            "pure decision (exact 1)",
+            &["evalsha"],
+            plan,
+            |i| {
+                let store = store.clone();
+                async move {
+                    let name = format!("pure{}", i % 16);
+                    store.lease(&name, &big, &LeaseRequest::exact(1)).await?;
+                    Ok(())
+                }
+            },
+        )
+        .await?,
+    );
+
+    for &leasers in &plan.leasers {
+        let name = format!("lease{leasers}");
+        let terms = |id: u64| NodeLease {
+            id,
+            held: 0,
+            demand_mtps: 1_000_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(600),
+        };
+        // Put every leaser on record first (not measured).
+        for id in 0..leasers {
+            store
+                .lease(&name, &big, &LeaseRequest::new(10, 1).by(terms(id)))
+                .await?;
+        }
+        let label = format!("node lease on terms, {leasers} leasers");
+        costs.push(
+            run_op(&mut admin, &label, &["evalsha"], plan, |i| {
+                let store = store.clone();
+                let name = name.clone();
+                async move {
+                    let req = LeaseRequest::new(10, 1).by(terms(i % leasers));
+                    store.lease(&name, &big, &req).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+    }
+
+    let leasers = plan.leasers.first().copied().unwrap_or(10).max(1);
+    let name = format!("lease{leasers}");
+    costs.push(
+        run_op(&mut admin, "node release", &["evalsha"], plan, |i| {
+            let store = store.clone();
+            let name = name.clone();
+            async move {
+                let req = ReleaseRequest::new(1).by(NodeRelease {
+                    id: i % leasers,
+                    seq: 1_000_000 + i,
+                    leaving: false,
+                });
+                store.release(&name, &big, &req).await?;
+                Ok(())
+            }
+        })
+        .await?,
+    );
+    Ok(costs)
+}
+
+/// Resets the server's statistics, runs `plan.calls` calls of `op` (call `i` made by
+/// `call(i)`) from `plan.clients` concurrent tasks, and reads back the time of `commands`
+/// (`cmdstat_<name>`, summed) and the server's CPU time.
+async fn run_op<F, Fut>(
+    admin: &mut redis::aio::MultiplexedConnection,
+    label: &str,
+    commands: &[&str],
+    plan: &Plan,
+    call: F,
+) -> Result<Cost>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    // Warm up (script cache, key creation), then measure from clean statistics.
+    for i in 0..100 {
+        call(i).await?;
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .context("CONFIG RESETSTAT failed (is this a Redis you may administer?)")?;
+    let cpu_before = server_cpu_s(admin).await?;
+    let started = Instant::now();
+    let clients = plan.clients.max(1) as u64;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mine: Vec<Fut> = (0..plan.calls)
+            .filter(|i| i % clients == c)
+            .map(&call)
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            for f in mine {
+                f.await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let wall = started.elapsed();
+    let cpu = server_cpu_s(admin).await? - cpu_before;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .context("INFO commandstats failed")?;
+    let (calls, usec) = commands
+        .iter()
+        .filter_map(|c| parse_command_stat(&info, c))
+        .fold((0, 0), |(c, u), (calls, usec)| (c + calls, u + usec));
+    if calls < plan.calls {
+        bail!(
+            "{label}: the server counted {calls} calls of {commands:?}, expected {}",
+            plan.calls
+        );
+    }
+    let cost = Cost {
+        op: label.to_owned(),
+        calls,
+        usec_per_call: usec as f64 / calls as f64,
+        cpu_us_per_call: cpu * 1e6 / plan.calls as f64,
+        calls_per_s: plan.calls as f64 / wall.as_secs_f64(),
+    };
+    Ok(cost)
+}
+
+/// The server's CPU time so far, s (`used_cpu_user + used_cpu_sys` of `INFO cpu`).
+async fn server_cpu_s(admin: &mut redis::aio::MultiplexedConnection) -> Result<f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(admin)
+        .await
+        .context("INFO cpu failed")?;
+    parse_server_cpu_s(&info).context("no used_cpu_user / used_cpu_sys in INFO cpu")
+}
+
+/// `used_cpu_user + used_cpu_sys` of an `INFO cpu` reply, s.
+pub fn parse_server_cpu_s(info: &str) -> Option<f64> {
+    let field = |name: &str| {
+        info.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix(name)
+                .and_then(|v| v.strip_prefix(':'))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+    };
+    Some(field("used_cpu_user")? + field("used_cpu_sys")?)
+}
+
+/// The measurements as a Markdown table (with each cost as a multiple of the GCRA baseline,
+/// the first row) and the simulator settings they imply.
+pub fn table(costs: &[Cost]) -> String {
+    let base = costs.first().map_or(1.0, |c| c.usec_per_call.max(1e-9));
+    let mut s = String::from(
+        "| operation | calls | Redis µs per call (commandstats) | × GCRA baseline | \
+         Redis CPU µs per call (INFO cpu) | calls/s (wall) |\n\
+         | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let or_dash = |x: f64, digits: usize| {
+        if x.is_finite() {
+            format!("{x:.digits$}")
+        } else {
+            "-".into()
+        }
+    };
+    for c in costs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.2}× | {} | {} |",
+            c.op,
+            c.calls,
+            c.usec_per_call,
+            c.usec_per_call / base,
+            or_dash(c.cpu_us_per_call, 2),
+            or_dash(c.calls_per_s, 0),
+        );
+    }
+    // The simulator's service times are the whole CPU per call.
+    let find = |prefix: &str| {
+        costs
+            .iter()
+            .filter(|c| c.op.starts_with(prefix))
+            .map(|c| {
+                if c.cpu_us_per_call.is_finite() {
+                    c.cpu_us_per_call
+                } else {
+                    c.usec_per_call
+                }
+            })
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+    };
+    if let (Some(lease), Some(pure), Some(release), Some(command)) = (
+        find("node lease"),
+        find("pure decision"),
+        find("node release"),
+        find("plain command"),
+    ) {
+        let _ = writeln!(
+            s,
+            "\nsimulator settings (scenario keys): service_us = {lease:.1}  \
+             service_pure_us = {pure:.1}  service_release_us = {release:.1}  \
+             service_command_us = {command:.1}"
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_calls_and_usec_of_one_command() {
+        let info = "# Commandstats\r\n\
+            cmdstat_evalsha:calls=120,usec=900,usec_per_call=7.50,rejected_calls=0,failed_calls=1\r\n\
+            cmdstat_evalsha_ro:calls=1000,usec=1,usec_per_call=0.00,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(parse_command_stat(info, "evalsha"), Some((120, 900)));
+        assert_eq!(parse_command_stat(info, "evalsha_ro"), Some((1000, 1)));
+        assert_eq!(parse_command_stat(info, "get"), None);
+    }
+
+    #[test]
+    fn the_table_is_relative_to_the_baseline() {
+        let cost = |op: &str, us: f64| Cost {
+            op: op.into(),
+            calls: 10,
+            usec_per_call: us,
+            cpu_us_per_call: us * 2.0,
+            calls_per_s: 1.0,
+        };
+        let t = table(&[
+            cost("gcra", 2.0),
+            cost("pure decision", 3.0),
+            cost("node lease on terms, 10 leasers", 5.0),
+            cost("node lease on terms, 1000 leasers", 6.0),
+            cost("node release", 4.0),
+            cost("plain command (GET or SET)", 0.5),
+        ]);
+        assert!(
+            t.contains("| pure decision | 10 | 3.00 | 1.50× | 6.00 | 1 |"),
+            "{t}"
+        );
+        assert!(t.contains("service_us = 12.0"), "{t}");
+        assert!(t.contains("service_pure_us = 6.0"), "{t}");
+        assert!(t.contains("service_command_us = 1.0"), "{t}");
+    }
+
+    #[test]
+    fn reads_the_server_cpu() {
+        let info = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\n\
+            used_cpu_sys_children:9.0\r\n";
+        assert_eq!(parse_server_cpu_s(info), Some(3.75));
+        assert_eq!(parse_server_cpu_s("used_cpu_sys:1\r\n"), None);
+    }
+}
