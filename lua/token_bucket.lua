@@ -2,10 +2,10 @@
 -- Sent after lua/helpers.lua (MAX, int_arg, floor_div, bad, …): the crate's TOKEN_BUCKET_LUA
 -- is the two put together.
 --
--- KEYS[1]  the bucket hash   (v = level in 1/scale token units, s = scale, t = time in µs,
---                              o = tokens leased out and not yet spent or returned,
---                              d = total demand of live leasers, millitokens per second)
--- KEYS[2]  the leasers hash  (field = node id, value = "o d c tc exp rseq", see below)
+-- KEYS[1]  the bucket        (one packed string: level, scale, time, tokens leased out and not
+--                              yet spent or returned, total demand of live leasers, the quota it
+--                              was written under, latest lease expiry; see "Load" below)
+-- KEYS[2]  the leasers hash  (field = node id, value = a packed record, see `parse` below)
 -- KEYS[3]  the leasers zset  (member = node id, score = lease expiry in µs)
 -- KEYS[4]  optional: the config hash (rate, period_us, burst: the name's central quota).
 --          Without it the script runs the 3-key protocol: the caller's quota, a 5-entry reply.
@@ -207,20 +207,61 @@ end
 
 -- Load; a bucket that is not valid reads as full with nothing outstanding. A bucket written
 -- under another quota (`first`) runs to `now` under it before it is rescaled to `q`.
+--
+-- The bucket is one string: a format byte (1), then ten little-endian doubles — level v (in
+-- 1/scale token units), scale s, time t (µs), outstanding o, demand d, the quota r p b it was
+-- written under, x, the latest lease expiry on record in µs (0: no leaser records, so a
+-- pure-mode call skips the leasers' keys altogether), and e, the time in µs until which the
+-- leasers' keys are known to live (their expiry is pushed out only when it comes within half
+-- of SLACK_MS of what they need, not at every call). Packed, not printed: turning a number
+-- into text costs Redis's Lua more than a command does, and one GET and one SET … PX are
+-- the cheapest read and write there are. A bucket stored as a hash (v s t o d r p b fields, as
+-- earlier versions wrote it) is read once and replaced.
+local STATE, STATE_LEN = '<Bdddddddddd', 81
 local level, ts, out, dsum = cap, now, 0, 0
 local first = q
-local st = redis.call('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
-local v, s, t = int_val(st[1], 0, MAX), int_val(st[2], 1, MAX), int_val(st[3], 0, MAX_TIME)
-local o, d = int_val(st[4] or 0, 0, MAX), int_val(st[5] or 0, 0, MAX)
+-- The latest lease expiry on record: nil while unknown (leaser records may exist).
+local latest = nil
+-- Until when the leasers' keys live (0: unknown).
+local lives = 0
+local v, s, t, o, d, r, p, b, x, e
+-- Only a key of another type is read as absent (WRONGTYPE); any other error (a refused
+-- command, say) fails the call, never reads as a full bucket.
+local function wrong_type(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+    and string.sub(reply.err, 1, 9) == 'WRONGTYPE'
+end
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'string' and #raw == STATE_LEN then
+  local format
+  format, v, s, t, o, d, r, p, b, x, e = struct.unpack(STATE, raw)
+  if format ~= 1 then v = nil end
+elseif wrong_type(raw) then
+  local h = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
+  if type(h) == 'table' and h.err == nil then
+    v, s, t, o, d, r, p, b = h[1], h[2], h[3], h[4] or 0, h[5] or 0, h[6], h[7], h[8]
+  elseif not wrong_type(h) then
+    return h
+  end
+elseif type(raw) == 'table' and raw.err ~= nil then
+  return raw
+end
+v, s, t = int_val(v, 0, MAX), int_val(s, 1, MAX), int_val(t, 0, MAX_TIME)
+o, d = int_val(o, 0, MAX), int_val(d, 0, MAX)
 if v and s and t and o and d then
-  local w = quota_of(st[6], st[7], st[8])
+  -- Most buckets were written under the quota of this call: no need to check it again.
+  local w = q
+  if r ~= q.rate or p ~= q.period or b ~= q.burst then w = quota_of(r, p, b) end
   if w and w.scale == s then first = w end
   level = rescale(v, s, first.scale, first.burst)
   out = math.min(o, math.max(burst, first.burst))
   level = math.min(level, ceiling(first, out))
   ts = t
   dsum = d
+  latest = int_val(x, 0, MAX_TIME)
+  lives = int_val(e, 0, MAX_TIME) or 0
 end
+local leasers = latest ~= 0 or node ~= ''
 
 -- Lazy refill under quota `p` up to time `to`, never above capacity − outstanding, never
 -- backwards.
@@ -235,12 +276,19 @@ local function refill(p, to)
   end
 end
 
--- A leaser record: outstanding tokens, demand, credit units, credit time, expiry, release seq.
+-- A leaser record: outstanding tokens, demand, credit units, credit time, expiry, release seq;
+-- packed like the bucket (a format byte 1, six little-endian doubles). A record written as text
+-- ("o d c tc exp rseq", as earlier versions did) is still read, so its tokens stay counted.
+local RECORD, RECORD_LEN = '<Bdddddd', 49
 local function parse(raw)
-  if not raw then return nil end
+  if type(raw) ~= 'string' then return nil end
   local f = {}
-  for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
-  if #f ~= 6 then return nil end
+  if #raw == RECORD_LEN and string.byte(raw, 1) == 1 then
+    f[1], f[2], f[3], f[4], f[5], f[6] = select(2, struct.unpack(RECORD, raw))
+  else
+    for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
+    if #f ~= 6 then return nil end
+  end
   local r = {
     o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),
     tc = int_val(f[4], 0, MAX_TIME), exp = int_val(f[5], 0, MAX_TIME), rseq = int_val(f[6], 0, MAX),
@@ -250,12 +298,13 @@ local function parse(raw)
 end
 
 local function encode(r)
-  return table.concat({ int_str(r.o), int_str(r.d), int_str(r.c), int_str(r.tc), int_str(r.exp),
-    int_str(r.rseq) }, ' ')
+  return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq)
 end
 
 -- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
+local forgot = false
 local function forget(id, r)
+  forgot = true
   if r then
     out = math.max(0, out - r.o)
     dsum = math.max(0, dsum - r.d)
@@ -265,11 +314,13 @@ local function forget(id, r)
 end
 
 -- Expired leases, in expiry order, each freeing room at its own expiry time.
-local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
-for i = 1, #due, 2 do
-  local id = due[i]
-  refill(first, tonumber(due[i + 1]))
-  forget(id, parse(redis.call('HGET', KEYS[2], id)))
+if leasers then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
+  for i = 1, #due, 2 do
+    local id = due[i]
+    refill(first, tonumber(due[i + 1]))
+    forget(id, parse(redis.call('HGET', KEYS[2], id)))
+  end
 end
 refill(first, now)
 if first ~= q then
@@ -283,6 +334,8 @@ if first ~= q then
 end
 
 local granted, retry, share = 0, 0, 0
+-- The expiry this call gave a lease, if any.
+local expiry = nil
 if op == 'lease' and min > burst then
   -- Above the effective burst (it shrank below the caller's): never grantable.
 elseif op == 'lease' and node == '' then
@@ -357,6 +410,7 @@ elseif op == 'lease' then
     if by_free < retry then retry = by_free end
   end
   r.exp = math.min(now + ttl, MAX_TIME)
+  expiry = r.exp
   redis.call('HSET', KEYS[2], node, encode(r))
   redis.call('ZADD', KEYS[3], int_str(r.exp), node)
 elseif node == '' then
@@ -378,20 +432,33 @@ else
 end
 
 local reset = ceil_div(ceiling(q, out) - level, inc)
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-if level >= cap and out == 0 and #last == 0 then
+-- The latest lease expiry on record (0 if none): read back if a record may have gone.
+if latest == nil or forgot then
+  latest = 0
+  if leasers then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    if #last > 0 then latest = tonumber(last[2]) end
+  end
+elseif expiry and expiry > latest then
+  latest = expiry
+end
+if level >= cap and out == 0 and latest == 0 then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 else
-  redis.call('HSET', KEYS[1], 'v', int_str(level), 's', int_str(scale), 't', int_str(ts),
-    'o', int_str(out), 'd', int_str(dsum), 'r', int_str(rate), 'p', int_str(period),
-    'b', int_str(burst))
   -- Kept until it would be full: every lease expired, then the whole capacity refilled.
   local keep = ceil_div(ceil_div(cap - level, inc), 1000)
-  if #last > 0 then keep = keep + ceil_div(math.max(0, tonumber(last[2]) - now), 1000) end
+  if latest > 0 then keep = keep + ceil_div(math.max(0, latest - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
-  redis.call('PEXPIRE', KEYS[1], ms)
-  redis.call('PEXPIRE', KEYS[2], ms)
-  redis.call('PEXPIRE', KEYS[3], ms)
+  if latest == 0 then
+    lives = 0
+  elseif lives < now + (keep + SLACK_MS / 2) * 1000 then
+    redis.call('PEXPIRE', KEYS[2], ms)
+    redis.call('PEXPIRE', KEYS[3], ms)
+    lives = math.min(now + (keep + SLACK_MS) * 1000, MAX_TIME)
+  end
+  redis.call('SET', KEYS[1],
+    struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest, lives),
+    'PX', ms)
 end
 if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, share } end
 return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }

@@ -12,7 +12,7 @@ use ratelease::{
     Error, HybridLimiter, MemoryStore, Quota, QuotaError, RedisLimiter, RedisStore, LOCK_LUA,
     TOKEN_BUCKET_LUA,
 };
-use support::RedisServer;
+use support::{decode_leaser_record, BucketState, RedisServer};
 
 #[test]
 fn invalid_quotas_are_typed_errors() {
@@ -118,15 +118,13 @@ fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
         .is_ok()
 }
 
-/// The bucket's stored state is absent, or integers in range: the bucket's five fields (a
-/// bucket written before the lease protocol may lack `o` and `d`) and the quota it was written
-/// under (`r p b`, all or none), each leaser record's six, and an expiry entry for every leaser
-/// record. Given a fourth key, the name's config is absent or a valid quota.
+/// The bucket's stored state is absent, or a packed bucket whose numbers are integers in
+/// range (level, scale, time, outstanding, demand, a valid quota, latest expiry, keys' life);
+/// each leaser record is a packed record of six integers in range, with an expiry entry for
+/// every record. Given a fourth key, the name's config is absent or a valid quota.
 const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
     read: |keys, pipe| {
-        pipe.cmd("HMGET")
-            .arg(&keys[0])
-            .arg(&["v", "s", "t", "o", "d", "r", "p", "b"]);
+        pipe.cmd("GET").arg(&keys[0]);
         pipe.cmd("HGETALL").arg(&keys[1]);
         pipe.cmd("ZRANGE").arg(&keys[2]).arg(0).arg(-1);
         if let Some(config) = keys.get(3) {
@@ -134,32 +132,31 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         }
     },
     check: |_, replies| {
-        let fields: Vec<Option<String>> = redis::from_redis_value(replies[0].clone()).unwrap();
-        let leasers: HashMap<String, String> = redis::from_redis_value(replies[1].clone()).unwrap();
+        let raw: Option<Vec<u8>> = redis::from_redis_value(replies[0].clone()).unwrap();
+        let leasers: HashMap<String, Vec<u8>> =
+            redis::from_redis_value(replies[1].clone()).unwrap();
         let expiry: Vec<String> = redis::from_redis_value(replies[2].clone()).unwrap();
-        const M: i64 = 1 << 52;
-        let bucket_ok = match &fields[..] {
-            [None, None, None, None, None, None, None, None] => true,
-            [Some(v), Some(s), Some(t), Some(o), Some(d), r, p, b] => {
-                int_in(v, 0, M)
-                    && int_in(s, 1, M)
-                    && int_in(t, 0, 2 * M)
-                    && int_in(o, 0, M)
-                    && int_in(d, 0, M)
-                    && match (r, p, b) {
-                        (None, None, None) => true,
-                        (Some(r), Some(p), Some(b)) => quota_ok(r, p, b),
-                        _ => false,
-                    }
+        const M: f64 = (1u64 << 52) as f64;
+        let int = |x: f64, lo: f64, hi: f64| x.fract() == 0.0 && (lo..=hi).contains(&x);
+        let bucket_ok = match raw.as_deref().map(BucketState::decode) {
+            None => true,
+            Some(Some(b)) => {
+                int(b.v, 0.0, M)
+                    && int(b.s, 1.0, M)
+                    && int(b.t, 0.0, 2.0 * M)
+                    && int(b.o, 0.0, M)
+                    && int(b.d, 0.0, M)
+                    && quota_ok(&b.r.to_string(), &b.p.to_string(), &b.b.to_string())
+                    && int(b.x, 0.0, 2.0 * M)
+                    && int(b.e, 0.0, 2.0 * M)
             }
-            _ => false,
+            Some(None) => false,
         };
         if !bucket_ok {
-            return Err(format!("bucket {fields:?}"));
+            return Err(format!("bucket {raw:?}"));
         }
         let records_ok = leasers.values().all(|r| {
-            let f: Vec<&str> = r.split(' ').collect();
-            f.len() == 6 && f.iter().all(|x| int_in(x, 0, 2 * M))
+            decode_leaser_record(r).is_some_and(|f| f.iter().all(|&x| int(x, 0.0, 2.0 * M)))
         });
         let index_ok =
             expiry.len() == leasers.len() && expiry.iter().all(|m| leasers.contains_key(m));
@@ -397,27 +394,72 @@ fn corrupt_stored_state_reads_as_full_and_is_replaced() {
     let server = RedisServer::start();
     let mut con = server.connection();
     let key = "corrupt{k}";
-    for (v, s, t) in [
-        ("nan", "1", "0"),
-        ("-5", "1", "0"),
-        ("1", "0", "0"),
-        ("x", "y", "z"),
+    let args: Vec<String> = ["lease", "10", "1000000", "10", "4", "1", "5000000"]
+        .map(String::from)
+        .to_vec();
+    // A packed bucket: format byte, then v s t o d r p b x e.
+    let packed = |format: u8, fields: [f64; 10]| -> Vec<u8> {
+        let mut raw = vec![format];
+        raw.extend(fields.iter().flat_map(|f| f.to_le_bytes()));
+        raw
+    };
+    let good = [0.0, 1.0, 0.0, 0.0, 0.0, 10.0, 1e6, 10.0, 0.0, 0.0];
+    let with = |i: usize, x: f64| {
+        let mut f = good;
+        f[i] = x;
+        packed(1, f)
+    };
+    let mut corrupt: Vec<(String, Vec<u8>)> = vec![
+        ("format byte 2".into(), packed(2, good)),
+        ("too short".into(), packed(1, good)[..40].to_vec()),
+        ("text".into(), b"0 1 0 0 0 10 1000000 10 0 0".to_vec()),
+    ];
+    for (i, name) in ["v", "s", "t", "o", "d"].iter().enumerate() {
+        corrupt.push((format!("{name} NaN"), with(i, f64::NAN)));
+        corrupt.push((format!("{name} negative"), with(i, -5.0)));
+        corrupt.push((format!("{name} infinite"), with(i, f64::INFINITY)));
+    }
+    corrupt.push(("scale 0".into(), with(1, 0.0)));
+    corrupt.push(("level 0.5".into(), with(0, 0.5)));
+    for (what, raw) in corrupt {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(&raw)
+            .query(&mut con)
+            .unwrap();
+        let reply = eval(&mut con, key, &args).unwrap();
+        assert_eq!(reply[0], 4, "granted from a full bucket after {what}");
+        assert!(state_is_valid(&mut con, key), "{what}");
+    }
+    // The hash an earlier version of the script wrote: read once (its tokens counted), then
+    // replaced by a packed bucket; a corrupt one reads as full.
+    for (v, s, t, granted) in [
+        ("0", "1", "5000000", 0),
+        ("nan", "1", "0", 4),
+        ("-5", "1", "0", 4),
+        ("1", "0", "0", 4),
+        ("x", "y", "z", 4),
     ] {
+        let _: () = redis::cmd("DEL").arg(key).query(&mut con).unwrap();
         let _: () = redis::cmd("HSET")
             .arg(key)
             .arg(&["v", v, "s", s, "t", t])
             .query(&mut con)
             .unwrap();
-        let args: Vec<String> = ["lease", "10", "1000000", "10", "4", "1", "5000000"]
-            .map(String::from)
-            .to_vec();
         let reply = eval(&mut con, key, &args).unwrap();
-        assert_eq!(
-            reply[0], 4,
-            "granted from a full bucket after ({v}, {s}, {t})"
-        );
+        assert_eq!(reply[0], granted, "after the hash ({v}, {s}, {t})");
         assert!(state_is_valid(&mut con, key));
+        assert!(BucketState::read(&server, key).is_some());
     }
+    // A key of another type reads as full and is replaced too.
+    let _: () = redis::cmd("DEL").arg(key).query(&mut con).unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg(key)
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(eval(&mut con, key, &args).unwrap()[0], 4);
+    assert!(state_is_valid(&mut con, key));
 }
 
 /// "-0" parses to negative zero in Lua; stored as is it would read "-0", which strict integer
@@ -435,12 +477,8 @@ fn negative_zero_arguments_are_stored_as_zero() {
     let reply = eval(&mut con, key, &args).unwrap();
     assert_eq!(reply[0], 4);
     assert!(state_is_valid(&mut con, key));
-    let t: String = redis::cmd("HGET")
-        .arg(key)
-        .arg("t")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(t, "0");
+    let t = BucketState::read(&server, key).expect("a bucket").t;
+    assert!(t == 0.0 && t.is_sign_positive(), "{t}");
 }
 
 /// `Duration::MAX` ("never", "wait forever") anywhere a duration is taken is read as a very

@@ -18,7 +18,7 @@ use ratelease::{
     Budget, ConfigStore, Error, FakeClock, HybridLimiter, LeaseRequest, LeaseStore, NodeLease,
     Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
 };
-use support::RedisServer;
+use support::{BucketState, RedisServer};
 
 async fn store(server: &RedisServer) -> RedisStore {
     RedisStore::builder(server.url())
@@ -134,8 +134,8 @@ async fn a_capacity_cut_below_outstanding_keeps_conservation() {
     let cut = Quota::per_second(10).unwrap();
     store.modify_config("cut", &cut).await.unwrap();
     let outstanding = |server: &RedisServer| -> (u64, u64) {
-        let f: Vec<u64> = server.cmd(&["HMGET", "ratelease:{cut}", "v", "o"]);
-        (f[0], f[1])
+        let b = BucketState::read(server, "ratelease:{cut}").expect("a bucket");
+        (b.v as u64, b.o as u64)
     };
     // Ten seconds later: 80 still outstanding, above the new capacity of 10 — nothing refills.
     clock.advance(Duration::from_secs(10));
@@ -242,7 +242,8 @@ async fn bad_config_values_get_typed_errors_and_change_nothing() {
     let q = Quota::per_second(10).unwrap();
     s.lease("bad", &q, &LeaseRequest::exact(3)).await.unwrap();
     let key = s.key("bad");
-    let before: Vec<Option<String>> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
+    let before = BucketState::read(&server, &key);
+    assert!(before.is_some());
     // Out-of-range values through the script itself: rejected, nothing written.
     let script = redis::Script::new(ratelease::TOKEN_BUCKET_LUA);
     let mut conn = server.client().get_connection().unwrap();
@@ -290,7 +291,7 @@ async fn bad_config_values_get_typed_errors_and_change_nothing() {
         s.get_config("bad").await,
         Err(StoreError::Rejected(_))
     ));
-    let after: Vec<Option<String>> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
+    let after = BucketState::read(&server, &key);
     assert_eq!(before, after);
     // Deleting the bad config heals the name.
     assert!(s.delete_config("bad").await.unwrap());

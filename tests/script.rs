@@ -16,7 +16,7 @@ use ratelease::{
     ConfigStore, FakeClock, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, Quota,
     QuotaSource, RedisStore, ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
 };
-use support::RedisServer;
+use support::{BucketState, RedisServer};
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -208,8 +208,8 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
     assert_eq!(r.granted, 3);
     let key = store.key("exact");
     let (v, s, t): (u64, u64, u64) = {
-        let fields: Vec<u64> = server.cmd(&["HMGET", &key, "v", "s", "t"]);
-        (fields[0], fields[1], fields[2])
+        let b = BucketState::read(&server, &key).expect("a packed bucket");
+        (b.v as u64, b.s as u64, b.t as u64)
     };
     assert_eq!((v, s, t), (0, 10_000, 1_000_000_000));
     let ttl_ms: i64 = server.cmd(&["PTTL", &key]);

@@ -28,6 +28,8 @@ const LEAST_PRIVILEGE: &[&str] = &[
     // lua/token_bucket.lua (lua/concurrency.lua needs a subset: TIME HGET HSET HDEL ZADD ZREM
     // ZRANGE ZRANGEBYSCORE DEL PEXPIRE)
     "+time",
+    "+get",
+    "+set",
     "+hmget",
     "+hget",
     "+hset",
@@ -257,4 +259,36 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
     }
     let keys: u64 = server.cmd(&["DBSIZE"]);
     assert_eq!(keys, 0, "a denied call wrote to Redis");
+}
+
+/// The bucket script reads its state with a `GET` it is allowed to fail (a key of another
+/// type, such as the hash an earlier version wrote, reads as absent): a `GET` the ACL refuses
+/// must fail the call, never read as a full bucket.
+#[tokio::test]
+async fn a_refused_read_fails_the_call_instead_of_reading_a_full_bucket() {
+    let server = RedisServer::start();
+    create_user(&server, "ratelease", LEAST_PRIVILEGE);
+    let no_get: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|r| *r != "+get")
+        .collect();
+    create_user(&server, "no-get", &no_get);
+    let quota = Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(3)
+        .unwrap();
+    let full = RedisLimiter::new("empty", quota, store(&server, "ratelease").await).unwrap();
+    assert!(full.try_acquire(3).await.unwrap().is_allowed());
+    assert!(!full.try_acquire(1).await.unwrap().is_allowed());
+    let refused = RedisLimiter::new("empty", quota, store(&server, "no-get").await).unwrap();
+    let err = refused.try_acquire(1).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::NoPermission(_))),
+        "{err:?}"
+    );
+    assert!(
+        !full.try_acquire(1).await.unwrap().is_allowed(),
+        "still empty"
+    );
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ratelease::{Error, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use support::RedisServer;
+use support::{BucketState, RedisServer};
 
 /// A fresh CA: its PEM certificate and the issuer that signs with it.
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -65,8 +65,7 @@ async fn a_limiter_works_over_tls_with_a_private_ca() {
     }
     assert_eq!(allowed, [true, true, true, true, true, false]);
     // The state is really on this server, written over TLS.
-    let v: Option<String> = server.cmd(&["HGET", "ratelease:{tls}", "v"]);
-    assert!(v.is_some());
+    assert!(BucketState::read(&server, "ratelease:{tls}").is_some());
 
     // The lock too, including a waiter's unlock subscription.
     let lock = RedisLock::builder(server.url(), "tls")

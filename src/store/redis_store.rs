@@ -238,7 +238,14 @@ impl RedisStore {
     ) -> Result<LeaseReply, StoreError> {
         let keys = self.keys(name, client);
         let head = quota_args(op, quota);
-        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(&args)).await?;
+        // Trailing empty arguments read as absent: a pure-mode call sends six, not thirteen
+        // (every argument is a string the server makes for the script).
+        let used = args
+            .iter()
+            .rposition(|a| !a.is_empty())
+            .map_or(0, |i| i + 1);
+        let args = &args[..used];
+        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
         let bad = || StoreError::BadReply(format!("expected 9 integers, got {reply:?}"));
         let [granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
             reply[..]

@@ -797,3 +797,74 @@ pub fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
     }
     best
 }
+
+/// A token bucket's stored state, decoded from the packed string `lua/token_bucket.lua` keeps
+/// at the bucket's key (a format byte 1, then ten little-endian doubles).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    /// Level, in 1/scale token units.
+    pub v: f64,
+    /// Units per token.
+    pub s: f64,
+    /// Time of the level, µs.
+    pub t: f64,
+    /// Tokens leased out and not yet spent or returned.
+    pub o: f64,
+    /// Total demand of live leasers, millitokens per second.
+    pub d: f64,
+    /// The quota the bucket was written under: rate, period (µs), burst.
+    pub r: f64,
+    pub p: f64,
+    pub b: f64,
+    /// Latest lease expiry on record, µs (0: no leaser records).
+    pub x: f64,
+    /// Until when the leasers' keys are known to live, µs.
+    pub e: f64,
+}
+
+impl BucketState {
+    /// The state in `raw`, or `None` if it is not a packed bucket.
+    pub fn decode(raw: &[u8]) -> Option<Self> {
+        let [1, rest @ ..] = raw else { return None };
+        if rest.len() != 80 {
+            return None;
+        }
+        let f: Vec<f64> = rest
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        Some(BucketState {
+            v: f[0],
+            s: f[1],
+            t: f[2],
+            o: f[3],
+            d: f[4],
+            r: f[5],
+            p: f[6],
+            b: f[7],
+            x: f[8],
+            e: f[9],
+        })
+    }
+
+    /// The state stored at `key` on `server`, or `None` if there is none (or it is not a
+    /// packed bucket).
+    pub fn read(server: &RedisServer, key: &str) -> Option<Self> {
+        let raw: Option<Vec<u8>> = server.cmd(&["GET", key]);
+        raw.as_deref().and_then(Self::decode)
+    }
+}
+
+/// A leaser record of `lua/token_bucket.lua` (a format byte 1, then six little-endian doubles:
+/// outstanding, demand, credit, credit time, expiry, release sequence), or `None`.
+pub fn decode_leaser_record(raw: &[u8]) -> Option<[f64; 6]> {
+    let [1, rest @ ..] = raw else { return None };
+    if rest.len() != 48 {
+        return None;
+    }
+    let mut f = [0.0; 6];
+    for (x, c) in f.iter_mut().zip(rest.chunks_exact(8)) {
+        *x = f64::from_le_bytes(c.try_into().unwrap());
+    }
+    Some(f)
+}
