@@ -11,7 +11,7 @@
 //! - `store_calls` is read from Redis itself: the `cmdstat_evalsha` and `cmdstat_eval` call
 //!   counts of `INFO commandstats`, before and after each mode. (Run against a Redis nobody
 //!   else is using, or the count includes their calls.) Per-node and per-window call counts
-//!   come from the client side.
+//!   come from the client side. `redis_cpu` is read the same way, from their `usec` totals.
 //! - Faults are injected on the client side, by a wrapper around each node's store: during a
 //!   `store_outage` calls wait `timeout_ms` and fail with a timeout; during a `latency_spike`
 //!   they are delayed by `extra_ms`.
@@ -30,6 +30,7 @@ use ratelease::{
     LeaseReply, LeaseRequest, LeaseStore, Quota, RedisStore, ReleaseRequest, StoreError,
 };
 
+use crate::calibrate::parse_command_stat;
 use crate::demand::{self, Arrival};
 use crate::metrics;
 use crate::modes::{drain_limit, Fleet, NowFn};
@@ -42,24 +43,16 @@ use crate::store_model::NetModel;
 /// Default cap on a live run's duration, s.
 pub const DEFAULT_LIVE_DURATION_S: f64 = 5.0;
 
-/// Sum of the `calls=` counts of `cmdstat_evalsha` and `cmdstat_eval` in an
-/// `INFO commandstats` reply.
-pub fn parse_script_calls(info: &str) -> u64 {
-    info.lines()
-        .filter_map(|line| {
-            let (name, fields) = line.trim().split_once(':')?;
-            if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-                return None;
-            }
-            fields
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
+/// Script calls and their server time (µs): the sums of `calls=` and `usec=` of
+/// `cmdstat_evalsha` and `cmdstat_eval` in an `INFO commandstats` reply.
+pub fn parse_script_calls(info: &str) -> (u64, u64) {
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|name| parse_command_stat(info, name))
+        .fold((0, 0), |(c, u), (calls, usec)| (c + calls, u + usec))
 }
 
-async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -267,7 +260,8 @@ pub async fn run_mode(
         mode,
         requests: out.requests,
         calls,
-        store_calls: after.saturating_sub(before),
+        store_calls: after.0.saturating_sub(before.0),
+        redis_busy_ns: after.1.saturating_sub(before.1) * 1_000,
         tokens_stranded: out.stranded_local,
         store_errors: errors.load(Ordering::Relaxed),
         rejected_while_tokens_idle: out.rejected_while_tokens_idle,
@@ -286,7 +280,7 @@ mod tests {
             cmdstat_eval:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0\r\n\
             cmdstat_evalsha_ro:calls=1000,usec=1,usec_per_call=0.00,rejected_calls=0,failed_calls=0\r\n\
             cmdstat_info:calls=2,usec=100,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
-        assert_eq!(parse_script_calls(info), 123);
-        assert_eq!(parse_script_calls(""), 0);
+        assert_eq!(parse_script_calls(info), (123, 940));
+        assert_eq!(parse_script_calls(""), (0, 0));
     }
 }

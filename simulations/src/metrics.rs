@@ -16,6 +16,9 @@
 //! - `min_max_acceptance_ratio`: the lowest per-node acceptance ratio over the highest.
 //! - `store_calls`; `store_calls_per_s_per_node_max`: the most calls one node made in one
 //!   window, per second.
+//! - `redis_cpu`: the Redis server time of the run's calls over its duration, in cores (each
+//!   call costs the measured service time of its kind when simulated; live, Redis's own
+//!   `INFO commandstats` accounting).
 //! - `tokens_stranded`: tokens the store granted that never served a request (held by a
 //!   crashed node, or granted to a call whose reply never arrived).
 //! - `latency_us`: p50 / p99 / p999 of the time a caller waited for its decision (nearest rank).
@@ -152,6 +155,9 @@ pub struct ModeMetrics {
     pub store_calls_per_s_per_node_max: f64,
     /// Tokens granted that never served a request.
     pub tokens_stranded: u64,
+    /// Redis CPU the fleet cost: server time of its calls over the run's duration, in cores.
+    #[serde(default)]
+    pub redis_cpu: f64,
     /// Decision latency quantiles.
     pub latency_us: LatencyUs,
     /// Denials while another live node held unused tokens.
@@ -267,6 +273,7 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
         store_calls: log.store_calls,
         store_calls_per_s_per_node_max: peak_calls as f64 / (window_ns as f64 / 1e9),
         tokens_stranded: log.tokens_stranded,
+        redis_cpu: log.redis_busy_ns as f64 / sc.duration_ns() as f64,
         latency_us: LatencyUs {
             p50: us(0.5),
             p99: us(0.99),

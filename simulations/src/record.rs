@@ -105,6 +105,9 @@ pub struct RunLog {
     pub tokens_stranded: u64,
     /// Store calls that failed.
     pub store_errors: u64,
+    /// Redis server time the run's calls took, ns (modelled when simulated; from `INFO
+    /// commandstats` when live).
+    pub redis_busy_ns: u64,
     /// Denials on one node while another live node held at least one unused token.
     pub rejected_while_tokens_idle: u64,
     /// Wall-clock time the run took.
@@ -135,6 +138,7 @@ impl RunLog {
         h.write_u64(self.store_calls);
         h.write_u64(self.tokens_stranded);
         h.write_u64(self.store_errors);
+        h.write_u64(self.redis_busy_ns);
         h.write_u64(self.rejected_while_tokens_idle);
         h.finish()
     }

@@ -51,7 +51,7 @@ struct JsonReport<'a> {
     modes: BTreeMap<&'static str, &'a ModeMetrics>,
 }
 
-const COLUMNS: [&str; 15] = [
+const COLUMNS: [&str; 16] = [
     "mode",
     "admitted",
     "rejected",
@@ -61,6 +61,7 @@ const COLUMNS: [&str; 15] = [
     "overshoot",
     "store calls",
     "calls/s/node",
+    "Redis CPU",
     "stranded",
     "idle denials",
     "p50 µs",
@@ -97,6 +98,7 @@ impl Report {
                     m.max_window_overshoot.to_string(),
                     m.store_calls.to_string(),
                     format!("{:.0}", m.store_calls_per_s_per_node_max),
+                    format!("{:.4}", m.redis_cpu),
                     m.tokens_stranded.to_string(),
                     m.rejected_while_tokens_idle.to_string(),
                     format!("{:.1}", m.latency_us.p50),

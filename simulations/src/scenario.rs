@@ -26,9 +26,12 @@
 //! ```
 //!
 //! Store-model extensions: `rtt_us` (mean round trip, default 90), `rtt_min_us` (its floor,
-//! default two thirds of the mean; the rest is an exponential tail), `service_us` (Redis server
-//! time per script call, default 6), `timeout_ms` (client response timeout, default 50) and
-//! `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
+//! default two thirds of the mean; the rest is an exponential tail), the Redis server time of
+//! each kind of call — `service_us` (a node's lease on terms), `service_pure_us` (an anonymous
+//! lease: a pure-mode decision or a fixed batch), `service_release_us` (a release) and
+//! `service_command_us` (a plain command of the lock-based mode), defaults measured on a real
+//! redis-server (see [`MEASURED_SERVICE_US`]) — `timeout_ms` (client response timeout, default
+//! 50) and `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
 //!
 //! `algorithm` picks what every limiter counts with: `token-bucket` (the default),
 //! `fixed-window` or `sliding-window` (both need `burst = rate`: one-second windows), or
@@ -82,9 +85,18 @@ pub struct Scenario {
     /// Shortest store round trip, µs (default two thirds of `rtt_us`).
     #[serde(default)]
     pub rtt_min_us: Option<f64>,
-    /// Redis server time per script call, µs.
+    /// Redis server time of a node's lease on terms, µs.
     #[serde(default = "default_service_us")]
     pub service_us: f64,
+    /// Redis server time of an anonymous lease (a pure-mode decision, a fixed batch), µs.
+    #[serde(default = "default_service_pure_us")]
+    pub service_pure_us: f64,
+    /// Redis server time of a release, µs.
+    #[serde(default = "default_service_release_us")]
+    pub service_release_us: f64,
+    /// Redis server time of a plain command (lock-based mode), µs.
+    #[serde(default = "default_service_command_us")]
+    pub service_command_us: f64,
     /// Client response timeout of a store call, ms.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: f64,
@@ -285,8 +297,44 @@ fn default_window_ms() -> u64 {
 fn default_rtt_us() -> f64 {
     90.0
 }
+/// Redis CPU per call, µs, as measured on redis-server 7.0.15 (Debian's package) on this
+/// project's 2-core test machine, idle, with the server and the client pinned to a core each:
+/// `taskset -c 1 cargo run --release -p simulations -- calibrate --redis URL` against
+/// `taskset -c 0 redis-server` (`INFO cpu` over the calls: the command and its network I/O;
+/// SIMULATIONS.md "Calibration" has the whole table). A node's lease on terms (the most
+/// expensive of 10, 1 000 and 10 000 leasers on record), an anonymous lease, a release, and
+/// one plain command. Calibrate against your own Redis and set the scenario keys to model it.
+pub const MEASURED_SERVICE_US: ServiceUs = ServiceUs {
+    lease: 31.5,
+    pure: 23.1,
+    release: 25.9,
+    command: 5.0,
+};
+
+/// Redis server time per kind of call, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServiceUs {
+    /// A node's lease on terms.
+    pub lease: f64,
+    /// An anonymous lease.
+    pub pure: f64,
+    /// A release.
+    pub release: f64,
+    /// A plain command.
+    pub command: f64,
+}
+
 fn default_service_us() -> f64 {
-    6.0
+    MEASURED_SERVICE_US.lease
+}
+fn default_service_pure_us() -> f64 {
+    MEASURED_SERVICE_US.pure
+}
+fn default_service_release_us() -> f64 {
+    MEASURED_SERVICE_US.release
+}
+fn default_service_command_us() -> f64 {
+    MEASURED_SERVICE_US.command
 }
 fn default_timeout_ms() -> f64 {
     50.0
@@ -390,8 +438,15 @@ impl Scenario {
             "rtt_min_us must be in [0, rtt_us]"
         );
         ensure!(
-            self.service_us.is_finite() && self.service_us >= 0.0,
-            "service_us must be ≥ 0"
+            [
+                self.service_us,
+                self.service_pure_us,
+                self.service_release_us,
+                self.service_command_us
+            ]
+            .iter()
+            .all(|s| s.is_finite() && *s >= 0.0),
+            "service_us, service_pure_us, service_release_us and service_command_us must be ≥ 0"
         );
         ensure!(
             self.timeout_ms.is_finite() && self.timeout_ms > 0.0,

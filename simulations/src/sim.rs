@@ -129,6 +129,7 @@ async fn simulate(
         calls,
         tokens_stranded: out.stranded_local + model.stranded(),
         store_errors: model.timeouts(),
+        redis_busy_ns: model.busy_ns(),
         rejected_while_tokens_idle: out.rejected_while_tokens_idle,
         wall: Duration::ZERO,
     })

@@ -10,8 +10,11 @@
 //!    `rtt_us − rtt_min_us`), plus `extra_ms` while a `latency_spike` is on. Half of it is the
 //!    request's way out, half the reply's way back.
 //! 2. **Arrive and queue.** Redis runs scripts one at a time: the call starts at
-//!    `max(arrival, busy_until)` and occupies the server for `service_us`. This is where
-//!    pure-Redis mode saturates when the fleet asks more than `1 / service_us` calls a second.
+//!    `max(arrival, busy_until)` and occupies the server for the service time of its kind (a
+//!    node's lease on terms, an anonymous lease, a release, a plain command; measured on a
+//!    real redis-server, see `simulate calibrate`). This is where pure-Redis mode saturates
+//!    when the fleet asks more than `1 / service_pure_us` calls a second. The server's busy
+//!    time, summed, is the Redis CPU the fleet costs.
 //!    During a `store_outage` arriving calls are dropped unanswered.
 //! 3. **Execute.** At the end of its service time the call runs on the shared `MemoryStore`,
 //!    whose clock ([`TokioClock`]) reads the virtual time exactly: the same bucket arithmetic as
@@ -47,7 +50,7 @@ use crate::scheduler::Scheduler;
 pub struct NetModel {
     rtt_min_ns: f64,
     rtt_tail_ns: f64,
-    service_ns: u64,
+    service_ns: ServiceNs,
     timeout: Duration,
     outages: Vec<(u64, u64)>,
     spikes: Vec<(u64, u64, u64)>,
@@ -73,7 +76,12 @@ impl NetModel {
         NetModel {
             rtt_min_ns,
             rtt_tail_ns: sc.rtt_us * 1e3 - rtt_min_ns,
-            service_ns: (sc.service_us * 1e3).round() as u64,
+            service_ns: ServiceNs {
+                lease: (sc.service_us * 1e3).round() as u64,
+                pure: (sc.service_pure_us * 1e3).round() as u64,
+                release: (sc.service_release_us * 1e3).round() as u64,
+                command: (sc.service_command_us * 1e3).round() as u64,
+            },
             timeout: Duration::from_secs_f64(sc.timeout_ms / 1e3),
             outages,
             spikes,
@@ -109,6 +117,15 @@ impl NetModel {
     }
 }
 
+/// Server time of each kind of call, ns.
+#[derive(Debug, Clone, Copy)]
+struct ServiceNs {
+    lease: u64,
+    pure: u64,
+    release: u64,
+    command: u64,
+}
+
 /// A plain Redis command of the lock-based mode: runs on the server at its execution instant
 /// (virtual ns) and answers two integers.
 pub type Command = Box<dyn FnOnce(u64) -> [u64; 2] + Send>;
@@ -123,6 +140,8 @@ enum Op {
 #[derive(Debug, Default)]
 struct ModelState {
     busy_until_ns: u64,
+    /// Server time spent on calls, ns.
+    busy_ns: u64,
     calls: Vec<CallRecord>,
     stranded: u64,
     timeouts: u64,
@@ -176,6 +195,11 @@ impl StoreModel {
         self.state().calls.clone()
     }
 
+    /// Server time spent on calls so far, ns: the Redis CPU the run cost.
+    pub fn busy_ns(&self) -> u64 {
+        self.state().busy_ns
+    }
+
     /// Tokens granted to calls whose reply was never consumed.
     pub fn stranded(&self) -> u64 {
         self.state().stranded
@@ -201,10 +225,18 @@ impl StoreModel {
         if self.net.in_outage(now) {
             return; // unanswered; the client's timeout fires
         }
+        let s = &self.net.service_ns;
+        let service = match &call.op {
+            Op::Lease(req) if req.node.is_some() => s.lease,
+            Op::Lease(_) => s.pure,
+            Op::Release(_) => s.release,
+            Op::Command(_) => s.command,
+        };
         let done = {
             let mut st = self.state();
             let start = now.max(st.busy_until_ns);
-            st.busy_until_ns = start + self.net.service_ns;
+            st.busy_until_ns = start + service;
+            st.busy_ns += service;
             st.busy_until_ns
         };
         let sched = self.sched.clone();

@@ -87,8 +87,14 @@ fn pure_redis_on_uniform_is_exact_and_fair() {
     assert!(m.jain_acceptance >= 0.99, "{m:?}");
     assert!(m.utilization >= 0.99, "demand is 1.5× the limit: {m:?}");
     assert_eq!(m.store_calls, m.demand, "one store call per request");
+    // Each call, an anonymous lease, cost the server its service time.
+    let busy = m.store_calls as f64 * sc.service_pure_us * 1e3;
+    assert!(
+        (m.redis_cpu - busy / sc.duration_ns() as f64).abs() < 1e-9,
+        "{m:?}"
+    );
     assert_eq!(m.rejected_while_tokens_idle, 0);
-    // Latency is a modelled round trip (≥ 60 µs floor) plus 6 µs of service time.
+    // Latency is a modelled round trip (≥ 60 µs floor) plus the service time of one call.
     assert!(m.latency_us.p50 > 66.0 && m.latency_us.p50 < 150.0, "{m:?}");
 }
 
@@ -101,7 +107,7 @@ fn a_busy_redis_queues_pure_redis_calls() {
         duration_s = 2
         rate = 100000
         nodes = 2
-        service_us = 400
+        service_pure_us = 400
         [demand]
         pattern = "uniform"
         total_rps = 3000
@@ -110,6 +116,7 @@ fn a_busy_redis_queues_pure_redis_calls() {
     .unwrap();
     let m = run(&sc, Mode::PureRedis);
     assert!(m.latency_us.p99 > 10_000.0, "the queue grows: {m:?}");
+    assert!(m.redis_cpu > 0.95, "Redis is busy all the time: {m:?}");
     assert!(
         m.store_errors > 0,
         "calls queued past the 50 ms timeout fail: {m:?}"
