@@ -28,6 +28,8 @@
 //! `rejected_while_tokens_idle` counts denials while another live node held unused tokens: for
 //! the hybrid modes, another limiter's `available() ≥ 1`; for static-share, another node's
 //! private bucket holding a whole token; never for pure-Redis, which holds nothing locally.
+//! Which nodes hold tokens is looked up at most once per millisecond of the run's time (a scan
+//! of every node; [`Holders`]), so a fleet of 100 000 nodes does not scan itself per denial.
 //!
 //! The fleet is generic over the store, so live mode runs exactly this code against Redis.
 
@@ -105,6 +107,35 @@ pub struct Fleet<S: LeaseStore + Clone> {
     now: NowFn,
     stranded: u64,
     idle_denials: u64,
+    holders: Holders,
+}
+
+/// Two nodes that held unused tokens at the last scan (`ms` of the run's clock), enough to
+/// answer "does a node other than this one hold tokens" for any node.
+#[derive(Debug, Default, Clone, Copy)]
+struct Holders {
+    ms: Option<u64>,
+    found: [Option<usize>; 2],
+}
+
+impl Holders {
+    /// Whether a live node other than `node` holds tokens, rescanning with `holds` (node →
+    /// holds tokens) if the last scan is from an earlier millisecond than `now_ns`.
+    fn other_than(
+        &mut self,
+        node: usize,
+        now_ns: u64,
+        n: usize,
+        holds: impl Fn(usize) -> bool,
+    ) -> bool {
+        let ms = now_ns / 1_000_000;
+        if self.ms != Some(ms) {
+            let mut it = (0..n).filter(|&j| holds(j));
+            self.found = [it.next(), it.next()];
+            self.ms = Some(ms);
+        }
+        self.found.iter().flatten().any(|&j| j != node)
+    }
 }
 
 /// What a fleet reports when the run ends.
@@ -158,6 +189,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             now,
             stranded: 0,
             idle_denials: 0,
+            holders: Holders::default(),
         };
         fleet.nodes = match mode {
             Mode::PureRedis => Nodes::Pure(
@@ -314,8 +346,9 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             Nodes::Hybrid { live, .. } => match live[node].as_ref().map(|l| l.try_acquire(1)) {
                 Some(Ok(Decision::Allowed)) => Outcome::Admitted,
                 Some(Ok(Decision::Denied { .. })) => {
-                    let idle = live.iter().enumerate().any(|(j, l)| {
-                        j != node && self.up[j] && l.as_ref().is_some_and(|l| l.available() >= 1)
+                    let up = &self.up;
+                    let idle = self.holders.other_than(node, started, live.len(), |j| {
+                        up[j] && live[j].as_ref().is_some_and(|l| l.available() >= 1)
                     });
                     self.idle_denials += u64::from(idle);
                     Outcome::Rejected
@@ -325,11 +358,10 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             Nodes::Static { limiters } => match ready(limiters[node].try_acquire(1)) {
                 Ok(Decision::Allowed) => Outcome::Admitted,
                 Ok(Decision::Denied { .. }) => {
-                    let idle = limiters.iter().enumerate().any(|(j, l)| {
+                    let up = &self.up;
+                    let idle = self.holders.other_than(node, started, limiters.len(), |j| {
                         // Reads the (refilled) budget; takes nothing.
-                        j != node
-                            && self.up[j]
-                            && ready(l.available_permits()).is_ok_and(|r| r >= 1)
+                        up[j] && ready(limiters[j].available_permits()).is_ok_and(|r| r >= 1)
                     });
                     self.idle_denials += u64::from(idle);
                     Outcome::Rejected
@@ -350,6 +382,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     /// Node `node` crashes now.
     pub fn crash(&mut self, node: usize) {
         self.up[node] = false;
+        self.holders = Holders::default();
         if let Nodes::Hybrid { live, dead, .. } = &mut self.nodes {
             if let Some(limiter) = live[node].take() {
                 self.stranded += limiter.available();
@@ -365,6 +398,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     /// If its hybrid limiter cannot be built.
     pub fn join(&mut self, node: usize) -> Result<()> {
         self.up[node] = true;
+        self.holders = Holders::default();
         if let Nodes::Hybrid { waiting, .. } = &mut self.nodes {
             if let Some(store) = waiting[node].take() {
                 let limiter = self.build_hybrid(node, store)?;
