@@ -21,7 +21,7 @@
 //! expires [`SLACK_MS`] after it would be full again (or after its last lease expires), so
 //! expiry never changes an answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::quota::{Quota, MAX_VALUE};
 
@@ -80,6 +80,10 @@ pub struct Stored {
     pub bucket: Option<BucketState>,
     /// Leasers by node id.
     pub leasers: BTreeMap<String, Leaser>,
+    /// The same leasers by expiry, then id (the script's sorted set): `(expires_us, id)` for
+    /// every entry of `leasers`, so finding the expired ones and the latest expiry does not
+    /// scan every leaser.
+    pub expiry: BTreeSet<(u64, String)>,
 }
 
 /// A lease made on behalf of a node (hybrid mode).
@@ -332,14 +336,8 @@ pub fn step_with(
     };
 
     // Expired leases, in expiry order (then by id, as a sorted set orders ties).
-    let mut due: Vec<(u64, String)> = stored
-        .leasers
-        .iter()
-        .filter(|(_, l)| l.expires_us <= now)
-        .map(|(id, l)| (l.expires_us, id.clone()))
-        .collect();
-    due.sort();
-    for (exp, id) in due {
+    while let Some((exp, id)) = stored.expiry.first().filter(|(e, _)| *e <= now).cloned() {
+        stored.expiry.remove(&(exp, id.clone()));
         refill(&first, &mut level, &mut ts, out, exp);
         if let Some(l) = stored.leasers.remove(&id) {
             out = out.saturating_sub(l.outstanding);
@@ -472,7 +470,11 @@ pub fn step_with(
             if level / scale >= reserve && above <= ceiling(cap, out, scale) {
                 retry = retry.min(above.saturating_sub(level).div_ceil(inc));
             }
+            if !fresh {
+                stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
+            }
             r.expires_us = (now + n.ttl_us).min(MAX_TIME_US);
+            stored.expiry.insert((r.expires_us, n.id.to_owned()));
             stored.leasers.insert(n.id.to_owned(), r);
         }
         Op::Release { tokens, node: None } => {
@@ -491,6 +493,7 @@ pub fn step_with(
                     r.release_seq = n.seq;
                     if n.leaving {
                         let r = stored.leasers.remove(n.id).expect("present");
+                        stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
                         out = out.saturating_sub(r.outstanding);
                         dsum = dsum.saturating_sub(r.demand);
                     }
@@ -500,7 +503,7 @@ pub fn step_with(
     }
 
     let reset = ceiling(cap, out, scale).saturating_sub(level).div_ceil(inc);
-    let last_expiry = stored.leasers.values().map(|l| l.expires_us).max();
+    let last_expiry = stored.expiry.last().map(|(e, _)| *e);
     let keep_ms = if level >= cap && out == 0 && last_expiry.is_none() {
         stored.bucket = None;
         None
@@ -704,6 +707,7 @@ mod tests {
                 burst: 0,
             }),
             leasers: BTreeMap::new(),
+            expiry: BTreeSet::new(),
         };
         assert_eq!(lease(&mut st, &q, 10, 1, 0).granted, 10);
     }

@@ -130,6 +130,11 @@ proptest! {
             let sum: u64 = st.leasers.values().map(|l| l.outstanding).sum();
             prop_assert_eq!(out, sum, "outstanding is the sum of the records");
             prop_assert!(st.leasers.values().all(|l| l.expires_us > now), "an expired leaser survived");
+            prop_assert!(
+                st.expiry.len() == st.leasers.len()
+                    && st.expiry.iter().all(|(e, id)| st.leasers.get(id).is_some_and(|l| l.expires_us == *e)),
+                "the expiry index and the leasers disagree"
+            );
         }
     }
 }
