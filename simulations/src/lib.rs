@@ -42,6 +42,7 @@ pub mod scenario;
 pub mod scheduler;
 pub mod sim;
 pub mod store_model;
+pub mod sweep;
 
 pub use metrics::ModeMetrics;
 pub use record::RunLog;

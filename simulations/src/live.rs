@@ -223,18 +223,14 @@ pub async fn run_mode(
         let arrival = trace.get(ai);
         // Joins before arrivals before crashes at the same instant, as in the simulation.
         let take_change = match (change, arrival) {
-            (Some(c), Some(a)) => c.t_ns < a.t_ns || (c.t_ns == a.t_ns && c.join),
+            (Some(c), Some(a)) => c.t_ns < a.t_ns || (c.t_ns == a.t_ns && c.before_arrivals()),
             (Some(_), None) => true,
             _ => false,
         };
         if take_change {
             let c = changes[ci];
             tokio::time::sleep_until(t0 + Duration::from_nanos(c.t_ns)).await;
-            if c.join {
-                fleet.join(c.node)?;
-            } else {
-                fleet.crash(c.node);
-            }
+            fleet.change(&c)?;
             ci += 1;
         } else {
             let a = trace[ai];

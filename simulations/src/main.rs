@@ -4,6 +4,7 @@
 //! simulate [OPTIONS] <SCENARIO.toml>                     virtual time, in-memory store
 //! simulate live --redis URL [OPTIONS] <SCENARIO.toml>    real time, real Redis
 //! simulate calibrate --redis URL                         Redis CPU per script operation
+//! simulate sweep --nodes 10,100,1000 [OPTIONS] <SCENARIO.toml>   the cost against fleet size
 //! ```
 //!
 //! Prints the seed, a progress bar (on a terminal), and the comparison table; writes the
@@ -18,7 +19,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use simulations::live::DEFAULT_LIVE_DURATION_S;
-use simulations::{calibrate, live, plots, sim, Mode, Scenario};
+use simulations::{calibrate, live, plots, sim, sweep, Mode, Scenario};
 
 /// Fleet simulator for ratelease: fairness, accuracy and store load of each limiter mode
 /// under uneven traffic.
@@ -40,6 +41,63 @@ enum Command {
     /// Measure what each script operation costs a real Redis (µs of server time per call,
     /// from INFO commandstats), beside a redis_rate-style GCRA baseline in the same run.
     Calibrate(CalibrateArgs),
+    /// Run the scenario at several fleet sizes (same fleet-wide rate and demand) and write a
+    /// table and plots of how utilization, first-second admission, store calls per node and
+    /// Redis CPU change with the size of the fleet.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    /// Fleet sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    nodes: Vec<usize>,
+    /// The scenario file (TOML).
+    scenario: PathBuf,
+    #[command(flatten)]
+    opts: RunOpts,
+}
+
+fn sweep(args: SweepArgs) -> Result<()> {
+    let opts = args.opts;
+    let base = Scenario::load(&args.scenario)?.with_overrides(
+        opts.seed,
+        opts.duration_s,
+        opts.modes.clone(),
+    )?;
+    let out = opts.out.unwrap_or_else(|| {
+        Path::new("target")
+            .join("sim")
+            .join(format!("{}-sweep", base.name))
+    });
+    let mut result = sweep::Sweep::new(&base.name, command_line());
+    let started = Instant::now();
+    for sc in sweep::sizes(&base, &args.nodes)? {
+        let sc = sc.resolved();
+        let bar = progress_bar(&sc, opts.quiet);
+        let per_mode = sc.duration_ns() / 1_000_000;
+        let modes = sc.modes.clone();
+        let progress = |i: usize, ns: u64| {
+            bar.set_message(format!("{} {}", sc.nodes, modes[i].as_str()));
+            bar.set_position(i as u64 * per_mode + ns / 1_000_000);
+        };
+        let report = sim::run_all(&sc, command_line(), &progress)?;
+        bar.finish_and_clear();
+        let dir = out.join(&sc.name);
+        report.write(&dir)?;
+        plots::write_all(&report, &dir)?;
+        result.add(&report);
+        println!(
+            "{} nodes: {} requests, {:.1} s wall so far",
+            sc.nodes,
+            report.requests,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    result.write(&out)?;
+    print!("{}", result.table());
+    println!("sweep in {}", out.display());
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +262,7 @@ fn main() -> Result<()> {
     match cli.command {
         Some(Command::Live(args)) => run(&args.scenario, args.opts, Some(&args.redis)),
         Some(Command::Calibrate(args)) => calibrate(&args),
+        Some(Command::Sweep(args)) => sweep(args),
         None => {
             let Some(path) = cli.scenario else {
                 use clap::CommandFactory;

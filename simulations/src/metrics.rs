@@ -10,6 +10,8 @@
 //!   not just aligned buckets: the worst window always starts at some admission.
 //! - `utilization`: `admitted / min(demand, burst + rate × duration)`: how much of what could
 //!   have been admitted was.
+//! - `first_second_admission`: the same ratio over the first second of the fleet (from the
+//!   first instant any node runs): how well a fleet that starts cold admits what it may.
 //! - `jain_acceptance`: Jain's fairness index `(Σx)² / (n Σx²)` over the per-node acceptance
 //!   ratios `admitted_i / demand_i` (nodes without demand left out): 1 when every node is
 //!   served in the same proportion, `1/n` when one node gets everything.
@@ -31,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::demand::hot_moves;
 use crate::record::{Outcome, RunLog};
-use crate::scenario::Scenario;
+use crate::scenario::{s_to_ns, Scenario};
 
 /// Bin length of the recovery metric.
 pub const RECOVERY_BIN_NS: u64 = 100_000_000;
@@ -145,6 +147,9 @@ pub struct ModeMetrics {
     pub max_window_overshoot: u64,
     /// `admitted / min(demand, allowed)`.
     pub utilization: f64,
+    /// `utilization` over the fleet's first second.
+    #[serde(default)]
+    pub first_second_admission: f64,
     /// Jain's index over per-node acceptance ratios.
     pub jain_acceptance: f64,
     /// Lowest over highest per-node acceptance ratio.
@@ -227,6 +232,24 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
     }
     let peak_calls = per_node_window.iter().copied().max().unwrap_or(0);
 
+    let start = if sc.lives().iter().any(|l| l.join_s.is_none()) {
+        0
+    } else {
+        sc.lives()
+            .iter()
+            .filter_map(|l| l.join_s)
+            .map(s_to_ns)
+            .min()
+            .unwrap_or(0)
+    };
+    let first = start..start + 1_000_000_000;
+    let first_admitted = admitted_at.iter().filter(|t| first.contains(t)).count() as u64;
+    let first_demand = log
+        .requests
+        .iter()
+        .filter(|r| first.contains(&r.arrival_ns))
+        .count() as u64;
+
     let mut latencies: Vec<u64> = log
         .requests
         .iter()
@@ -268,6 +291,11 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
             sc.allowed_in(window_ns),
         ),
         utilization: utilization(admitted, demand, sc.allowed_in(sc.duration_ns())),
+        first_second_admission: utilization(
+            first_admitted,
+            first_demand,
+            sc.allowed_in(1_000_000_000),
+        ),
         jain_acceptance: jain(&ratios),
         min_max_acceptance_ratio: min_max_ratio(&ratios),
         store_calls: log.store_calls,

@@ -20,10 +20,13 @@
 //!   (see [`crate::lock_mode`]); concurrent tasks like pure-Redis. Simulator only: it needs the
 //!   [`SimStore`]'s plain commands.
 //!
-//! Fleet changes: a `node_crash` calls [`HybridLimiter::abort`] (the tokens it held are lost and
-//! counted as stranded), a `node_join` builds the node's hybrid limiter only then (so a new
-//! process leases its first batch when it starts). Pure-Redis and static-share nodes need no
-//! action: their traffic simply stops or starts.
+//! Fleet changes: a crash calls [`HybridLimiter::abort`] (the tokens it held are lost and
+//! counted as stranded); a start builds the node's hybrid limiter only then (so a new process
+//! leases its first batch when it starts); a scale-in's stop calls
+//! [`HybridLimiter::shutdown`] (its tokens go back to the store); a rolling restart's
+//! replacement shuts the old limiter down and builds a new one at once, with a new node id
+//! (a new process, cold). Pure-Redis and static-share nodes need no action: their traffic
+//! simply stops or starts.
 //!
 //! `rejected_while_tokens_idle` counts denials while another live node held unused tokens: for
 //! the hybrid modes, another limiter's `available() ≥ 1`; for static-share, another node's
@@ -51,6 +54,7 @@ use crate::lock_mode;
 use crate::record::{Outcome, RequestRecord};
 use crate::rng::derive_seed;
 use crate::scenario::{Mode, Scenario};
+use crate::sim::{ChangeKind, FleetChange};
 use crate::store_model::SimStore;
 
 /// The limiter name every node uses (one shared bucket).
@@ -79,6 +83,8 @@ enum Nodes<S: LeaseStore> {
         live: Vec<Option<HybridLimiter<S>>>,
         /// The store handles of nodes that have not joined yet.
         waiting: Vec<Option<S>>,
+        /// Every node's store handle, for the process that replaces it at a restart.
+        stores: Vec<S>,
         /// Aborted limiters, kept for their counters.
         dead: Vec<HybridLimiter<S>>,
     },
@@ -203,6 +209,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                     .collect::<Result<_, _>>()?,
             ),
             Mode::Hybrid | Mode::HybridFixed => {
+                let all = stores.clone();
                 let mut live = Vec::with_capacity(n);
                 let mut waiting = Vec::with_capacity(n);
                 for (i, store) in stores.into_iter().enumerate() {
@@ -217,6 +224,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 Nodes::Hybrid {
                     live,
                     waiting,
+                    stores: all,
                     dead: Vec::new(),
                 }
             }
@@ -267,9 +275,13 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     }
 
     fn build_hybrid(&self, node: usize, store: S) -> Result<HybridLimiter<S>> {
+        self.build_hybrid_seeded(store, derive_seed(self.seed, "hybrid", node as u64))
+    }
+
+    fn build_hybrid_seeded(&self, store: S, seed: u64) -> Result<HybridLimiter<S>> {
         let builder = HybridLimiter::builder(LIMITER_NAME, self.quota, store)
             .algorithm(self.algorithm)
-            .seed(derive_seed(self.seed, "hybrid", node as u64));
+            .seed(seed);
         // As the failure-policy docs tell users: size the local fallback to the fleet, so a
         // store outage does not multiply the limit by the number of nodes.
         let nodes = u32::try_from(self.up.len()).unwrap_or(u32::MAX);
@@ -377,6 +389,67 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             decided_ns: decided,
             latency_ns: decided.saturating_sub(started),
         };
+    }
+
+    /// Applies one change to the fleet, now.
+    ///
+    /// # Errors
+    /// If a new hybrid limiter cannot be built.
+    pub fn change(&mut self, c: &FleetChange) -> Result<()> {
+        match c.kind {
+            ChangeKind::Join => self.join(c.node),
+            ChangeKind::Crash => {
+                self.crash(c.node);
+                Ok(())
+            }
+            ChangeKind::Leave => {
+                self.leave(c.node);
+                Ok(())
+            }
+            ChangeKind::Restart => self.restart(c.node),
+        }
+    }
+
+    /// Node `node` shuts down now: its limiter gives its tokens back (in the background, as a
+    /// process exiting would).
+    pub fn leave(&mut self, node: usize) {
+        self.up[node] = false;
+        self.holders = Holders::default();
+        self.shut_down(node);
+    }
+
+    /// Takes node `node`'s hybrid limiter out and shuts it down in the background.
+    fn shut_down(&mut self, node: usize) {
+        if let Nodes::Hybrid { live, dead, .. } = &mut self.nodes {
+            if let Some(limiter) = live[node].take() {
+                let closing = limiter.clone();
+                tokio::spawn(async move { closing.shutdown().await });
+                dead.push(limiter);
+            }
+        }
+    }
+
+    /// Node `node`'s process is replaced now: the old limiter shuts down, a new one (a new
+    /// node id, no tokens, no demand measured) takes its traffic.
+    ///
+    /// # Errors
+    /// If the new limiter cannot be built.
+    pub fn restart(&mut self, node: usize) -> Result<()> {
+        self.holders = Holders::default();
+        let Nodes::Hybrid { live, stores, .. } = &self.nodes else {
+            return Ok(());
+        };
+        if live[node].is_none() {
+            return Ok(());
+        }
+        let store = stores[node].clone();
+        self.shut_down(node);
+        let seed = derive_seed(self.seed, "hybrid-restart", node as u64);
+        let limiter = self.build_hybrid_seeded(store, seed)?;
+        if let Nodes::Hybrid { live, .. } = &mut self.nodes {
+            live[node] = Some(limiter);
+        }
+        Ok(())
     }
 
     /// Node `node` crashes now.

@@ -3,7 +3,7 @@
 //!
 //! - `admitted.svg`: fleet admissions per window, one line per mode, against the bound
 //!   `burst + rate × W` and the sustained rate `rate × W`.
-//! - `acceptance.svg`: one panel per mode, one line per node: the share of the node's requests
+//! - `acceptance.svg`: one panel per mode, one line per node (the first 100): the share of the node's requests
 //!   admitted in each window.
 //! - `store_calls.svg`: store calls per second in each window, one line per mode, log scale
 //!   (modes without store calls are left out).
@@ -13,12 +13,12 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
-use crate::report::{ModeResult, Report};
+use crate::report::{ModeResult, Report, PER_NODE_DETAIL};
 use crate::scenario::Mode;
 
 const SIZE: (u32, u32) = (1000, 520);
 
-fn mode_color(mode: Mode) -> RGBColor {
+pub(crate) fn mode_color(mode: Mode) -> RGBColor {
     match mode {
         Mode::PureRedis => RGBColor(31, 119, 180),
         Mode::Hybrid => RGBColor(214, 39, 40),
@@ -155,7 +155,7 @@ fn acceptance(report: &Report, path: &Path) -> Result<()> {
             .draw()
             .map_err(err)?;
         let xs = centres(report, m);
-        for node in 0..sc.nodes {
+        for node in 0..sc.nodes.min(PER_NODE_DETAIL) {
             let color = Palette99::pick(node).to_rgba();
             // Windows without demand on the node break its line.
             let mut segment: Vec<(f64, f64)> = Vec::new();

@@ -51,11 +51,16 @@ struct JsonReport<'a> {
     modes: BTreeMap<&'static str, &'a ModeMetrics>,
 }
 
-const COLUMNS: [&str; 16] = [
+/// Per-node detail (columns of `windows.csv`, lines of `acceptance.svg`) is shown for this many
+/// nodes at most; `accept_min` / `accept_max` cover every node.
+pub const PER_NODE_DETAIL: usize = 100;
+
+const COLUMNS: [&str; 17] = [
     "mode",
     "admitted",
     "rejected",
     "util",
+    "1st s",
     "jain",
     "min/max",
     "overshoot",
@@ -93,6 +98,7 @@ impl Report {
                     m.admitted.to_string(),
                     m.rejected.to_string(),
                     format!("{:.4}", m.utilization),
+                    format!("{:.3}", m.first_second_admission),
                     format!("{:.4}", m.jain_acceptance),
                     format!("{:.3}", m.min_max_acceptance_ratio),
                     m.max_window_overshoot.to_string(),
@@ -186,14 +192,15 @@ impl Report {
         Ok(serde_json::to_string_pretty(&report)? + "\n")
     }
 
-    /// `windows.csv`: one row per window per mode.
+    /// `windows.csv`: one row per window per mode (per-node columns for the first
+    /// [`PER_NODE_DETAIL`] nodes).
     pub fn csv(&self) -> String {
         let sc = &self.scenario;
         let w = sc.window_ns();
         let mut out = String::from(
             "mode,window,start_s,admitted,limit,sustained,demand,store_calls,accept_min,accept_max",
         );
-        for i in 0..sc.nodes {
+        for i in 0..sc.nodes.min(PER_NODE_DETAIL) {
             let _ = write!(out, ",accept_node_{i}");
         }
         out.push('\n');
@@ -216,7 +223,7 @@ impl Report {
                     fmt(min),
                     fmt(max)
                 );
-                for a in &win.node_acceptance {
+                for a in win.node_acceptance.iter().take(PER_NODE_DETAIL) {
                     let _ = write!(out, ",{}", fmt(*a));
                 }
                 out.push('\n');

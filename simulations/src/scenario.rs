@@ -41,11 +41,15 @@
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use ratelease::{Algorithm, Quota};
 use serde::{Deserialize, Serialize};
+
+/// The largest fleet a scenario may have.
+pub const MAX_NODES: usize = 1_000_000;
 
 /// One simulated fleet and its traffic, as read from a scenario file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,6 +114,25 @@ pub struct Scenario {
         skip_serializing_if = "algorithm_name::is_default"
     )]
     pub algorithm: Algorithm,
+    /// Every node's life, worked out from `events` once (see [`Scenario::lives`]).
+    #[serde(skip)]
+    lives: OnceLock<Vec<NodeLife>>,
+}
+
+/// When one node runs: from its start to its end, and whether its process is replaced in
+/// between. Worked out from the scenario's events.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NodeLife {
+    /// When it starts, s (`None`: at time zero, before any traffic).
+    pub join_s: Option<f64>,
+    /// When it stops, s (`None`: it runs to the end).
+    pub leave_s: Option<f64>,
+    /// Whether it stops by shutting down (giving its tokens back, `scale_in`) rather than by
+    /// crashing (`node_crash`).
+    pub graceful: bool,
+    /// When its process is replaced by a new one (`rolling_restart`): the old one shuts down,
+    /// the new one starts cold with a new node id; its traffic goes on.
+    pub restart_s: Option<f64>,
 }
 
 /// An [`Algorithm`] in a scenario file: its name (`fixed-window`, …).
@@ -197,7 +220,12 @@ pub struct Event {
     /// The node (`node_crash`, `node_join`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<usize>,
-    /// How long (`store_outage`, `latency_spike`).
+    /// How many nodes (`scale_out`, `scale_in`: the last `count` nodes of the fleet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    /// How long (`store_outage`, `latency_spike`); for the fleet events (`fleet_start`,
+    /// `rolling_restart`, `scale_out`, `scale_in`), the period their nodes are spread evenly
+    /// over (default 0: all at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_s: Option<f64>,
     /// Milliseconds added to every round trip (`latency_spike`).
@@ -214,6 +242,17 @@ pub enum EventKind {
     NodeCrash,
     /// The node starts at `at_s`: no limiter and no traffic before.
     NodeJoin,
+    /// Every node starts at `at_s` (spread over `duration_s`), as when a whole fleet is
+    /// deployed or fails over at once.
+    FleetStart,
+    /// Every node's process is replaced, one after another over `duration_s`: the old one
+    /// shuts down (gives its tokens back), a new one starts cold; traffic goes on.
+    RollingRestart,
+    /// The last `count` nodes start at `at_s` (spread over `duration_s`).
+    ScaleOut,
+    /// The last `count` nodes shut down at `at_s` (spread over `duration_s`), giving their
+    /// tokens back; their traffic moves to the others.
+    ScaleIn,
     /// Store calls arriving during the outage get no answer; clients time out.
     StoreOutage,
     /// `extra_ms` is added to every round trip during the spike.
@@ -402,8 +441,8 @@ impl Scenario {
             "duration_s must be in (0, 3600]"
         );
         ensure!(
-            self.nodes >= 1 && self.nodes <= 1000,
-            "nodes must be in 1..=1000"
+            self.nodes >= 1 && self.nodes <= MAX_NODES,
+            "nodes must be in 1..={MAX_NODES}"
         );
         ensure!(self.window_ms >= 1, "window_ms must be at least 1");
         ensure!(!self.modes.is_empty(), "modes must not be empty");
@@ -480,7 +519,87 @@ impl Scenario {
             self.validate_event(e)
                 .with_context(|| format!("events[{i}] ({:?} at {} s)", e.kind, e.at_s))?;
         }
+        self.compute_lives()?;
         Ok(())
+    }
+
+    /// The instants (s) of a fleet event's nodes, in node order: `at_s`, spread evenly over
+    /// `duration_s`.
+    fn spread(e: &Event, nodes: std::ops::Range<usize>) -> impl Iterator<Item = (usize, f64)> {
+        let n = nodes.len().max(1) as f64;
+        let (at, step) = (e.at_s, e.duration_s.unwrap_or(0.0) / n);
+        let start = nodes.start;
+        nodes.map(move |i| (i, at + (i - start) as f64 * step))
+    }
+
+    /// Every node's life from the events; an error names the first conflict (two starts or
+    /// two ends for one node, an end before the start, a restart outside the node's life).
+    fn compute_lives(&self) -> Result<Vec<NodeLife>> {
+        let n = self.nodes;
+        let mut lives = vec![NodeLife::default(); n];
+        let last = |e: &Event| n - e.count.unwrap_or(0).min(n)..n;
+        for e in &self.events {
+            let set = |slot: &mut Option<f64>, t: f64, node: usize, what: &str| -> Result<()> {
+                ensure!(slot.is_none(), "node {node} has more than one {what}");
+                *slot = Some(t);
+                Ok(())
+            };
+            match e.kind {
+                EventKind::NodeJoin => {
+                    let node = e.node.unwrap_or(0);
+                    set(&mut lives[node].join_s, e.at_s, node, "start")?;
+                }
+                EventKind::NodeCrash => {
+                    let node = e.node.unwrap_or(0);
+                    set(&mut lives[node].leave_s, e.at_s, node, "end")?;
+                }
+                EventKind::FleetStart => {
+                    for (i, t) in Self::spread(e, 0..n) {
+                        set(&mut lives[i].join_s, t, i, "start")?;
+                    }
+                }
+                EventKind::ScaleOut => {
+                    for (i, t) in Self::spread(e, last(e)) {
+                        set(&mut lives[i].join_s, t, i, "start")?;
+                    }
+                }
+                EventKind::ScaleIn => {
+                    for (i, t) in Self::spread(e, last(e)) {
+                        set(&mut lives[i].leave_s, t, i, "end")?;
+                        lives[i].graceful = true;
+                    }
+                }
+                EventKind::RollingRestart => {
+                    for (i, t) in Self::spread(e, 0..n) {
+                        set(&mut lives[i].restart_s, t, i, "restart")?;
+                    }
+                }
+                EventKind::StoreOutage | EventKind::LatencySpike => {}
+            }
+        }
+        for (i, l) in lives.iter().enumerate() {
+            let start = l.join_s.unwrap_or(0.0);
+            if let Some(end) = l.leave_s {
+                ensure!(start < end, "node {i} ends before it starts");
+            }
+            if let Some(r) = l.restart_s {
+                ensure!(
+                    start < r && l.leave_s.is_none_or(|end| r < end),
+                    "node {i} restarts outside its life"
+                );
+            }
+        }
+        Ok(lives)
+    }
+
+    /// Every node's life (see [`NodeLife`]), worked out once.
+    pub fn lives(&self) -> &[NodeLife] {
+        self.lives.get_or_init(|| {
+            // A validated scenario has no conflicts; an unvalidated one reads as a fleet that
+            // runs from start to end.
+            self.compute_lives()
+                .unwrap_or_else(|_| vec![NodeLife::default(); self.nodes])
+        })
     }
 
     fn validate_event(&self, e: &Event) -> Result<()> {
@@ -498,16 +617,27 @@ impl Scenario {
                     "node {node} does not exist (nodes = {})",
                     self.nodes
                 );
-                let same = self
-                    .events
-                    .iter()
-                    .filter(|o| o.kind == e.kind && o.node == e.node)
-                    .count();
-                ensure!(same == 1, "node {node} has more than one {:?}", e.kind);
-                if e.kind == EventKind::NodeCrash {
-                    if let Some(join) = self.join_s(node) {
-                        ensure!(join < e.at_s, "node {node} crashes before it joins");
-                    }
+            }
+            EventKind::FleetStart
+            | EventKind::RollingRestart
+            | EventKind::ScaleOut
+            | EventKind::ScaleIn => {
+                if let Some(d) = e.duration_s {
+                    ensure!(d.is_finite() && d >= 0.0, "duration_s must be ≥ 0");
+                    ensure!(
+                        e.at_s + d < self.duration_s,
+                        "the event must end before the run does"
+                    );
+                }
+                if matches!(e.kind, EventKind::ScaleOut | EventKind::ScaleIn) {
+                    let Some(count) = e.count else {
+                        bail!("needs `count`");
+                    };
+                    ensure!(
+                        (1..=self.nodes).contains(&count),
+                        "count must be in 1..=nodes ({})",
+                        self.nodes
+                    );
                 }
             }
             EventKind::StoreOutage | EventKind::LatencySpike => {
@@ -569,18 +699,12 @@ impl Scenario {
 
     /// When `node` joins, if it has a `node_join` event.
     pub fn join_s(&self, node: usize) -> Option<f64> {
-        self.events
-            .iter()
-            .find(|e| e.kind == EventKind::NodeJoin && e.node == Some(node))
-            .map(|e| e.at_s)
+        self.lives().get(node).and_then(|l| l.join_s)
     }
 
-    /// When `node` crashes, if it has a `node_crash` event.
+    /// When `node` stops (a crash, or a shutdown at a scale-in), if it does.
     pub fn crash_s(&self, node: usize) -> Option<f64> {
-        self.events
-            .iter()
-            .find(|e| e.kind == EventKind::NodeCrash && e.node == Some(node))
-            .map(|e| e.at_s)
+        self.lives().get(node).and_then(|l| l.leave_s)
     }
 
     /// The same scenario with every defaulted value written out (`burst`, `rtt_min_us`,
@@ -613,6 +737,22 @@ impl Scenario {
         if let Some(modes) = modes {
             self.modes = modes;
         }
+        self.lives = OnceLock::new();
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The same scenario with `nodes` nodes (the name gains `-<nodes>`): for sweeps over
+    /// fleet size. Events that name a node beyond the new fleet are dropped.
+    ///
+    /// # Errors
+    /// If the result is invalid.
+    pub fn with_nodes(mut self, nodes: usize) -> Result<Self> {
+        self.name = format!("{}-{nodes}", self.name);
+        self.nodes = nodes;
+        self.events
+            .retain(|e| e.node.is_none_or(|n| n < nodes) && e.count.is_none_or(|c| c <= nodes));
+        self.lives = OnceLock::new();
         self.validate()?;
         Ok(self)
     }

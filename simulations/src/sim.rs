@@ -29,7 +29,7 @@ use anyhow::Result;
 use crate::demand::Arrival;
 use crate::modes::{drain_limit, Fleet, NowFn};
 use crate::record::RunLog;
-use crate::scenario::{s_to_ns, EventKind, Mode, Scenario};
+use crate::scenario::{s_to_ns, Mode, Scenario};
 use crate::scheduler::Scheduler;
 use crate::store_model::{NetModel, SimStore, StoreModel};
 
@@ -40,32 +40,61 @@ const EVENT_INTERVAL: u32 = 1 << 30;
 /// Steps between two progress reports.
 const PROGRESS_EVERY: u64 = 4096;
 
-/// A crash or a join, at a time.
+/// What happens to a node's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// It starts.
+    Join,
+    /// It is replaced: the old process shuts down, a new one starts.
+    Restart,
+    /// It crashes.
+    Crash,
+    /// It shuts down (a scale-in).
+    Leave,
+}
+
+/// A change to the fleet, at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FleetChange {
     /// When, ns.
     pub t_ns: u64,
     /// The node.
     pub node: usize,
-    /// True for a join, false for a crash.
-    pub join: bool,
+    /// What.
+    pub kind: ChangeKind,
 }
 
-/// The scenario's crashes and joins, by time.
+impl FleetChange {
+    /// Whether it takes effect before the requests arriving at the same instant (a start or a
+    /// replacement serves them) or after (a node that stops still serves them).
+    pub fn before_arrivals(&self) -> bool {
+        matches!(self.kind, ChangeKind::Join | ChangeKind::Restart)
+    }
+}
+
+/// The scenario's starts, stops and restarts, by time.
 pub fn fleet_changes(sc: &Scenario) -> Vec<FleetChange> {
-    let mut v: Vec<FleetChange> = sc
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::NodeCrash | EventKind::NodeJoin => Some(FleetChange {
-                t_ns: s_to_ns(e.at_s),
-                node: e.node.expect("validated"),
-                join: e.kind == EventKind::NodeJoin,
-            }),
-            EventKind::StoreOutage | EventKind::LatencySpike => None,
-        })
-        .collect();
-    v.sort_by_key(|c| (c.t_ns, !c.join, c.node));
+    let mut v = Vec::new();
+    for (node, life) in sc.lives().iter().enumerate() {
+        let mut push = |t: Option<f64>, kind| {
+            if let Some(t) = t {
+                v.push(FleetChange {
+                    t_ns: s_to_ns(t),
+                    node,
+                    kind,
+                });
+            }
+        };
+        push(life.join_s, ChangeKind::Join);
+        push(life.restart_s, ChangeKind::Restart);
+        let stop = if life.graceful {
+            ChangeKind::Leave
+        } else {
+            ChangeKind::Crash
+        };
+        push(life.leave_s, stop);
+    }
+    v.sort_by_key(|c| (c.t_ns, !c.before_arrivals(), c.node, c.kind));
     v
 }
 
@@ -175,16 +204,22 @@ async fn drive(
         while let Some(callback) = sched.pop_due(now) {
             callback();
         }
-        while let Some(c) = changes.get(ci).filter(|c| c.t_ns == now && c.join) {
-            fleet.join(c.node)?;
+        while let Some(c) = changes
+            .get(ci)
+            .filter(|c| c.t_ns == now && c.before_arrivals())
+        {
+            fleet.change(c)?;
             ci += 1;
         }
         while let Some(a) = trace.get(ai).filter(|a| a.t_ns == now) {
             fleet.arrival(ai, *a);
             ai += 1;
         }
-        while let Some(c) = changes.get(ci).filter(|c| c.t_ns == now && !c.join) {
-            fleet.crash(c.node);
+        while let Some(c) = changes
+            .get(ci)
+            .filter(|c| c.t_ns == now && !c.before_arrivals())
+        {
+            fleet.change(c)?;
             ci += 1;
         }
         tokio::task::yield_now().await;

@@ -69,7 +69,12 @@ impl NetModel {
                 EventKind::LatencySpike => {
                     spikes.push((start, end, (e.extra_ms.unwrap_or(0.0) * 1e6).round() as u64))
                 }
-                EventKind::NodeCrash | EventKind::NodeJoin => {}
+                EventKind::NodeCrash
+                | EventKind::NodeJoin
+                | EventKind::FleetStart
+                | EventKind::RollingRestart
+                | EventKind::ScaleOut
+                | EventKind::ScaleIn => {}
             }
         }
         let rtt_min_ns = sc.rtt_min_us() * 1e3;

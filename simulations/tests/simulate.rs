@@ -244,3 +244,142 @@ fn lock_based_is_exact_and_costs_more_calls() {
     );
     assert_eq!("lock-based".parse::<Mode>(), Ok(Mode::LockBased));
 }
+
+/// A fleet of `nodes` with one fleet event (`event`, TOML of one `[[events]]` table).
+fn fleet_with(nodes: usize, event: &str) -> Scenario {
+    Scenario::parse(&format!(
+        r#"
+        name = "fleet"
+        duration_s = 3
+        rate = 1000
+        burst = 1000
+        nodes = {nodes}
+        [demand]
+        pattern = "uniform"
+        total_rps = 600
+        [[events]]
+        {event}
+        "#
+    ))
+    .unwrap()
+}
+
+fn log_of(sc: &Scenario, mode: Mode) -> simulations::RunLog {
+    sim::run_mode(sc, &demand::generate(sc, sc.seed), mode, &|_| {}).unwrap()
+}
+
+#[test]
+fn a_fleet_start_has_no_traffic_before_it_and_is_measured_from_it() {
+    let sc = fleet_with(20, "at_s = 1.0\nkind = \"fleet_start\"\nduration_s = 0.1");
+    assert!(sc.lives().iter().all(|l| l.join_s.is_some()));
+    let log = log_of(&sc, Mode::Hybrid);
+    assert!(log.requests.iter().all(|r| r.arrival_ns >= 1_000_000_000));
+    assert!(log.calls.iter().all(|c| c.t_ns >= 1_000_000_000));
+    let m = metrics::compute(&sc, &log);
+    // Demand (600/s) is far below what may be admitted (burst 1 000 + 1 000/s): a cold fleet
+    // of 20 admits nearly all of its first second.
+    assert!(m.first_second_admission > 0.9, "{m:?}");
+    assert_eq!(m.max_window_overshoot, 0);
+}
+
+#[test]
+fn a_rolling_restart_replaces_every_process_and_gives_tokens_back() {
+    let sc = fleet_with(
+        10,
+        "at_s = 1.0\nkind = \"rolling_restart\"\nduration_s = 1.0",
+    );
+    let restarts: Vec<f64> = sc.lives().iter().filter_map(|l| l.restart_s).collect();
+    assert_eq!(restarts.len(), 10);
+    assert!((restarts[9] - 1.9).abs() < 1e-9, "{restarts:?}");
+    let quiet = log_of(
+        &fleet_with(10, "at_s = 2.9\nkind = \"store_outage\"\nduration_s = 0.01"),
+        Mode::Hybrid,
+    );
+    let log = log_of(&sc, Mode::Hybrid);
+    let releases = |l: &simulations::RunLog| {
+        l.calls
+            .iter()
+            .filter(|c| c.kind == simulations::record::CallKind::Release)
+            .count()
+    };
+    // Each old process returns its tokens on the way out (the quiet run never releases).
+    assert!(releases(&log) >= 10, "{} releases", releases(&log));
+    assert_eq!(releases(&quiet), 0);
+    let m = metrics::compute(&sc, &log);
+    assert_eq!(m.max_window_overshoot, 0, "{m:?}");
+    assert!(
+        m.utilization > 0.95,
+        "traffic goes on through the restarts: {m:?}"
+    );
+    assert_eq!(m.tokens_stranded, 0, "a shutdown strands nothing: {m:?}");
+}
+
+#[test]
+fn scale_out_and_scale_in_move_the_last_nodes() {
+    let out = fleet_with(10, "at_s = 1.0\nkind = \"scale_out\"\ncount = 4");
+    let late: Vec<usize> = (0..10).filter(|&i| out.join_s(i).is_some()).collect();
+    assert_eq!(late, [6, 7, 8, 9]);
+    let log = log_of(&out, Mode::Hybrid);
+    assert!(log
+        .requests
+        .iter()
+        .all(|r| r.node < 6 || r.arrival_ns >= 1_000_000_000));
+
+    let inn = fleet_with(
+        10,
+        "at_s = 1.0\nkind = \"scale_in\"\ncount = 3\nduration_s = 0.3",
+    );
+    assert!(inn.lives()[7..]
+        .iter()
+        .all(|l| l.graceful && l.leave_s.is_some()));
+    let log = log_of(&inn, Mode::Hybrid);
+    assert!(log
+        .requests
+        .iter()
+        .all(|r| r.node < 7 || r.arrival_ns < 1_300_000_000));
+    let m = metrics::compute(&inn, &log);
+    assert_eq!(
+        m.tokens_stranded, 0,
+        "leaving nodes give their tokens back: {m:?}"
+    );
+    assert_eq!(m.max_window_overshoot, 0);
+}
+
+#[test]
+fn conflicting_fleet_events_are_refused() {
+    let two_starts = r#"
+        name = "x"
+        duration_s = 3
+        rate = 10
+        nodes = 2
+        [demand]
+        pattern = "uniform"
+        total_rps = 5
+        [[events]]
+        at_s = 1
+        kind = "fleet_start"
+        [[events]]
+        at_s = 2
+        kind = "node_join"
+        node = 1
+    "#;
+    let err = Scenario::parse(two_starts).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("more than one start"),
+        "{err:#}"
+    );
+    let gone_first = two_starts
+        .replace("kind = \"node_join\"", "kind = \"node_crash\"")
+        .replace("at_s = 2\n", "at_s = 0.5\n");
+    let err = Scenario::parse(&gone_first).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("ends before it starts"),
+        "{err:#}"
+    );
+    let no_count = two_starts.replace(
+        "kind = \"node_join\"\n        node = 1",
+        "kind = \"scale_in\"",
+    );
+    let err = Scenario::parse(&no_count).unwrap_err();
+    assert!(format!("{err:#}").contains("needs `count`"), "{err:#}");
+}
