@@ -394,7 +394,13 @@ elseif op == 'lease' then
   -- the refill), first come first served once it holds `need` above it. Below the reserve
   -- that second way is a mirage: other nodes drain the bucket long before it gets there.
   local short = need * scale - level
-  if short > 0 then retry = ceil_div(short, inc) end
+  if short > 0 then
+    retry = ceil_div(short, inc)
+    -- Refill stops at capacity − outstanding: past that, tokens come back only as other nodes
+    -- report what they spent (at their next lease, about a horizon away) or return it, so
+    -- asking sooner would only come back empty.
+    if need * scale > ceiling(q, out) then retry = math.max(retry, floor_div(horizon, 4)) end
+  end
   if free < need then
     local credit_short = (need - free) * scale - r.c
     if credit_short > 0 then

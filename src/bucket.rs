@@ -451,6 +451,12 @@ pub fn step_with(
             let short = need * scale;
             if short > level {
                 retry = (short - level).div_ceil(inc);
+                // Refill stops at capacity − outstanding: past that, tokens come back only as
+                // other nodes report what they spent (at their next lease, about a horizon
+                // away) or return it, so asking sooner would only come back empty.
+                if short > ceiling(cap, out, scale) {
+                    retry = retry.max(n.horizon_us / 4);
+                }
             }
             if free < need {
                 let credit_need = (need - free) * scale;
@@ -690,6 +696,26 @@ mod tests {
         lease(&mut st, &q, 10, 1, 1_000_000);
         assert_eq!(lease(&mut st, &q, 1, 1, 500_000).granted, 0);
         assert_eq!(st.bucket.unwrap().ts_us, 1_000_000);
+    }
+
+    #[test]
+    fn a_node_waits_while_outstanding_tokens_block_the_refill() {
+        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let mut st = Stored::default();
+        // `a` takes the whole bucket: capacity − outstanding is 0, so nothing refills until
+        // `a` reports what it spent.
+        assert_eq!(
+            node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0).granted,
+            100
+        );
+        let b = node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 0);
+        assert_eq!(b.granted, 0);
+        // The refill alone would bring 10 tokens in 10 ms; they cannot come that way.
+        assert_eq!(b.retry_after_us, 25_000, "a quarter horizon: {b:?}");
+        // `a` reports it spent everything: now the refill runs, and `b` is told its time.
+        node_lease(&mut st, &q, "a", 1, 0, 1_000_000, 1_000);
+        let b = node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 1_000);
+        assert_eq!((b.granted, b.retry_after_us), (0, 10_000), "{b:?}");
     }
 
     #[test]

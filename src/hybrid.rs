@@ -727,6 +727,7 @@ async fn refill_loop<S: LeaseStore>(
         release_seq: 0,
         expires: None,
         window: None,
+        review_at: None,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -736,8 +737,12 @@ async fn refill_loop<S: LeaseStore>(
         let now = Instant::now();
         task.observe(&s, now);
         task.expire(&s, now).await;
+        task.trim(&s, now).await;
         if !s.signal.is_requested() {
             task.give_back_if_idle(&s, now).await;
+            continue;
+        }
+        if spurious(&s) {
             continue;
         }
         if !task.lease(&s).await {
@@ -745,6 +750,31 @@ async fn refill_loop<S: LeaseStore>(
         }
     }
     task.give_back(&s, true).await;
+}
+
+/// Whether a refill request needs no lease: nobody was denied and the local bucket still holds
+/// the low-water mark. Callers compare the mark with a hint that can read low (tokens parked in
+/// another slot of the local bucket are not in it, see [`crate::local`]); leasing on such a
+/// request asks for nothing (the policy's target is already held), and every token spent
+/// would then cost a store call. The flag is lowered and the bucket looked at again (the
+/// store-buffer pattern of [`crate::refill`]), so a caller that crosses the mark or is denied
+/// meanwhile is not lost.
+fn spurious<S>(s: &Shared<S>) -> bool {
+    // Relaxed: a state flag; see `Shared::denied`.
+    if s.circuit.is_open() || s.absent.load(Ordering::Relaxed) {
+        return false;
+    }
+    let low_water = s.low_water.load(Ordering::Relaxed);
+    let enough = || !s.signal.was_denied() && low_water > 0 && s.local.available() >= low_water;
+    if !enough() {
+        return false;
+    }
+    s.signal.done();
+    if enough() {
+        return true;
+    }
+    s.signal.request();
+    false
 }
 
 /// Time constant of the demand estimate.
@@ -767,6 +797,8 @@ struct Task {
     expires: Option<Instant>,
     /// Fixed window: where the local tokens were counted (their lease reply's `at`).
     window: Option<Duration>,
+    /// When to look again at what this node holds against its measured demand (see `trim`).
+    review_at: Option<Instant>,
 }
 
 impl Task {
@@ -800,10 +832,10 @@ impl Task {
             return None;
         }
         let idle = self.terms.as_ref().map(|t| self.idle_at(t));
-        match (self.expires, idle) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.expires, idle, self.review_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
@@ -886,10 +918,51 @@ impl Task {
         if tokens == 0 && (terms.is_none() || self.expires.is_none()) {
             return;
         }
+        let window = self.window.take();
+        self.expires = None;
+        self.share = None;
+        self.release(s, tokens, leaving, window).await;
+    }
+
+    /// Gives back what this node holds beyond what its policy says is worth holding (see
+    /// [`LeasePolicy::most_worth_holding`]), down to one lease's worth: a first lease sized
+    /// before any demand was measured, or a share that shrank while the node stayed busy,
+    /// goes back to the fleet within one review instead of waiting for the lease to expire.
+    async fn trim<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if self.review_at.is_none_or(|at| now < at) {
+            return;
+        }
+        self.review_at = None;
+        if self.node_terms(s).is_none() {
+            return;
+        }
+        let ctx = self.context(s, 0);
+        let Some(most) = s.policy.most_worth_holding(&ctx) else {
+            return;
+        };
+        if ctx.local <= most {
+            return;
+        }
+        let excess = ctx.local - most / 2;
+        if s.local.try_take(excess).is_ok() {
+            self.release(s, excess, false, None).await;
+        }
+    }
+
+    /// Gives `tokens`, already taken from the local bucket, back to the store (`window`: the
+    /// fixed window they were leased in).
+    async fn release<S: LeaseStore>(
+        &mut self,
+        s: &Shared<S>,
+        tokens: u64,
+        leaving: bool,
+        window: Option<Duration>,
+    ) {
+        let terms = self.node_terms(s);
         let mut request = ReleaseRequest::new(tokens)
             .for_client(s.client)
             .algorithm(s.algorithm)
-            .leased_at(self.window.take());
+            .leased_at(window);
         if terms.is_some() {
             self.release_seq += 1;
             request = request.by(NodeRelease {
@@ -898,8 +971,6 @@ impl Task {
                 leaving,
             });
         }
-        self.expires = None;
-        self.share = None;
         s.counters.releases.fetch_add(1, Ordering::Relaxed);
         // Relaxed: read by the metrics publisher, which runs on this task (between its polls).
         s.counters.returning.store(tokens, Ordering::Relaxed);
@@ -1005,6 +1076,9 @@ impl Task {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
+            if reply.granted > 0 {
+                self.review_at = Some(Instant::now() + review_after(terms.horizon));
+            }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
             s.counters
                 .share_mtps
@@ -1070,6 +1144,12 @@ impl Task {
         }
         true
     }
+}
+
+/// How long after a grant a node looks at what it holds against its demand: a quarter of a
+/// horizon, between 10 ms (a first demand sample needs a few) and 100 ms.
+fn review_after(horizon: Duration) -> Duration {
+    (horizon / 4).clamp(Duration::from_millis(10), Duration::from_millis(100))
 }
 
 /// The demand a node reports, millitokens per second: its estimate, but at least the request

@@ -68,6 +68,15 @@ pub trait LeasePolicy: Send + Sync + 'static {
 
     /// Lease terms, or `None` for anonymous leases (no conservation, no fair share).
     fn terms(&self, quota: &Quota) -> Option<LeaseTerms>;
+
+    /// The most tokens worth holding now, on terms: a node that holds more (its first lease
+    /// was sized before its demand was known, or its share shrank while it stayed busy) gives
+    /// the excess back, down to half of this, instead of keeping it from the fleet until its
+    /// lease expires. `None` (the default): never give back early.
+    fn most_worth_holding(&self, ctx: &LeaseContext) -> Option<u64> {
+        let _ = ctx;
+        None
+    }
 }
 
 /// Shortest automatic horizon of [`AdaptiveLease`].
@@ -183,6 +192,21 @@ impl LeasePolicy for AdaptiveLease {
             min: ctx.denied.clamp(1, want),
             low_water: ((rate * lead).ceil() as u64).min(burst),
         }
+    }
+
+    /// Two leases' worth of the measured demand (capped by the share); nothing before any
+    /// demand was measured.
+    fn most_worth_holding(&self, ctx: &LeaseContext) -> Option<u64> {
+        if ctx.demand <= 0.0 {
+            return None;
+        }
+        let horizon = self.horizon_for(&ctx.quota).as_secs_f64();
+        let rate = match ctx.share {
+            Some(share) if share > 0.0 => ctx.demand.min(share),
+            _ => ctx.demand,
+        };
+        let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
+        Some((2.0 * lease).ceil() as u64)
     }
 
     fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
@@ -333,6 +357,27 @@ mod tests {
         // The store says our share is 800/s: ask for that, not for the demand.
         let ask = p.ask(&ctx(q, 0, 0, 2_000.0, Some(800.0)));
         assert_eq!(ask.want, 101);
+    }
+
+    #[test]
+    fn adaptive_holds_at_most_two_leases_of_measured_demand() {
+        let q = Quota::per_second(10_000)
+            .unwrap()
+            .with_burst(4_000)
+            .unwrap();
+        let p = AdaptiveLease::new();
+        let most = |demand, share| p.most_worth_holding(&ctx(q, 0, 0, demand, share));
+        assert_eq!(
+            most(0.0, None),
+            None,
+            "nothing measured: nothing to judge by"
+        );
+        // 2 000/s over 0.1 s × 1.25 + 100 µs is 250.2 a lease; two are 500.4.
+        assert_eq!(most(2_000.0, None), Some(501));
+        // The store's share (800/s) caps it.
+        assert_eq!(most(2_000.0, Some(800.0)), Some(201));
+        let fixed = FixedLease::new(5).most_worth_holding(&ctx(q, 0, 0, 2_000.0, None));
+        assert_eq!(fixed, None, "anonymous batches are never given back early");
     }
 
     #[test]

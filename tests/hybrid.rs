@@ -449,3 +449,90 @@ async fn the_circuit_closes_when_the_store_answers_again() {
     );
     assert!(!limiter.stats().circuit_open);
 }
+
+/// A node whose first lease was sized before its demand was known (a tenth of the rate for a
+/// horizon) holds far more than it uses: it gives the excess back within a review, instead of
+/// keeping it from the fleet until the lease expires.
+#[tokio::test(start_paused = true)]
+async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(100_000).unwrap();
+    let limiter = HybridLimiter::builder("trim", quota, store.clone())
+        .build()
+        .unwrap();
+    settle().await;
+    let first = limiter.available();
+    assert!(first > 2_000, "the first lease is a guess: {first}");
+    // 200 requests/s for 400 ms.
+    for _ in 0..80 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = limiter.stats();
+    assert!(stats.releases >= 1, "{stats:?}");
+    assert!(
+        stats.tokens_released > first / 2,
+        "most of the guess went back: {stats:?}"
+    );
+    // What is kept: about two horizons' worth of 200/s (0.25 s × 1.25 each), not thousands.
+    assert!(stats.local_tokens < 300, "{stats:?}");
+    assert_eq!(stats.tokens_denied, 0, "{stats:?}");
+    // The fleet's bucket has them again.
+    let left = store
+        .lease("trim", &quota, &LeaseRequest::new(100_000, 1))
+        .await
+        .unwrap();
+    assert!(left.granted > 99_000 - stats.local_tokens - 100, "{left:?}");
+}
+
+/// A policy that leases one big batch (spread over the local bucket's slots), then small ones.
+struct BigThenSmall;
+
+impl ratelease::LeasePolicy for BigThenSmall {
+    fn ask(&self, ctx: &ratelease::LeaseContext) -> ratelease::LeaseAsk {
+        let size = if ctx.demand == 0.0 && ctx.local == 0 {
+            2_048
+        } else {
+            8
+        };
+        ratelease::LeaseAsk {
+            want: size,
+            min: size.min(8),
+            low_water: 16,
+        }
+    }
+
+    fn terms(&self, _quota: &Quota) -> Option<ratelease::LeaseTerms> {
+        None
+    }
+}
+
+/// Tokens parked in a slot of the local bucket by a big lease are not in the hint callers
+/// compare with the low-water mark once small leases follow; a refill request while the
+/// bucket still holds the mark must not become a lease (it would ask for nothing and, token
+/// after token, make one store call each).
+#[tokio::test(start_paused = true)]
+async fn a_low_reading_hint_does_not_start_a_lease_per_token() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let limiter = HybridLimiter::builder("parked", quota, store.clone())
+        .policy(BigThenSmall)
+        .build()
+        .unwrap();
+    settle().await;
+    assert_eq!(limiter.available(), 2_048);
+    let mut taken = 0u64;
+    for _ in 0..5_000 {
+        if limiter.try_acquire(1).unwrap().is_allowed() {
+            taken += 1;
+            if taken == 2_048 + 400 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let stats = limiter.stats();
+    assert_eq!(taken, 2_048 + 400, "{stats:?}");
+    // 400 tokens beyond the big batch, 8 a lease: about 50 leases, not one per token.
+    assert!(stats.leases < 120, "{stats:?}");
+}

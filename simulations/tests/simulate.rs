@@ -302,9 +302,14 @@ fn a_rolling_restart_replaces_every_process_and_gives_tokens_back() {
             .filter(|c| c.kind == simulations::record::CallKind::Release)
             .count()
     };
-    // Each old process returns its tokens on the way out (the quiet run never releases).
-    assert!(releases(&log) >= 10, "{} releases", releases(&log));
-    assert_eq!(releases(&quiet), 0);
+    // Each old process returns its tokens on the way out: ten releases more than the same
+    // fleet without restarts makes (it only gives back a first lease's excess).
+    assert!(
+        releases(&log) >= releases(&quiet) + 10,
+        "{} releases with restarts, {} without",
+        releases(&log),
+        releases(&quiet)
+    );
     let m = metrics::compute(&sc, &log);
     assert_eq!(m.max_window_overshoot, 0, "{m:?}");
     assert!(
