@@ -29,6 +29,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 async fn run<S: LeaseStore>(quota: Quota, store: S) -> Result<(), Box<dyn std::error::Error>> {
     // The default policy (AdaptiveLease) sizes leases to this process's demand.
     let limiter = HybridLimiter::new("quickstart", quota, store)?;
+    // A warm start: the first lease is in before the first check.
+    limiter.ready().await?;
 
     // The hot path: a synchronous check against the local bucket.
     let start = Instant::now();

@@ -971,6 +971,20 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
     }
 }
 
+impl<S: LeaseStore> AnyLimiter<S> {
+    /// Waits until the limiter can answer its first check without a lease still in flight:
+    /// [`HybridLimiter::ready`] for a hybrid one; a pure one is always ready.
+    ///
+    /// # Errors
+    /// As [`HybridLimiter::ready`].
+    pub async fn ready(&self) -> Result<(), Error> {
+        match self {
+            AnyLimiter::Hybrid(l) => l.ready().await,
+            AnyLimiter::Pure(_) => Ok(()),
+        }
+    }
+}
+
 /// A keyed limiter in either mode, keyed by `K`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -1118,6 +1132,21 @@ where
     S: LeaseStore + ConcurrencyStore + Clone,
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
 {
+    /// Waits until every `[limiters.*]` limiter is ready (see [`AnyLimiter::ready`]): a warm
+    /// start, before serving traffic. Their first leases were all asked for when they were
+    /// built, so this waits about one round trip, not one per limiter. (Keyed limiters lease
+    /// per key, when a key is first seen.)
+    ///
+    /// # Errors
+    /// The first error: [`Error::Store`] if a first lease failed (the
+    /// limiters keep running under their failure policies).
+    pub async fn ready(&self) -> Result<(), Error> {
+        for limiter in self.limiters.values() {
+            limiter.ready().await?;
+        }
+        Ok(())
+    }
+
     /// Shuts every limiter down: hybrid ones give unused tokens back, concurrency limiters
     /// give back what no permit holds.
     pub async fn shutdown(&self) {

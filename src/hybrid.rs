@@ -198,8 +198,9 @@ impl<S: LeaseStore> HybridBuilder<S> {
         self.policy(FixedLease::new(size))
     }
 
-    /// Whether to lease the first batch at once, before the first call (default true), so a
-    /// new process does not deny its first requests.
+    /// Whether to lease the first batch at once, when the limiter is built (default true). The
+    /// first calls still find the local bucket empty until that lease is answered, a round
+    /// trip later: await [`HybridLimiter::ready`] before serving traffic for a warm start.
     pub fn prefetch(mut self, prefetch: bool) -> Self {
         self.prefetch = prefetch;
         self
@@ -305,6 +306,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             blocked_until_ns: AtomicU64::new(0),
             rtt_ns: AtomicU64::new(0),
             finished: Notify::new(),
+            answered: AtomicBool::new(false),
             counters: Counters::default(),
             metrics,
         });
@@ -369,8 +371,10 @@ struct Shared<S> {
     blocked_until_ns: AtomicU64,
     /// Smoothed store round trip, ns.
     rtt_ns: AtomicU64,
-    /// Signalled after every store call.
+    /// Signalled after every store call, and when the task ends.
     finished: Notify,
+    /// Whether a lease call has been answered (or failed): see [`HybridLimiter::ready`].
+    answered: AtomicBool,
     counters: Counters,
     metrics: HybridMetrics,
 }
@@ -441,6 +445,63 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 Ok(Decision::Allowed)
             }
             Err(_) => s.denied(n),
+        }
+    }
+
+    /// Waits until the limiter has been answered by the store once: its first lease is in the
+    /// local bucket (or the store said the fleet's bucket is empty, and denials are honest),
+    /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
+    /// Call it once after building, before serving traffic (a warm start). Later calls return
+    /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), ratelease::Error> {
+    /// use ratelease::{HybridLimiter, MemoryStore, Quota};
+    ///
+    /// let limiter = HybridLimiter::new("api", Quota::per_second(1_000)?, MemoryStore::new())?;
+    /// limiter.ready().await?;
+    /// assert!(limiter.try_acquire(1)?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the first lease failed, or, called while the store is failing, if
+    /// the lease it asks for fails too (the limiter keeps running: its failure policy answers
+    /// until the store does, so a service may also start anyway and call `ready` again
+    /// later); [`Error::Closed`] if the limiter was shut down.
+    pub async fn ready(&self) -> Result<(), Error> {
+        let s = &*self.handle.shared;
+        let mut probed = false;
+        loop {
+            let finished = s.finished.notified();
+            let mut finished = std::pin::pin!(finished);
+            finished.as_mut().enable();
+            if s.signal.is_closed() {
+                return Err(Error::Closed);
+            }
+            // Acquire: pairs with the task's Release store, after it added the granted tokens.
+            let answered = s.answered.load(Ordering::Acquire);
+            if answered && !s.circuit.is_open() {
+                return Ok(());
+            }
+            if answered && probed {
+                // Open means a failure was recorded, so there is an error to report.
+                return match s.circuit.error_since(0) {
+                    Some(error) => Err(Error::Store(error)),
+                    None => Ok(()),
+                };
+            }
+            if answered {
+                // The store was failing: ask for a lease now, as a denied caller would (which
+                // also reaches a task pausing after the failure), and report its outcome.
+                s.signal.denied(1);
+                probed = true;
+            } else {
+                // Without prefetch nothing was asked yet (a no-op if a lease is under way).
+                s.signal.request();
+            }
+            finished.await;
         }
     }
 
@@ -728,6 +789,7 @@ async fn refill_loop<S: LeaseStore>(
         expires: None,
         window: None,
         review_at: None,
+        granted_at: None,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -750,6 +812,8 @@ async fn refill_loop<S: LeaseStore>(
         }
     }
     task.give_back(&s, true).await;
+    // Waiters in `ready` or `acquire` see the limiter closed.
+    s.finished.notify_waiters();
 }
 
 /// Whether a refill request needs no lease: nobody was denied and the local bucket still holds
@@ -799,6 +863,8 @@ struct Task {
     window: Option<Duration>,
     /// When to look again at what this node holds against its measured demand (see `trim`).
     review_at: Option<Instant>,
+    /// When the last lease granted tokens.
+    granted_at: Option<Instant>,
 }
 
 impl Task {
@@ -816,7 +882,8 @@ impl Task {
     }
 
     /// Give-back time for an idle node: `idle_after` without demand, and never sooner than four
-    /// expected gaps between its requests.
+    /// expected gaps between its requests; a lease just granted (a warm start before the first
+    /// request, say) is kept at least `idle_after` too.
     fn idle_at(&self, terms: &LeaseTerms) -> Instant {
         let rate = self.demand.rate();
         let gaps = if rate > 0.0 {
@@ -824,7 +891,10 @@ impl Task {
         } else {
             Duration::ZERO
         };
-        self.demand.last_change() + terms.idle_after.max(gaps)
+        let since = self.granted_at.map_or(self.demand.last_change(), |g| {
+            g.max(self.demand.last_change())
+        });
+        since + terms.idle_after.max(gaps)
     }
 
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
@@ -1078,6 +1148,7 @@ impl Task {
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
             if reply.granted > 0 {
                 self.review_at = Some(Instant::now() + review_after(terms.horizon));
+                self.granted_at = Some(Instant::now());
             }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
             s.counters
@@ -1127,6 +1198,8 @@ impl Task {
         if let Some(deadline) = pause {
             s.block_until(deadline);
         }
+        // Release: a caller of `ready` that sees it also sees the tokens added above.
+        s.answered.store(true, Ordering::Release);
         s.finished.notify_waiters();
         let after = s.local.available();
         if let Some(deadline) = pause {

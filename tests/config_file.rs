@@ -190,6 +190,13 @@ async fn the_built_limiters_enforce_their_quotas_on_redis() {
     .unwrap();
     let store = RedisStore::connect(server.url()).await.unwrap();
     let limiters = LimitersConfig::load(&path).unwrap().build(&store).unwrap();
+    // A warm start: once ready, the hybrid limiter holds its first batch, so its first check
+    // is answered locally.
+    limiters.ready().await.unwrap();
+    let Some(AnyLimiter::Hybrid(warm)) = limiters.get("leased") else {
+        panic!("expected a hybrid limiter")
+    };
+    assert_eq!(warm.available(), 5, "{:?}", warm.stats());
 
     let hourly = limiters.get("hourly").unwrap();
     assert!(matches!(hourly, AnyLimiter::Pure(_)));

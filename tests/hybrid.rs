@@ -536,3 +536,93 @@ async fn a_low_reading_hint_does_not_start_a_lease_per_token() {
     // 400 tokens beyond the big batch, 8 a lease: about 50 leases, not one per token.
     assert!(stats.leases < 120, "{stats:?}");
 }
+
+/// A new limiter denies until its first lease lands a round trip later; `ready` waits for it,
+/// so the first check after it is allowed (a warm start).
+#[tokio::test(start_paused = true)]
+async fn ready_waits_for_the_first_lease_so_the_first_check_is_allowed() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    let quota = Quota::per_second(1_000).unwrap();
+    let cold = HybridLimiter::new("cold", quota, store.clone()).unwrap();
+    assert!(
+        !cold.try_acquire(1).unwrap().is_allowed(),
+        "without ready: the lease is still in flight"
+    );
+    let warm = HybridLimiter::new("warm", quota, store.clone()).unwrap();
+    let started = tokio::time::Instant::now();
+    warm.ready().await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1),
+        "one round trip"
+    );
+    assert!(warm.try_acquire(1).unwrap().is_allowed());
+    // Later calls return at once, and count no lease.
+    let leases = warm.stats().leases;
+    warm.ready().await.unwrap();
+    assert_eq!(warm.stats().leases, leases);
+
+    // Without prefetch, ready starts the first lease itself.
+    let lazy = HybridLimiter::builder("lazy", quota, store.clone())
+        .prefetch(false)
+        .build()
+        .unwrap();
+    settle().await;
+    assert_eq!(lazy.stats().leases, 0);
+    lazy.ready().await.unwrap();
+    assert_eq!(lazy.stats().leases, 1);
+    assert!(lazy.try_acquire(1).unwrap().is_allowed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_reports_a_failing_store_and_a_closed_limiter() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    store.failing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::new("down", quota, store.clone()).unwrap();
+    let err = tokio::time::timeout(Duration::from_millis(50), limiter.ready())
+        .await
+        .expect("answered after the first failed lease")
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::Timeout(_))),
+        "{err:?}"
+    );
+    // The limiter keeps running: once the store answers, ready succeeds.
+    store.failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    limiter.ready().await.unwrap();
+    let d = limiter.try_acquire(1).unwrap();
+    assert!(d.is_allowed(), "{d:?} {:?}", limiter.stats());
+
+    let closed = HybridLimiter::builder("closed", quota, store.clone())
+        .prefetch(false)
+        .build()
+        .unwrap();
+    closed.shutdown().await;
+    assert!(matches!(closed.ready().await, Err(Error::Closed)));
+}
+
+/// A limit far above demand: no caller is ever denied while the fleet has plenty of tokens,
+/// including while a refill is in flight and while demand ramps up (145 000/s in bursts of
+/// 145 a millisecond, against 10 000 000/s).
+#[tokio::test(start_paused = true)]
+async fn a_limit_far_above_demand_never_denies() {
+    let store = Wrapped::new(Duration::from_micros(200));
+    let quota = Quota::per_second(10_000_000).unwrap();
+    let limiter = HybridLimiter::new("ample", quota, store.clone()).unwrap();
+    limiter.ready().await.unwrap();
+    let mut denied = 0;
+    for ms in 0..3_000u64 {
+        // Ramps from 1 000/s to 145 000/s over the first second.
+        let per_ms = (1 + ms * 144 / 1_000).min(145);
+        for _ in 0..per_ms {
+            if !limiter.try_acquire(1).unwrap().is_allowed() {
+                denied += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stats = limiter.stats();
+    assert!(stats.leases >= 3, "it leased along the way: {stats:?}");
+    assert_eq!(denied, 0, "{stats:?}");
+}
