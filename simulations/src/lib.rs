@@ -16,8 +16,12 @@
 //!   limiters share one virtual time. No wall-clock time or thread scheduling enters a run.
 //! - **Store model** ([`store_model`]). One shared `MemoryStore` (the same bucket arithmetic
 //!   as the Lua script) behind a modelled network round trip (default mean 90 µs) and a
-//!   single-threaded Redis server (6 µs per script call, FIFO queueing), with outages and
-//!   latency spikes as timed events.
+//!   single-threaded Redis server (a service time per kind of call, measured on a real
+//!   redis-server by [`calibrate`]; FIFO queueing), with outages and latency spikes as timed
+//!   events. Its busy time is the Redis CPU a fleet costs.
+//! - **Fleet events** ([`scenario::NodeLife`]). Crashes, joins, a whole fleet starting at
+//!   once, rolling restarts, scale-out and scale-in; [`sweep`] runs one scenario at several
+//!   fleet sizes.
 //! - **Demand** ([`demand`]). Per-node Poisson arrivals with piecewise-constant rates
 //!   (uniform, Zipf, hot node, moving hot spot, on/off), generated once from the seed and
 //!   replayed identically to every mode.

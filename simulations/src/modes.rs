@@ -32,7 +32,7 @@
 //! the hybrid modes, another limiter's `available() ≥ 1`; for static-share, another node's
 //! private bucket holding a whole token; never for pure-Redis, which holds nothing locally.
 //! Which nodes hold tokens is looked up at most once per millisecond of the run's time (a scan
-//! of every node; [`Holders`]), so a fleet of 100 000 nodes does not scan itself per denial.
+//! of every node), so a fleet of 100 000 nodes does not scan itself per denial.
 //!
 //! The fleet is generic over the store, so live mode runs exactly this code against Redis.
 

@@ -4,8 +4,8 @@
 //!
 //! Paused tokio time is virtual, but tokio's timer wheel has a resolution of one millisecond:
 //! every deadline is rounded up to the next whole millisecond (a 1 µs sleep takes 1 ms, a
-//! 100 µs sleep started at 1.3 ms ends at 2 ms). A store round trip of 90 µs and 6 µs of Redis
-//! service time cannot be modelled with it.
+//! 100 µs sleep started at 1.3 ms ends at 2 ms). A store round trip of 90 µs and tens of µs of
+//! Redis service time cannot be modelled with it.
 //!
 //! # How it works
 //!

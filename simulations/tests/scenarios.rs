@@ -26,12 +26,17 @@ fn every_shipped_scenario_parses() {
         [
             "bursty",
             "fixed-window",
+            "fleet-start",
             "hot-node",
+            "low-rate",
             "moving-hotspot",
             "node-crash",
+            "rolling-restart",
+            "scale-out-in",
             "skewed",
             "skewed-small-burst",
             "store-outage",
+            "tight-burst",
             "uniform"
         ]
     );
