@@ -275,40 +275,29 @@ pub fn sizes(sc: &Scenario, sizes: &[usize]) -> Result<Vec<Scenario>> {
 mod tests {
     use super::*;
 
+    /// A fleet of `nodes` whose node 50 crashes at 1 s.
+    fn crashing(nodes: usize) -> Result<Scenario> {
+        Scenario::parse(&format!(
+            r#"
+            name = "s"
+            duration_s = 2
+            rate = 1000
+            nodes = {nodes}
+            [demand]
+            pattern = "zipf"
+            total_rps = 2000
+            [[events]]
+            at_s = 1
+            kind = "node_crash"
+            node = 50
+            "#
+        ))
+    }
+
     #[test]
     fn sizes_keep_the_fleet_wide_numbers() {
-        let sc = Scenario::parse(
-            r#"
-            name = "s"
-            duration_s = 2
-            rate = 1000
-            nodes = 10
-            [demand]
-            pattern = "zipf"
-            total_rps = 2000
-            [[events]]
-            at_s = 1
-            kind = "node_crash"
-            node = 50
-            "#,
-        );
-        assert!(sc.is_err(), "node 50 of 10");
-        let sc = Scenario::parse(
-            r#"
-            name = "s"
-            duration_s = 2
-            rate = 1000
-            nodes = 100
-            [demand]
-            pattern = "zipf"
-            total_rps = 2000
-            [[events]]
-            at_s = 1
-            kind = "node_crash"
-            node = 50
-            "#,
-        )
-        .unwrap();
+        assert!(crashing(10).is_err(), "node 50 of 10");
+        let sc = crashing(100).unwrap();
         let v = sizes(&sc, &[10, 1000]).unwrap();
         assert_eq!(v[0].name, "s-10");
         assert_eq!(v[0].nodes, 10);
