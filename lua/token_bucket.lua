@@ -334,6 +334,8 @@ if first ~= q then
 end
 
 local granted, retry, share = 0, 0, 0
+-- Whether this call wrote a new leaser record.
+local new_record = false
 -- The expiry this call gave a lease, if any.
 local expiry = nil
 if op == 'lease' and min > burst then
@@ -349,6 +351,9 @@ elseif op == 'lease' and node == '' then
 elseif op == 'lease' then
   local r = parse(redis.call('HGET', KEYS[2], node))
   local fresh = r == nil
+  -- A new record may recreate the leasers' keys (an emptied hash or set is deleted): they
+  -- need an expiry again at once.
+  new_record = fresh
   if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0 } end
   -- What the node no longer holds, it spent.
   if held > r.o then held = r.o end
@@ -457,14 +462,23 @@ else
   local ms = int_str(keep + SLACK_MS)
   if latest == 0 then
     lives = 0
-  elseif lives < now + (keep + SLACK_MS / 2) * 1000 then
+  elseif forgot or new_record or lives < now + (keep + SLACK_MS / 2) * 1000 then
+    -- Records were removed (the keys may have emptied and been recreated) or added, or the
+    -- keys' expiry is near: push it out.
     redis.call('PEXPIRE', KEYS[2], ms)
     redis.call('PEXPIRE', KEYS[3], ms)
     lives = math.min(now + (keep + SLACK_MS) * 1000, MAX_TIME)
   end
+  -- The bucket never outlives the leasers' keys (their expiry is pushed out less often): a
+  -- bucket whose leaser records had expired away would count their tokens outstanding for
+  -- good. Both still last past `keep`, when every lease has expired and the bucket is full.
+  local bucket_ms = ms
+  if latest > 0 then
+    bucket_ms = int_str(math.min(keep + SLACK_MS, floor_div(math.max(0, lives - now), 1000)))
+  end
   redis.call('SET', KEYS[1],
     struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest, lives),
-    'PX', ms)
+    'PX', bucket_ms)
 end
 if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, share } end
 return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }

@@ -130,8 +130,19 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         if let Some(config) = keys.get(3) {
             pipe.cmd("HGETALL").arg(config);
         }
+        for key in &keys[..3] {
+            pipe.cmd("PTTL").arg(key);
+        }
     },
-    check: |_, replies| {
+    check: |keys, replies| {
+        // Every stored key expires (-2: absent; -1: no expiry, a leak).
+        let ttls = &replies[replies.len() - 3..];
+        for (key, ttl) in keys.iter().zip(ttls) {
+            let ttl: i64 = redis::from_redis_value(ttl.clone()).unwrap();
+            if ttl == -1 {
+                return Err(format!("{key} never expires"));
+            }
+        }
         let raw: Option<Vec<u8>> = redis::from_redis_value(replies[0].clone()).unwrap();
         let leasers: HashMap<String, Vec<u8>> =
             redis::from_redis_value(replies[1].clone()).unwrap();
@@ -163,8 +174,9 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         if !(records_ok && index_ok) {
             return Err(format!("leasers {leasers:?}, expiry {expiry:?}"));
         }
-        if let Some(config) = replies.get(3) {
-            let config: HashMap<String, String> = redis::from_redis_value(config.clone()).unwrap();
+        if keys.len() > 3 {
+            let config: HashMap<String, String> =
+                redis::from_redis_value(replies[3].clone()).unwrap();
             let field = |k: &str| config.get(k).map(String::as_str).unwrap_or("");
             let ok = config.is_empty()
                 || (config.len() == 3

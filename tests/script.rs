@@ -283,3 +283,70 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
         .unwrap_err();
     assert!(matches!(err, ratelease::Error::Config(_)), "{err:?}");
 }
+
+/// The leasers' keys get their expiry pushed out only when it nears its end; the bucket, written
+/// at every call, must never outlive them — a bucket whose leaser records had expired away
+/// would count their tokens as outstanding for good.
+#[tokio::test]
+async fn the_bucket_never_outlives_its_leasers_keys() {
+    let server = RedisServer::start();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(5))
+        .explicit_clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let q = Quota::per_second(100).unwrap();
+    let node = NodeLease {
+        id: 7,
+        held: 0,
+        demand_mtps: 50_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(10),
+    };
+    let lease = LeaseRequest::new(10, 1).by(node);
+    assert!(store.lease("ttl", &q, &lease).await.unwrap().granted > 0);
+    // Four seconds on (explicit time; no real time passes): the leasers' keys are not
+    // extended again yet, the bucket is rewritten.
+    clock.advance(Duration::from_secs(4));
+    assert!(store.lease("ttl", &q, &lease).await.unwrap().granted > 0);
+    let key = store.key("ttl");
+    let pttl = |k: String| -> i64 { server.cmd(&["PTTL", &k]) };
+    let (bucket, leasers, expiry) = (
+        pttl(key.clone()),
+        pttl(format!("{key}:leasers")),
+        pttl(format!("{key}:expiry")),
+    );
+    assert!(leasers > 0 && expiry > 0, "{leasers} {expiry}");
+    assert!(
+        bucket <= leasers - 3_000 && bucket <= expiry - 3_000,
+        "bucket {bucket} ms, leasers {leasers} ms, expiry index {expiry} ms"
+    );
+    // It still lives past the point where every lease has expired and the bucket is full
+    // (a 10 s lease, 0.1 s to refill 10 tokens), with room to spare.
+    assert!(bucket > 10_100, "{bucket}");
+    // A short lease on a slow bucket (1 token/s): the keys live ~20 s, the lease 1 s. When it
+    // has expired, the next lease removes its record — the emptied keys are deleted — and
+    // writes a new one: the recreated keys need an expiry at once, though the old one was far.
+    let slow = Quota::per_second(1).unwrap().with_burst(10).unwrap();
+    let short = LeaseRequest::new(10, 1).by(NodeLease {
+        ttl: Duration::from_secs(1),
+        ..node
+    });
+    assert_eq!(
+        store.lease("slow", &slow, &short).await.unwrap().granted,
+        10
+    );
+    clock.advance(Duration::from_secs(2));
+    assert!(store.lease("slow", &slow, &short).await.unwrap().granted > 0);
+    let key = store.key("slow");
+    for k in [
+        key.clone(),
+        format!("{key}:leasers"),
+        format!("{key}:expiry"),
+    ] {
+        let left = pttl(k.clone());
+        assert!(left > 5_000, "{k}: {left}");
+    }
+}
