@@ -474,7 +474,9 @@ else
   -- good. Both still last past `keep`, when every lease has expired and the bucket is full.
   local bucket_ms = ms
   if latest > 0 then
-    bucket_ms = int_str(math.min(keep + SLACK_MS, floor_div(math.max(0, lives - now), 1000)))
+    -- (At the end of representable time, `lives` saturates at `now`: keep the plain expiry.)
+    local left = floor_div(math.max(0, lives - now), 1000)
+    if left >= 1 and left < keep + SLACK_MS then bucket_ms = int_str(left) end
   end
   redis.call('SET', KEYS[1],
     struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest, lives),

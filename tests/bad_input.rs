@@ -598,3 +598,32 @@ async fn a_store_granting_more_than_asked_is_a_bad_reply() {
     assert_eq!(keyed.available("k"), 0);
     assert!(hybrid.stats().circuit_open && keyed.stats().circuit_open);
 }
+
+/// At the end of representable time (2^53 µs; "2^53 + 1" parses to it) a node's lease still
+/// gets a valid expiry for its bucket. Found by the fuzzer above: the bucket's expiry, capped
+/// by the leasers' keys' life, came out as 0 ms (`SET … PX 0` is an error).
+#[test]
+fn a_lease_at_the_end_of_time_still_sets_a_valid_expiry() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let key = "endtime{k}";
+    let args: Vec<String> = [
+        "lease",
+        "1",
+        "1",
+        "18",
+        "18",
+        "1",
+        "9007199254740993",
+        "n0",
+        "1",
+        "1",
+        "1",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let reply = eval(&mut con, key, &args).unwrap();
+    assert_eq!(reply[0], 18, "{reply:?}");
+    assert!(state_is_valid(&mut con, key));
+}
