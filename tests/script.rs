@@ -188,9 +188,8 @@ fn memory_store_and_lua_script_agree() {
     );
 }
 
-#[tokio::test]
-async fn script_state_is_exact_and_expires_after_time_to_full() {
-    let server = RedisServer::start();
+/// A store on `server` whose calls pass an explicit time: a fake clock at 1 000 s.
+async fn store_at_1000_s(server: &RedisServer) -> (RedisStore, FakeClock) {
     let clock = FakeClock::starting_at(Duration::from_secs(1_000));
     let store = RedisStore::builder(server.url())
         .response_timeout(Duration::from_secs(5))
@@ -198,6 +197,13 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
         .connect()
         .await
         .unwrap();
+    (store, clock)
+}
+
+#[tokio::test]
+async fn script_state_is_exact_and_expires_after_time_to_full() {
+    let server = RedisServer::start();
+    let (store, clock) = store_at_1000_s(&server).await;
     // 3 tokens per 10 ms: scale = 10_000 / gcd(3, 10_000) = 10_000 units per token.
     let q = Quota::with_parts(3, Duration::from_millis(10), 3).unwrap();
     let sent = std::time::Instant::now();
@@ -290,13 +296,7 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
 #[tokio::test]
 async fn the_bucket_never_outlives_its_leasers_keys() {
     let server = RedisServer::start();
-    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .explicit_clock(clock.clone())
-        .connect()
-        .await
-        .unwrap();
+    let (store, clock) = store_at_1000_s(&server).await;
     let q = Quota::per_second(100).unwrap();
     let node = NodeLease {
         id: 7,
