@@ -82,6 +82,23 @@ impl Quota {
         Self::new(rate, Duration::from_secs(60))
     }
 
+    /// `rate` tokens per hour, burst = `rate`.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn per_hour(rate: u64) -> Result<Self, QuotaError> {
+        Self::new(rate, Duration::from_secs(3_600))
+    }
+
+    /// `rate` tokens per day (24 hours), burst = `rate`.
+    ///
+    /// # Errors
+    /// As [`Quota::new`] (a day is long: a large rate with a burst far above it may be
+    /// [`QuotaError::TooLarge`]).
+    pub fn per_day(rate: u64) -> Result<Self, QuotaError> {
+        Self::new(rate, Duration::from_secs(86_400))
+    }
+
     /// The same rate with another burst.
     ///
     /// # Errors
@@ -229,6 +246,20 @@ mod tests {
         let q = Quota::with_parts(10_000_000, Duration::from_secs(86_400), 10_000_000).unwrap();
         assert_eq!(q.scale(), 8_640);
         assert_eq!(q.increment(), 1);
+    }
+
+    #[test]
+    fn hours_and_days() {
+        let h = Quota::per_hour(3_600).unwrap();
+        assert_eq!(
+            (h.rate(), h.period(), h.burst()),
+            (3_600, Duration::from_secs(3_600), 3_600)
+        );
+        assert_eq!(h.time_for(1), Duration::from_secs(1));
+        let d = Quota::per_day(24).unwrap();
+        assert_eq!(d.period(), Duration::from_secs(86_400));
+        assert_eq!(d.time_for(1), Duration::from_secs(3_600));
+        assert_eq!(Quota::per_day(0), Err(QuotaError::ZeroRate));
     }
 
     #[test]

@@ -274,10 +274,7 @@ async fn a_refused_read_fails_the_call_instead_of_reading_a_full_bucket() {
         .filter(|r| *r != "+get")
         .collect();
     create_user(&server, "no-get", &no_get);
-    let quota = Quota::new(1, Duration::from_secs(3600))
-        .unwrap()
-        .with_burst(3)
-        .unwrap();
+    let quota = Quota::per_hour(1).unwrap().with_burst(3).unwrap();
     let full = RedisLimiter::new("empty", quota, store(&server, "ratelease").await).unwrap();
     assert!(full.try_acquire(3).await.unwrap().is_allowed());
     assert!(!full.try_acquire(1).await.unwrap().is_allowed());
