@@ -453,6 +453,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
     /// Call it once after building, before serving traffic (a warm start). Later calls return
     /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease.
+    /// (A limiter that later stays idle gives its tokens back, see
+    /// [`AdaptiveLease::idle_after`]: the first request after such a spell waits for a lease
+    /// again.)
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -472,6 +475,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// later); [`Error::Closed`] if the limiter was shut down.
     pub async fn ready(&self) -> Result<(), Error> {
         let s = &*self.handle.shared;
+        // Failures before this call are old news: only a lease answered meanwhile decides.
+        let seen = s.circuit.failures();
         let mut probed = false;
         loop {
             let finished = s.finished.notified();
@@ -485,18 +490,18 @@ impl<S: LeaseStore> HybridLimiter<S> {
             if answered && !s.circuit.is_open() {
                 return Ok(());
             }
-            if answered && probed {
-                // Open means a failure was recorded, so there is an error to report.
-                return match s.circuit.error_since(0) {
-                    Some(error) => Err(Error::Store(error)),
-                    None => Ok(()),
-                };
-            }
             if answered {
-                // The store was failing: ask for a lease now, as a denied caller would (which
-                // also reaches a task pausing after the failure), and report its outcome.
-                s.signal.denied(1);
-                probed = true;
+                // A lease failed while this call waited (the first one, typically): report it.
+                if let Some(error) = s.circuit.error_since(seen) {
+                    return Err(Error::Store(error));
+                }
+                if !probed {
+                    // The store was failing before this call: ask for a lease now, as a denied
+                    // caller would (the request outlasts the task's back-off), and report its
+                    // outcome.
+                    s.signal.denied(1);
+                    probed = true;
+                }
             } else {
                 // Without prefetch nothing was asked yet (a no-op if a lease is under way).
                 s.signal.request();
