@@ -208,23 +208,19 @@ end
 -- Load; a bucket that is not valid reads as full with nothing outstanding. A bucket written
 -- under another quota (`first`) runs to `now` under it before it is rescaled to `q`.
 --
--- The bucket is one string: a format byte (1), then ten little-endian doubles — level v (in
+-- The bucket is one string: a format byte (1), then nine little-endian doubles — level v (in
 -- 1/scale token units), scale s, time t (µs), outstanding o, demand d, the quota r p b it was
--- written under, x, the latest lease expiry on record in µs (0: no leaser records, so a
--- pure-mode call skips the leasers' keys altogether), and e, the time in µs until which the
--- leasers' keys are known to live (their expiry is pushed out only when it comes within half
--- of SLACK_MS of what they need, not at every call). Packed, not printed: turning a number
+-- written under, and x, the latest lease expiry on record in µs (0: no leaser records, so a
+-- pure-mode call skips the leasers' keys altogether). Packed, not printed: turning a number
 -- into text costs Redis's Lua more than a command does, and one GET and one SET … PX are
 -- the cheapest read and write there are. A bucket stored as a hash (v s t o d r p b fields, as
 -- earlier versions wrote it) is read once and replaced.
-local STATE, STATE_LEN = '<Bdddddddddd', 81
+local STATE, STATE_LEN = '<Bddddddddd', 73
 local level, ts, out, dsum = cap, now, 0, 0
 local first = q
 -- The latest lease expiry on record: nil while unknown (leaser records may exist).
 local latest = nil
--- Until when the leasers' keys live (0: unknown).
-local lives = 0
-local v, s, t, o, d, r, p, b, x, e
+local v, s, t, o, d, r, p, b, x
 -- Only a key of another type is read as absent (WRONGTYPE); any other error (a refused
 -- command, say) fails the call, never reads as a full bucket.
 local function wrong_type(reply)
@@ -234,7 +230,7 @@ end
 local raw = redis.pcall('GET', KEYS[1])
 if type(raw) == 'string' and #raw == STATE_LEN then
   local format
-  format, v, s, t, o, d, r, p, b, x, e = struct.unpack(STATE, raw)
+  format, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
   if format ~= 1 then v = nil end
 elseif wrong_type(raw) then
   local h = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
@@ -259,7 +255,6 @@ if v and s and t and o and d then
   ts = t
   dsum = d
   latest = int_val(x, 0, MAX_TIME)
-  lives = int_val(e, 0, MAX_TIME) or 0
 end
 local leasers = latest ~= 0 or node ~= ''
 
@@ -334,8 +329,6 @@ if first ~= q then
 end
 
 local granted, retry, share = 0, 0, 0
--- Whether this call wrote a new leaser record.
-local new_record = false
 -- The expiry this call gave a lease, if any.
 local expiry = nil
 if op == 'lease' and min > burst then
@@ -351,9 +344,6 @@ elseif op == 'lease' and node == '' then
 elseif op == 'lease' then
   local r = parse(redis.call('HGET', KEYS[2], node))
   local fresh = r == nil
-  -- A new record may recreate the leasers' keys (an emptied hash or set is deleted): they
-  -- need an expiry again at once.
-  new_record = fresh
   if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0 } end
   -- What the node no longer holds, it spent.
   if held > r.o then held = r.o end
@@ -460,27 +450,14 @@ else
   local keep = ceil_div(ceil_div(cap - level, inc), 1000)
   if latest > 0 then keep = keep + ceil_div(math.max(0, latest - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
-  if latest == 0 then
-    lives = 0
-  elseif forgot or new_record or lives < now + (keep + SLACK_MS / 2) * 1000 then
-    -- Records were removed (the keys may have emptied and been recreated) or added, or the
-    -- keys' expiry is near: push it out.
+  -- The leasers' keys expire with the bucket (never after it: a bucket whose records had
+  -- expired away would count their tokens as outstanding for good).
+  if leasers then
     redis.call('PEXPIRE', KEYS[2], ms)
     redis.call('PEXPIRE', KEYS[3], ms)
-    lives = math.min(now + (keep + SLACK_MS) * 1000, MAX_TIME)
-  end
-  -- The bucket never outlives the leasers' keys (their expiry is pushed out less often): a
-  -- bucket whose leaser records had expired away would count their tokens outstanding for
-  -- good. Both still last past `keep`, when every lease has expired and the bucket is full.
-  local bucket_ms = ms
-  if latest > 0 then
-    -- (At the end of representable time, `lives` saturates at `now`: keep the plain expiry.)
-    local left = floor_div(math.max(0, lives - now), 1000)
-    if left >= 1 and left < keep + SLACK_MS then bucket_ms = int_str(left) end
   end
   redis.call('SET', KEYS[1],
-    struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest, lives),
-    'PX', bucket_ms)
+    struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest), 'PX', ms)
 end
 if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, share } end
 return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }

@@ -290,9 +290,9 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
     assert!(matches!(err, ratelease::Error::Config(_)), "{err:?}");
 }
 
-/// The leasers' keys get their expiry pushed out only when it nears its end; the bucket, written
-/// at every call, must never outlive them — a bucket whose leaser records had expired away
-/// would count their tokens as outstanding for good.
+/// The bucket must never outlive its leasers' keys — a bucket whose leaser records had expired
+/// away would count their tokens as outstanding for good — and every key must expire, also
+/// when an emptied hash or set is recreated.
 #[tokio::test]
 async fn the_bucket_never_outlives_its_leasers_keys() {
     let server = RedisServer::start();
@@ -307,28 +307,29 @@ async fn the_bucket_never_outlives_its_leasers_keys() {
     };
     let lease = LeaseRequest::new(10, 1).by(node);
     assert!(store.lease("ttl", &q, &lease).await.unwrap().granted > 0);
-    // Four seconds on (explicit time; no real time passes): the leasers' keys are not
-    // extended again yet, the bucket is rewritten.
     clock.advance(Duration::from_secs(4));
     assert!(store.lease("ttl", &q, &lease).await.unwrap().granted > 0);
     let key = store.key("ttl");
     let pttl = |k: String| -> i64 { server.cmd(&["PTTL", &k]) };
-    let (bucket, leasers, expiry) = (
-        pttl(key.clone()),
-        pttl(format!("{key}:leasers")),
-        pttl(format!("{key}:expiry")),
+    // Absolute expiry times, ms: comparable exactly.
+    let at = |k: String| -> i64 { server.cmd(&["PEXPIRETIME", &k]) };
+    let (bucket_at, leasers_at, expiry_at) = (
+        at(key.clone()),
+        at(format!("{key}:leasers")),
+        at(format!("{key}:expiry")),
     );
-    assert!(leasers > 0 && expiry > 0, "{leasers} {expiry}");
+    assert!(leasers_at > 0 && expiry_at > 0, "{leasers_at} {expiry_at}");
     assert!(
-        bucket <= leasers - 3_000 && bucket <= expiry - 3_000,
-        "bucket {bucket} ms, leasers {leasers} ms, expiry index {expiry} ms"
+        bucket_at <= leasers_at && bucket_at <= expiry_at,
+        "bucket {bucket_at}, leasers {leasers_at}, expiry index {expiry_at}"
     );
+    let bucket = pttl(key.clone());
     // It still lives past the point where every lease has expired and the bucket is full
     // (a 10 s lease, 0.1 s to refill 10 tokens), with room to spare.
     assert!(bucket > 10_100, "{bucket}");
-    // A short lease on a slow bucket (1 token/s): the keys live ~20 s, the lease 1 s. When it
-    // has expired, the next lease removes its record — the emptied keys are deleted — and
-    // writes a new one: the recreated keys need an expiry at once, though the old one was far.
+    // A short lease on a slow bucket (1 token/s): when it has expired, the next lease removes
+    // its record — the emptied keys are deleted — and writes a new one: the recreated keys
+    // need an expiry again.
     let slow = Quota::per_second(1).unwrap().with_burst(10).unwrap();
     let short = LeaseRequest::new(10, 1).by(NodeLease {
         ttl: Duration::from_secs(1),

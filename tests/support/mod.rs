@@ -799,7 +799,7 @@ pub fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
 }
 
 /// A token bucket's stored state, decoded from the packed string `lua/token_bucket.lua` keeps
-/// at the bucket's key (a format byte 1, then ten little-endian doubles).
+/// at the bucket's key (a format byte 1, then nine little-endian doubles).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
     /// Level, in 1/scale token units.
@@ -818,15 +818,13 @@ pub struct BucketState {
     pub b: f64,
     /// Latest lease expiry on record, µs (0: no leaser records).
     pub x: f64,
-    /// Until when the leasers' keys are known to live, µs.
-    pub e: f64,
 }
 
 impl BucketState {
     /// The state in `raw`, or `None` if it is not a packed bucket.
     pub fn decode(raw: &[u8]) -> Option<Self> {
         let [1, rest @ ..] = raw else { return None };
-        if rest.len() != 80 {
+        if rest.len() != 72 {
             return None;
         }
         let f: Vec<f64> = rest
@@ -843,7 +841,6 @@ impl BucketState {
             p: f[6],
             b: f[7],
             x: f[8],
-            e: f[9],
         })
     }
 
