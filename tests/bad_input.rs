@@ -599,8 +599,8 @@ async fn a_store_granting_more_than_asked_is_a_bad_reply() {
 }
 
 /// At the end of representable time (2^53 µs; "2^53 + 1" parses to it) a node's lease still
-/// gets a valid expiry for its bucket. Found by the fuzzer above: the bucket's expiry, capped
-/// by the leasers' keys' life, came out as 0 ms (`SET … PX 0` is an error).
+/// gets a valid expiry for its bucket (`SET … PX 0` is an error). Found by the fuzzer above
+/// against an earlier version of the script.
 #[test]
 fn a_lease_at_the_end_of_time_still_sets_a_valid_expiry() {
     let server = RedisServer::start();
