@@ -113,8 +113,8 @@ use crate::keyed::{
     self, KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_KEYS,
 };
+use crate::lease::policy::{AdaptiveLease, FixedLease};
 use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
-use crate::policy::{AdaptiveLease, FixedLease};
 use crate::pure::{RedisLimiter, RedisLimiterBuilder};
 use crate::quota::Quota;
 use crate::store::LeaseStore;

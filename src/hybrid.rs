@@ -3,7 +3,7 @@
 //! # Implementation details
 //!
 //! Each `HybridLimiter` owns a [`LocalBucket`] (per-thread slots of atomic words, see
-//! [`crate::local`]) and one background task on the
+//! [`crate::lease::local`]) and one background task on the
 //! tokio runtime it was built on. The caller's path, [`HybridLimiter::try_acquire`], is a CAS
 //! loop on the local word and nothing else: no lock, no allocation, no I/O, no clock read.
 //!
@@ -54,15 +54,17 @@ use tokio::time::Instant;
 use crate::algorithm::Algorithm;
 use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
-use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::key;
+use crate::lease::demand::DemandEstimator;
+use crate::lease::local::LocalBucket;
+use crate::lease::policy::{
+    AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms,
+};
+use crate::lease::refill::{RefillSignal, Wake};
 use crate::limiter::{check_tokens, Decision, Limiter};
-use crate::local::LocalBucket;
-use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::quota::{Quota, MAX_VALUE};
-use crate::refill::{RefillSignal, Wake};
 use crate::store::{
     LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, RedisStore, ReleaseRequest,
 };
@@ -823,10 +825,10 @@ async fn refill_loop<S: LeaseStore>(
 
 /// Whether a refill request needs no lease: nobody was denied and the local bucket still holds
 /// the low-water mark. Callers compare the mark with a hint that can read low (tokens parked in
-/// another slot of the local bucket are not in it, see [`crate::local`]); leasing on such a
+/// another slot of the local bucket are not in it, see [`crate::lease::local`]); leasing on such a
 /// request asks for nothing (the policy's target is already held), and every token spent
 /// would then cost a store call. The flag is lowered and the bucket looked at again (the
-/// store-buffer pattern of [`crate::refill`]), so a caller that crosses the mark or is denied
+/// store-buffer pattern of [`crate::lease::refill`]), so a caller that crosses the mark or is denied
 /// meanwhile is not lost.
 fn spurious<S>(s: &Shared<S>) -> bool {
     // Relaxed: a state flag; see `Shared::denied`.

@@ -65,21 +65,18 @@ pub mod config;
 pub mod config_file;
 mod connect;
 mod deadline;
-mod demand;
 mod error;
 pub mod failure;
 mod hybrid;
 mod key;
 pub mod keyed;
+mod lease;
 mod limiter;
-mod local;
 pub mod lock;
 #[cfg(feature = "tower")]
 pub mod middleware;
-mod policy;
 mod pure;
 mod quota;
-mod refill;
 mod store;
 pub mod telemetry;
 mod verdict;
@@ -105,14 +102,14 @@ pub use keyed::{
     KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
 };
+pub use lease::policy::{
+    AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
+    MIN_AUTO_HORIZON,
+};
 pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,
-};
-pub use policy::{
-    AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
-    MIN_AUTO_HORIZON,
 };
 pub use pure::{RedisLimiter, RedisLimiterBuilder};
 pub use quota::{Quota, QuotaError, MAX_VALUE};

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use crate::refill::RefillSignal;
+use crate::lease::refill::RefillSignal;
 
 /// What permits, callers and the background task share (not generic over the store).
 #[derive(Debug, Default)]
@@ -91,7 +91,7 @@ impl Local {
         // all four SeqCst, one of them sees the other, so no wake-up is lost — a Relaxed read
         // could see the pool from before the drop and park for a whole poll interval. SeqCst
         // on a successful CAS for the Dekker pattern with the refill flag (as in
-        // `crate::local`).
+        // `crate::lease::local`).
         let mut current = self.pool.load(Ordering::SeqCst);
         while current >= n {
             match self.pool.compare_exchange_weak(

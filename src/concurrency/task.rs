@@ -36,7 +36,7 @@ use super::limiter::{Shared, MAX_POLL, MIN_POLL};
 use super::store::ConcurrencyStore;
 use crate::deadline;
 use crate::error::StoreError;
-use crate::refill::Wake;
+use crate::lease::refill::Wake;
 use crate::store::micros;
 
 /// First back-off after a store error.
@@ -386,7 +386,7 @@ impl Task {
             }
         }
         l.signal.done();
-        // A denial after `take_denied` above, seen once the flag is down (as in `crate::refill`).
+        // A denial after `take_denied` above, seen once the flag is down (as in `crate::lease::refill`).
         if l.signal.was_denied() {
             l.signal.request();
         }

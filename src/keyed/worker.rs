@@ -28,7 +28,7 @@ use super::state::{KeyState, QUEUED};
 use super::{count, Shared, TICK};
 use crate::error::StoreError;
 use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
-use crate::policy::{LeaseAsk, LeaseContext};
+use crate::lease::policy::{LeaseAsk, LeaseContext};
 use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 
 /// Releases waiting to start above which no new key is taken from the queue of first leases:

@@ -4,7 +4,7 @@
 //! mark, or is denied, it raises the `requested` flag; only the caller that flips it from false
 //! to true wakes the task, so a thousand callers crossing the mark cause one wake-up and one
 //! store call. The task clears the flag after the lease, then looks at the bucket again
-//! (the other half of the Dekker pattern described in [`crate::local`]), so a request made while
+//! (the other half of the Dekker pattern described in [`crate::lease::local`]), so a request made while
 //! the flag was still up is never lost.
 //!
 //! The wake-up is an [`AtomicWaker`]: registering and waking are lock-free. (Scheduling the

@@ -56,7 +56,7 @@
 //!
 //! The counters publish no other data, so `Relaxed` would be enough for conservation. Writes to
 //! counts and [`LocalBucket::available`] are `SeqCst` because they take part in a store-buffer
-//! (Dekker) pattern with the refill flag (see [`crate::refill`]): a caller writes a count then
+//! (Dekker) pattern with the refill flag (see [`crate::lease::refill`]): a caller writes a count then
 //! reads the flag, the refill task writes the flag then reads the counts, and only sequential
 //! consistency guarantees that one of the two sees the other. That holds for a sum of several
 //! words too: every word the caller wrote before reading the flag is read by the task after
