@@ -79,7 +79,7 @@
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
--- and credits use doubles, in the same order of operations as the Rust twin (src/bucket.rs),
+-- and credits use doubles, in the same order of operations as the Rust twin (src/algorithm/token_bucket.rs),
 -- so both give bit-identical results. Bad arguments get a "RATELEASE …" error reply, never a
 -- Lua runtime error, and nothing is written; invalid stored state reads as absent.
 

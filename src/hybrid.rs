@@ -51,8 +51,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
-use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};

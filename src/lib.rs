@@ -57,7 +57,6 @@
 mod lua;
 
 pub mod algorithm;
-pub mod bucket;
 mod clock;
 pub mod concurrency;
 pub mod config;
@@ -81,8 +80,8 @@ mod store;
 pub mod telemetry;
 mod verdict;
 
+pub use algorithm::token_bucket::QuotaSource;
 pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
-pub use bucket::QuotaSource;
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use concurrency::{
     ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, ConcurrencyStore,

@@ -22,8 +22,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
-use crate::bucket::QuotaSource;
 use crate::config::{Budget, Unconfigured};
 use crate::deadline;
 use crate::error::Error;

@@ -3,7 +3,7 @@
 //! A [`Quota`] is validated once, at construction, so every limiter and store can rely on it:
 //! the rate, the period and the burst are all non-zero, the period is a whole number of
 //! microseconds (the resolution of the Redis clock), and the bucket fits the exact integer
-//! arithmetic of the Lua script (see [`crate::bucket`]). Invalid quotas cannot be represented.
+//! arithmetic of the Lua script (see [`crate::algorithm::token_bucket`]). Invalid quotas cannot be represented.
 
 use std::time::Duration;
 

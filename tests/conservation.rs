@@ -3,7 +3,7 @@
 //! Random interleavings of leases on terms (nodes reporting what they still hold — that is,
 //! spending), anonymous leases, returns (some retried, some leaving), time passing (leases
 //! expiring) and crashes (a node that stops calling) are applied to the shared step
-//! ([`ratelease::bucket::step`], the Rust twin of the Lua script). After each one:
+//! ([`ratelease::algorithm::token_bucket::step`], the Rust twin of the Lua script). After each one:
 //!
 //! - `level + outstanding ≤ capacity`: tokens held by nodes are never refilled behind their back;
 //! - `outstanding` is exactly the sum of the live leasers' records;
@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ratelease::bucket::{step, NodeLease, NodeRelease, Op, Stored};
+use ratelease::algorithm::token_bucket::{step, NodeLease, NodeRelease, Op, Stored};
 use ratelease::Quota;
 
 #[derive(Debug, Clone)]

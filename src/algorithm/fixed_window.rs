@@ -6,7 +6,7 @@
 //! script's header for the protocol.
 
 use super::{keep_for, validate, Op, Persist, Reply};
-use crate::bucket::InvalidArgument;
+use crate::algorithm::token_bucket::InvalidArgument;
 use crate::quota::{Quota, MAX_VALUE};
 
 /// The stored window.

@@ -7,7 +7,7 @@
 //! microseconds plus a fraction below one microsecond, with no drift. See the script's header.
 
 use super::{keep_for, validate, Op, Persist, Reply};
-use crate::bucket::InvalidArgument;
+use crate::algorithm::token_bucket::InvalidArgument;
 use crate::quota::{Quota, MAX_VALUE};
 
 /// The stored funnel: its theoretical arrival time.

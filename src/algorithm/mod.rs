@@ -15,7 +15,7 @@
 //!
 //! | algorithm | quota | bound | hybrid |
 //! | --- | --- | --- | --- |
-//! | [`TokenBucket`](Algorithm::TokenBucket) | `burst` tokens, refilled at `rate` per `period` | `burst + rate × W / period` in any window `W` | yes, leasing on terms ([`crate::bucket`]) |
+//! | [`TokenBucket`](Algorithm::TokenBucket) | `burst` tokens, refilled at `rate` per `period` | `burst + rate × W / period` in any window `W` | yes, leasing on terms ([`crate::algorithm::token_bucket`]) |
 //! | [`FixedWindow`](Algorithm::FixedWindow) | `rate` per window of `period` (`burst` must equal `rate`) | `rate` per window; `2 × rate` across a window edge | yes, anonymous batches dropped at the window's end |
 //! | [`SlidingWindow`](Algorithm::SlidingWindow) | `rate` in any window of `period` (`burst` must equal `rate`) | `rate` in any window of `period` | no |
 //! | [`LeakyBucket`](Algorithm::LeakyBucket) | a funnel of `burst` tokens leaking `rate` per `period` (GCRA) | as the token bucket; after a burst, grants spaced `period / rate` apart | no |
@@ -78,10 +78,11 @@
 pub mod fixed_window;
 pub mod leaky_bucket;
 pub mod sliding_window;
+pub mod token_bucket;
 
 use std::time::Duration;
 
-use crate::bucket::InvalidArgument;
+use crate::algorithm::token_bucket::InvalidArgument;
 use crate::config::Unconfigured;
 use crate::error::{Error, StoreError};
 use crate::quota::{Quota, MAX_VALUE};
@@ -393,7 +394,7 @@ pub enum State {
 ///
 /// # Errors
 /// The script's argument errors; `algorithm` for the token bucket, which has its own step
-/// ([`crate::bucket::step`]).
+/// ([`crate::algorithm::token_bucket::step`]).
 pub fn step(
     algorithm: Algorithm,
     state: &mut Option<State>,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::{keep_for, validate, Op, Persist, Reply};
-use crate::bucket::InvalidArgument;
+use crate::algorithm::token_bucket::InvalidArgument;
 use crate::quota::Quota;
 
 /// How many of the oldest entries a denial looks at to say when enough tokens will have left.

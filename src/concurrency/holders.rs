@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::bucket::{InvalidArgument, MAX_NODE_LEN, MAX_TIME_US};
+use crate::algorithm::token_bucket::{InvalidArgument, MAX_NODE_LEN, MAX_TIME_US};
 use crate::quota::MAX_VALUE;
 
 /// One holder's record.

@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the shared bucket in process memory.
 //!
-//! It runs the same [`bucket::step`] the Lua script mirrors, one key at a time under the
+//! It runs the same [`token_bucket::step`] the Lua script mirrors, one key at a time under the
 //! key's `dashmap` shard lock, reading time from an injectable [`Clock`]. Like the script, a
 //! step that rejects its arguments changes nothing. Expiry is modelled
 //! like Redis's TTL (an expired entry reads as absent, that is, full), so replies match the
@@ -23,8 +23,10 @@ use dashmap::DashMap;
 use super::{
     budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
 };
+use crate::algorithm::token_bucket::{
+    self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored,
+};
 use crate::algorithm::{self, Algorithm};
-use crate::bucket::{self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored};
 use crate::clock::{Clock, MonotonicClock};
 use crate::concurrency::holders::Holders;
 use crate::config::ConfigStore;
@@ -181,7 +183,7 @@ impl MemoryStore {
         if calls.is_multiple_of(SWEEP_EVERY) {
             self.inner.buckets.retain(|_, e| e.expires_at_us > now);
         }
-        let reject = |e: bucket::InvalidArgument| StoreError::Rejected(e.to_string());
+        let reject = |e: token_bucket::InvalidArgument| StoreError::Rejected(e.to_string());
         let mut slot = self
             .inner
             .buckets
@@ -194,7 +196,7 @@ impl MemoryStore {
             slot.stored = Stored::default();
         }
         // `step` checks its arguments before it changes anything.
-        let result = bucket::step_with(&mut slot.stored, quota, effective, op, now);
+        let result = token_bucket::step_with(&mut slot.stored, quota, effective, op, now);
         let empty = slot.stored.bucket.is_none() && slot.stored.leasers.is_empty();
         let (reply, keep_ms) = match result {
             // Nothing was read or written: leave the entry's expiry alone.

@@ -1,6 +1,6 @@
 //! Stores: where the shared token bucket lives.
 //!
-//! A [`LeaseStore`] runs the bucket step of [`crate::bucket`] atomically for one limiter name:
+//! A [`LeaseStore`] runs the bucket step of [`crate::algorithm::token_bucket`] atomically for one limiter name:
 //! [`lease`](LeaseStore::lease) takes between `min` and `want` tokens (or none), and
 //! [`release`](LeaseStore::release) gives unused tokens back without ever raising the bucket above
 //! its capacity. Pure-Redis mode calls `lease` once per decision with `min = want = n`; hybrid
@@ -26,8 +26,8 @@ pub use redis_store::{
     DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
 };
 
+use crate::algorithm::token_bucket::{QuotaSource, StepReply};
 use crate::algorithm::Algorithm;
-use crate::bucket::{QuotaSource, StepReply};
 use crate::error::StoreError;
 use crate::quota::Quota;
 

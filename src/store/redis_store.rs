@@ -23,8 +23,8 @@ use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connecti
 use super::{
     budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
 };
+use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::{self, Algorithm};
-use crate::bucket::QuotaSource;
 use crate::clock::Clock;
 use crate::config::ConfigStore;
 use crate::error::{Error, StoreError};

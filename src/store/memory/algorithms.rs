@@ -44,7 +44,9 @@ impl MemoryStore {
         if calls.is_multiple_of(SWEEP_EVERY) {
             map.retain(|_, e| e.expires_at_us > now);
         }
-        let reject = |e: crate::bucket::InvalidArgument| StoreError::Rejected(e.to_string());
+        let reject = |e: crate::algorithm::token_bucket::InvalidArgument| {
+            StoreError::Rejected(e.to_string())
+        };
         let (reply, _) = match map.entry(key) {
             Slot::Occupied(mut slot) => {
                 let entry = slot.get_mut();
