@@ -1,0 +1,185 @@
+//! The builder of a [`HybridLimiter`]: settings checked, the background task started.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::algorithm::Algorithm;
+use crate::config::{Budget, Unconfigured};
+use crate::error::Error;
+use crate::failure::{Circuit, FailurePolicy, LocalRate};
+use crate::key;
+use crate::lease::local::LocalBucket;
+use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
+use crate::lease::refill::RefillSignal;
+use crate::quota::Quota;
+use crate::store::LeaseStore;
+use crate::telemetry::{self, HybridMetrics};
+
+use super::shared::{publisher, Counters, Handle, Shared};
+use super::task::refill_loop;
+use super::{HybridLimiter, DEFAULT_RTT};
+
+/// Configures a [`HybridLimiter`].
+#[must_use]
+pub struct HybridBuilder<S> {
+    pub(super) name: String,
+    pub(super) quota: Quota,
+    pub(super) store: S,
+    pub(super) policy: Box<dyn LeasePolicy>,
+    pub(super) prefetch: bool,
+    pub(super) seed: Option<u64>,
+    pub(super) node_id: Option<u64>,
+    pub(super) failure: FailurePolicy,
+    pub(super) runtime: Option<tokio::runtime::Handle>,
+    pub(super) budget: Budget,
+    pub(super) unconfigured: Unconfigured,
+    pub(super) algorithm: Algorithm,
+}
+
+impl<S: LeaseStore> HybridBuilder<S> {
+    /// How to count (default [`Algorithm::TokenBucket`]). Batches are leased under the token
+    /// bucket and the fixed window; the others are an [`Error::Config`] at build.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Sizes leases with `policy` (default: [`AdaptiveLease`]).
+    pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
+        self.policy = Box::new(policy);
+        self
+    }
+
+    /// Shorthand for `.policy(FixedLease::new(size))`.
+    pub fn lease_size(self, size: u64) -> Self {
+        self.policy(FixedLease::new(size))
+    }
+
+    /// Whether to lease the first batch at once, when the limiter is built (default true). The
+    /// first calls still find the local bucket empty until that lease is answered, a round
+    /// trip later: await [`HybridLimiter::ready`] before serving traffic for a warm start.
+    pub fn prefetch(mut self, prefetch: bool) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Seeds the jitter of retries and the node id (default: random). Set it for reproducible
+    /// simulations.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// What to answer when local tokens are spent and the store is failing (default:
+    /// [`FailurePolicy::LocalFallback`] with one expected node). See [`crate::failure`].
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// This node's id in the store's lease records (default: random). Ids must be unique among
+    /// the instances sharing a limiter name; the id of a restarted process may be reused.
+    pub fn node_id(mut self, id: u64) -> Self {
+        self.node_id = Some(id);
+        self
+    }
+
+    /// Whose budget to spend (default [`Budget::Overall`]). [`Budget::PerClient`] gives this
+    /// instance a bucket of its own, keyed by its [`node_id`](Self::node_id).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// What to do if the name has no quota stored centrally (default: use the builder's).
+    pub fn if_unconfigured(mut self, what: Unconfigured) -> Self {
+        self.unconfigured = what;
+        self
+    }
+
+    /// Runs the background task on `runtime` (default: the runtime `build` is called on).
+    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Builds the limiter and starts its background task.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad name, or an algorithm it cannot lease (see
+    /// [`algorithm`](Self::algorithm)) or combine with the builder's settings (as
+    /// [`RedisLimiterBuilder::build`](crate::RedisLimiterBuilder::build));
+    /// [`Error::NoRuntime`] outside a tokio runtime.
+    pub fn build(self) -> Result<HybridLimiter<S>, Error> {
+        key::validate_name(&self.name)?;
+        self.algorithm
+            .check_hybrid(&self.quota, self.unconfigured)?;
+        let runtime = match self.runtime {
+            Some(rt) => rt,
+            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
+        };
+        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let node_id = self.node_id.unwrap_or_else(|| rng.u64(..));
+        let low_water = self
+            .policy
+            .ask(&LeaseContext {
+                quota: self.quota,
+                local: 0,
+                denied: 0,
+                demand: 0.0,
+                share: None,
+                rtt: DEFAULT_RTT,
+            })
+            .low_water
+            .min(self.quota.burst());
+        let terms = self.policy.terms(&self.quota);
+        let metrics = HybridMetrics::new(&self.name, self.failure.name());
+        let shared = Arc::new(Shared {
+            local: LocalBucket::default(),
+            signal: RefillSignal::new(self.prefetch),
+            low_water: AtomicU64::new(low_water),
+            quota: self.quota,
+            burst: AtomicU64::new(self.quota.burst()),
+            effective: Mutex::new(self.quota),
+            client: (self.budget == Budget::PerClient).then_some(node_id),
+            unconfigured: self.unconfigured,
+            algorithm: self.algorithm,
+            absent: AtomicBool::new(false),
+            name: self.name,
+            store: self.store,
+            policy: self.policy,
+            node_id,
+            denied_total: AtomicU64::new(0),
+            failure: self.failure,
+            fallback: match self.failure {
+                FailurePolicy::LocalFallback { expected_nodes } => {
+                    Some(LocalRate::share_of(&self.quota, expected_nodes))
+                }
+                _ => None,
+            },
+            circuit: Circuit::default(),
+            origin: Instant::now(),
+            blocked_until_ns: AtomicU64::new(0),
+            rtt_ns: AtomicU64::new(0),
+            finished: Notify::new(),
+            answered: AtomicBool::new(false),
+            counters: Counters::default(),
+            metrics,
+        });
+        let task = runtime.spawn(telemetry::publishing(
+            refill_loop(shared.clone(), rng, self.quota, terms),
+            publisher(shared.clone()),
+        ));
+        Ok(HybridLimiter {
+            handle: Arc::new(Handle {
+                shared,
+                task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+}

@@ -1,0 +1,378 @@
+//! Hybrid mode: lease batches of tokens from the shared bucket, spend them locally.
+//!
+//! # Implementation details
+//!
+//! Each `HybridLimiter` owns a [`LocalBucket`] (per-thread slots of atomic words, see
+//! [`crate::lease::local`]) and one background task on the
+//! tokio runtime it was built on. The caller's path, [`HybridLimiter::try_acquire`], is a CAS
+//! loop on the local word and nothing else: no lock, no allocation, no I/O, no clock read.
+//!
+//! When a caller leaves fewer tokens than the policy's low-water mark, or is denied, it raises
+//! the single-flight [`RefillSignal`]; the task wakes, asks the [`LeasePolicy`] how much to lease,
+//! makes the one store call, and adds what it was granted. With the low-water mark above one
+//! round trip's worth of demand, the next batch arrives before the bucket runs dry.
+//!
+//! When the shared bucket cannot serve `min` tokens, the store says how long until it can. The
+//! task then caches that answer: it sleeps until then (plus jitter, so a fleet does not retry in
+//! step), while callers are denied locally with that `retry_after`. A node therefore makes at
+//! most one store call per `retry_after` however hard it is pushed. Store errors back off
+//! exponentially (10 ms to 1 s, jittered) in the same way.
+//!
+//! Waiting callers ([`acquire`](HybridLimiter::acquire)) park on a `Notify` that the task
+//! signals after every store call; they never call the store themselves.
+//!
+//! Central configuration ([`crate::config`]): every lease reply carries the quota the store ran
+//! under. The task owns the effective quota: when a reply brings a new one it re-derives the
+//! lease terms (horizon, ttl), the policy's sizing and low-water mark, and the local fallback
+//! rate, and publishes the new burst in one atomic word that the hot path checks requests
+//! against. An unconfigured name under [`Unconfigured::Unlimited`] or
+//! [`Unconfigured::Error`] is one more atomic flag, read on the (cold) denial path; the task
+//! looks for a config again every [`Unconfigured::RECHECK`].
+//!
+//! When the last clone of a limiter is dropped (or [`shutdown`](HybridLimiter::shutdown) is
+//! called), the task takes the local tokens and gives them back to the store.
+//!
+//! Under [`Algorithm::FixedWindow`] leases are anonymous batches sized by the policy's `ask`
+//! (lease terms are the token bucket's), and local tokens belong to the window they were
+//! leased in (the reply's `at`): the task drops them at the window's end, which it puts at
+//! `sent + reset_after` less 0.1 % and 2 ms (`sent` precedes the store's clock reading; the
+//! margin covers clock rates that differ by up to 1 000 ppm and a timer that fires late) —
+//! also while a lease call is in flight or the task pauses after a denial — and a grant from
+//! another window first drops the tokens of the old one. Idle and shutdown return unused
+//! tokens to their own window. So a fleet never spends more than `rate` in one window,
+//! provided the task's timer fires within that margin.
+//!
+//! # Where things are
+//!
+//! This file is the front (what callers call); `builder.rs` checks settings and starts the
+//! task; `shared.rs` holds what callers and the task share, and the callers' slow path;
+//! `task.rs` is the background task; `stats.rs` the counters users read.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::config::{Budget, Unconfigured};
+use crate::error::Error;
+use crate::failure::FailurePolicy;
+use crate::lease::policy::AdaptiveLease;
+use crate::limiter::{check_tokens, Decision, Limiter};
+use crate::quota::Quota;
+use crate::store::{LeaseStore, RedisStore};
+
+/// Shortest wait after an over-limit reply.
+pub(crate) const MIN_RETRY: Duration = Duration::from_micros(100);
+/// First back-off after a store error.
+pub(crate) const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest back-off after store errors.
+/// Longest back-off after store errors (so leasing resumes within this long of recovery).
+pub(crate) const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Retry hint before any round trip was measured.
+pub(crate) const DEFAULT_RTT: Duration = Duration::from_millis(1);
+/// Most jitter after a fixed window's "come back when it ends": a window's start is the
+/// same moment for every node, and a late node would waste the new window.
+const WINDOW_JITTER: Duration = Duration::from_millis(5);
+/// Fixed window: local tokens are dropped this long (plus 0.1 %) before their window ends,
+/// so a timer that fires a little late (tokio's resolution is 1 ms) still drops them in time.
+const WINDOW_MARGIN: Duration = Duration::from_millis(2);
+
+mod builder;
+mod shared;
+mod stats;
+mod task;
+
+pub use builder::HybridBuilder;
+use shared::Handle;
+pub use stats::HybridStats;
+pub(crate) use task::jitter;
+
+/// A limiter that leases batches of tokens from a shared store and spends them locally.
+///
+/// Clones share one local bucket and one background task.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ratelease::Error> {
+/// use ratelease::{HybridLimiter, MemoryStore, Quota};
+///
+/// let limiter = HybridLimiter::builder("api", Quota::per_second(1_000)?, MemoryStore::new())
+///     .lease_size(100)
+///     .build()?;
+/// limiter.acquire(1).await?; // waits for the first lease
+/// assert!(limiter.try_acquire(1)?.is_allowed()); // nanoseconds: a local atomic
+/// # Ok(()) }
+/// ```
+pub struct HybridLimiter<S: LeaseStore = RedisStore> {
+    handle: Arc<Handle<S>>,
+}
+
+impl<S: LeaseStore> Clone for HybridLimiter<S> {
+    fn clone(&self) -> Self {
+        HybridLimiter {
+            handle: self.handle.clone(),
+        }
+    }
+}
+
+impl<S: LeaseStore> std::fmt::Debug for HybridLimiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.handle.shared;
+        f.debug_struct("HybridLimiter")
+            .field("name", &s.name)
+            .field("quota", &*s.effective.lock())
+            .field("local_tokens", &s.local.available())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: LeaseStore> HybridLimiter<S> {
+    /// A builder for limiter `name` with `quota`, leasing from `store`.
+    pub fn builder(name: impl Into<String>, quota: Quota, store: S) -> HybridBuilder<S> {
+        HybridBuilder {
+            name: name.into(),
+            quota,
+            store,
+            policy: Box::new(AdaptiveLease::default()),
+            prefetch: true,
+            seed: None,
+            node_id: None,
+            failure: FailurePolicy::default(),
+            runtime: None,
+            budget: Budget::Overall,
+            unconfigured: Unconfigured::UseQuota,
+            algorithm: Algorithm::TokenBucket,
+        }
+    }
+
+    /// A limiter with default settings, on the current tokio runtime.
+    ///
+    /// # Errors
+    /// As [`HybridBuilder::build`].
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+        Self::builder(name, quota, store).build()
+    }
+
+    /// Takes `n` tokens from the local bucket, or says when to retry. Never waits.
+    ///
+    /// This is the hot path: one CAS loop on this thread's slot of the local bucket. Falling below the low-water mark,
+    /// or being denied, wakes the background task to lease more (at most one lease in flight).
+    ///
+    /// # Errors
+    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`]; [`Error::Closed`] after shutdown.
+    #[inline]
+    pub fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+        let s = &*self.handle.shared;
+        // Relaxed: a plain value the task replaces after a central change; a caller that reads
+        // the old one a moment late answers as just before the change.
+        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
+        match s.local.try_take(n) {
+            Ok(left) => {
+                // Relaxed: a threshold, not a publication; a stale value only moves the refill
+                // by one call.
+                if left < s.low_water.load(Ordering::Relaxed) {
+                    s.signal.request();
+                }
+                Ok(Decision::Allowed)
+            }
+            Err(_) => s.denied(n),
+        }
+    }
+
+    /// Waits until the limiter has been answered by the store once: its first lease is in the
+    /// local bucket (or the store said the fleet's bucket is empty, and denials are honest),
+    /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
+    /// Call it once after building, before serving traffic (a warm start). Later calls return
+    /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease.
+    /// (A limiter that later stays idle gives its tokens back, see
+    /// [`AdaptiveLease::idle_after`]: the first request after such a spell waits for a lease
+    /// again.)
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), ratelease::Error> {
+    /// use ratelease::{HybridLimiter, MemoryStore, Quota};
+    ///
+    /// let limiter = HybridLimiter::new("api", Quota::per_second(1_000)?, MemoryStore::new())?;
+    /// limiter.ready().await?;
+    /// assert!(limiter.try_acquire(1)?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Store`] if the first lease failed, or, called while the store is failing, if
+    /// the lease it asks for fails too (the limiter keeps running: its failure policy answers
+    /// until the store does, so a service may also start anyway and call `ready` again
+    /// later); [`Error::Closed`] if the limiter was shut down.
+    pub async fn ready(&self) -> Result<(), Error> {
+        let s = &*self.handle.shared;
+        // Failures before this call are old news: only a lease answered meanwhile decides.
+        let seen = s.circuit.failures();
+        let mut probed = false;
+        loop {
+            let finished = s.finished.notified();
+            let mut finished = std::pin::pin!(finished);
+            finished.as_mut().enable();
+            if s.signal.is_closed() {
+                return Err(Error::Closed);
+            }
+            // Acquire: pairs with the task's Release store, after it added the granted tokens.
+            let answered = s.answered.load(Ordering::Acquire);
+            if answered && !s.circuit.is_open() {
+                return Ok(());
+            }
+            if answered {
+                // A lease failed while this call waited (the first one, typically): report it.
+                if let Some(error) = s.circuit.error_since(seen) {
+                    return Err(Error::Store(error));
+                }
+                if !probed {
+                    // The store was failing before this call: ask for a lease now, as a denied
+                    // caller would (the request outlasts the task's back-off), and report its
+                    // outcome.
+                    s.signal.denied(1);
+                    probed = true;
+                }
+            } else {
+                // Without prefetch nothing was asked yet (a no-op if a lease is under way).
+                s.signal.request();
+            }
+            finished.await;
+        }
+    }
+
+    /// Waits until `n` tokens are taken. The background task does the store calls; this
+    /// future only waits for their results.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire), plus [`Error::Store`] if a lease fails while
+    /// waiting.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future takes no tokens.
+    pub async fn acquire(&self, n: u64) -> Result<(), Error> {
+        let s = &*self.handle.shared;
+        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
+        let errors_seen = s.circuit.failures();
+        loop {
+            let finished = s.finished.notified();
+            let mut finished = std::pin::pin!(finished);
+            finished.as_mut().enable();
+            let retry_after = match self.try_acquire(n)? {
+                Decision::Allowed => return Ok(()),
+                Decision::Denied { retry_after } => retry_after,
+            };
+            // Woken by the next store call's outcome, or when the answer said to retry.
+            let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
+            if s.failure == FailurePolicy::FailClosed {
+                if let Some(e) = s.circuit.error_since(errors_seen) {
+                    return Err(Error::Store(e));
+                }
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once if the store already
+    /// said no tokens will come within the timeout.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+        let denied = match self.try_acquire(n)? {
+            Decision::Allowed => return Ok(Decision::Allowed),
+            denied => denied,
+        };
+        let blocked = self.handle.shared.blocked_for();
+        if blocked > timeout {
+            return Ok(Decision::Denied {
+                retry_after: blocked,
+            });
+        }
+        match tokio::time::timeout(timeout, self.acquire(n)).await {
+            Ok(result) => result.map(|()| Decision::Allowed),
+            Err(_) => Ok(match self.handle.shared.retry_hint() {
+                Duration::ZERO => denied,
+                retry_after => Decision::Denied { retry_after },
+            }),
+        }
+    }
+
+    /// Tokens in the local bucket now.
+    pub fn available(&self) -> u64 {
+        self.handle.shared.local.available()
+    }
+
+    /// Counters of this limiter's store traffic.
+    pub fn stats(&self) -> HybridStats {
+        self.handle.shared.stats()
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        &self.handle.shared.name
+    }
+
+    /// The quota in effect: the one the store last ran under (a central config, or the
+    /// builder's).
+    pub fn quota(&self) -> Quota {
+        *self.handle.shared.effective.lock()
+    }
+
+    /// The low-water mark in effect.
+    pub fn low_water(&self) -> u64 {
+        self.handle.shared.low_water.load(Ordering::Relaxed)
+    }
+
+    /// How this limiter counts.
+    pub fn algorithm(&self) -> Algorithm {
+        self.handle.shared.algorithm
+    }
+
+    /// This node's id in the store's lease records.
+    pub fn node_id(&self) -> u64 {
+        self.handle.shared.node_id
+    }
+
+    /// Stops the background task and gives the local tokens back to the store. Later calls
+    /// return [`Error::Closed`]. Dropping the last clone does the same without waiting.
+    pub async fn shutdown(&self) {
+        self.handle.shared.signal.close();
+        let task = self.handle.task.lock().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the background task at once **without** giving tokens back, as a crashed process
+    /// would: the tokens it held are lost to the fleet until the shared bucket refills. For
+    /// failure tests and simulations; use [`shutdown`](Self::shutdown) otherwise.
+    pub fn abort(&self) {
+        self.handle.shared.signal.close();
+        if let Some(task) = self.handle.task.lock().take() {
+            task.abort();
+        }
+        self.handle.shared.local.take_all();
+    }
+}
+
+impl<S: LeaseStore> Limiter for HybridLimiter<S> {
+    fn quota(&self) -> Quota {
+        HybridLimiter::quota(self)
+    }
+
+    async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+        HybridLimiter::try_acquire(self, n)
+    }
+
+    async fn acquire(&self, n: u64) -> Result<(), Error> {
+        HybridLimiter::acquire(self, n).await
+    }
+
+    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+        HybridLimiter::try_acquire_for(self, n, timeout).await
+    }
+
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+        Some(HybridLimiter::try_acquire(self, n))
+    }
+}

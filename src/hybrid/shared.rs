@@ -1,0 +1,274 @@
+//! What callers and the background task share (the local bucket, the refill signal, the
+//! published quota and deadlines, counters), and the callers' slow path: a denial.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::algorithm::Algorithm;
+use crate::config::Unconfigured;
+use crate::error::{Error, StoreError};
+use crate::failure::{Circuit, FailurePolicy, LocalRate};
+use crate::lease::local::LocalBucket;
+use crate::lease::policy::{LeaseAsk, LeasePolicy};
+use crate::lease::refill::RefillSignal;
+use crate::limiter::Decision;
+use crate::quota::Quota;
+use crate::store::LeaseStore;
+use crate::telemetry::{HybridMetrics, Published};
+
+use super::{HybridStats, DEFAULT_RTT};
+
+/// What the user holds; dropping the last one closes the limiter.
+pub(super) struct Handle<S: LeaseStore> {
+    pub(super) shared: Arc<Shared<S>>,
+    pub(super) task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<S: LeaseStore> Drop for Handle<S> {
+    fn drop(&mut self) {
+        self.shared.signal.close();
+    }
+}
+
+/// State shared by the callers and the background task.
+pub(super) struct Shared<S> {
+    pub(super) local: LocalBucket,
+    pub(super) signal: RefillSignal,
+    /// Refill below this many local tokens; set by the policy after each lease.
+    pub(super) low_water: AtomicU64,
+    /// The builder's quota: sent with every store call (the quota of an unconfigured name).
+    pub(super) quota: Quota,
+    /// The burst of the effective quota, checked on the hot path; written by the task.
+    pub(super) burst: AtomicU64,
+    /// The effective quota, for [`HybridLimiter::quota`]; written by the task (never locked
+    /// on the hot path).
+    pub(super) effective: Mutex<Quota>,
+    /// The client budget (`Some(node_id)` for [`Budget::PerClient`]).
+    pub(super) client: Option<u64>,
+    pub(super) unconfigured: Unconfigured,
+    pub(super) algorithm: Algorithm,
+    /// The store said the name is unconfigured (and `unconfigured` is not `UseQuota`).
+    pub(super) absent: AtomicBool,
+    pub(super) name: String,
+    pub(super) store: S,
+    pub(super) policy: Box<dyn LeasePolicy>,
+    pub(super) node_id: u64,
+    /// Tokens denied to callers, ever (demand that was not served).
+    pub(super) denied_total: AtomicU64,
+    pub(super) failure: FailurePolicy,
+    /// The local bucket of [`FailurePolicy::LocalFallback`].
+    pub(super) fallback: Option<LocalRate>,
+    /// Open from a failed lease until a lease succeeds.
+    pub(super) circuit: Circuit,
+    /// Origin of the nanosecond timestamps below.
+    pub(super) origin: Instant,
+    /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
+    pub(super) blocked_until_ns: AtomicU64,
+    /// Smoothed store round trip, ns.
+    pub(super) rtt_ns: AtomicU64,
+    /// Signalled after every store call, and when the task ends.
+    pub(super) finished: Notify,
+    /// Whether a lease call has been answered (or failed): see [`HybridLimiter::ready`].
+    pub(super) answered: AtomicBool,
+    pub(super) counters: Counters,
+    pub(super) metrics: HybridMetrics,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) leases: AtomicU64,
+    pub(super) tokens_leased: AtomicU64,
+    pub(super) over_limit: AtomicU64,
+    pub(super) releases: AtomicU64,
+    pub(super) tokens_released: AtomicU64,
+    pub(super) store_errors: AtomicU64,
+    pub(super) tokens_expired: AtomicU64,
+    pub(super) admitted_degraded: AtomicU64,
+    pub(super) demand_mtps: AtomicU64,
+    pub(super) share_mtps: AtomicU64,
+    /// Tokens taken from the local bucket for a release still in flight.
+    pub(super) returning: AtomicU64,
+}
+
+impl<S> Shared<S> {
+    pub(super) fn stats(&self) -> HybridStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HybridStats {
+            leases: get(&c.leases),
+            tokens_leased: get(&c.tokens_leased),
+            over_limit: get(&c.over_limit),
+            releases: get(&c.releases),
+            tokens_released: get(&c.tokens_released),
+            store_errors: get(&c.store_errors),
+            tokens_expired: get(&c.tokens_expired),
+            tokens_denied: get(&self.denied_total),
+            tokens_admitted_degraded: get(&c.admitted_degraded),
+            circuit_open: self.circuit.is_open(),
+            demand_mtps: get(&c.demand_mtps),
+            share_mtps: get(&c.share_mtps),
+            local_tokens: self.local.available(),
+        }
+    }
+
+    /// Tokens spent from leases while `held` are still held: everything leased, less what
+    /// was returned (or is being returned) or dropped. Callers only ever take from the local
+    /// bucket, so this needs no counter of its own on the hot path.
+    pub(super) fn spent(&self, held: u64) -> u64 {
+        let c = &self.counters;
+        let got = c.tokens_leased.load(Ordering::Relaxed);
+        let gone = c.tokens_released.load(Ordering::Relaxed)
+            + c.tokens_expired.load(Ordering::Relaxed)
+            + c.returning.load(Ordering::Relaxed);
+        got.saturating_sub(gone).saturating_sub(held)
+    }
+}
+
+/// Publishes a limiter's metrics (see [`crate::telemetry`]); says whether it is active.
+pub(super) fn publisher<S: LeaseStore>(s: Arc<Shared<S>>) -> impl FnMut() -> bool {
+    let mut last = Published::default();
+    move || {
+        let stats = s.stats();
+        let admitted = s.spent(s.local.settled()) + stats.tokens_admitted_degraded;
+        s.metrics.publish(&mut last, &stats, admitted);
+        stats.local_tokens > 0 || stats.circuit_open || !s.blocked_for().is_zero()
+    }
+}
+
+impl<S: LeaseStore> Shared<S> {
+    /// The slow half of `try_acquire`: record the demand and say when to retry.
+    #[cold]
+    pub(super) fn denied(&self, n: u64) -> Result<Decision, Error> {
+        if self.signal.is_closed() {
+            return Err(Error::Closed);
+        }
+        // Relaxed: a state flag; a caller that reads it a little late answers as before.
+        if self.absent.load(Ordering::Relaxed) {
+            // Keep the background task looking for a config.
+            self.signal.request();
+            return match self.unconfigured {
+                Unconfigured::Error => Err(Error::Unconfigured(self.name.clone())),
+                _ => Ok(Decision::Allowed),
+            };
+        }
+        // The failure policy's answer while the circuit is open; `None` for "deny as usual".
+        let mut policy_wait = None;
+        if self.circuit.is_open() {
+            let admit = match (self.failure, &self.fallback) {
+                (FailurePolicy::FailOpen, _) => Ok(()),
+                (FailurePolicy::LocalFallback { .. }, Some(local)) => local.try_take(n),
+                _ => Err(Duration::ZERO),
+            };
+            match admit {
+                Ok(()) => {
+                    // Keep the background task probing the store.
+                    self.signal.request();
+                    self.counters
+                        .admitted_degraded
+                        .fetch_add(n, Ordering::Relaxed);
+                    return Ok(Decision::Allowed);
+                }
+                Err(wait) => policy_wait = Some(wait).filter(|w| !w.is_zero()),
+            }
+        }
+        // Relaxed: a statistic read by the background task to estimate demand.
+        self.denied_total.fetch_add(n, Ordering::Relaxed);
+        // Also raises the refill flag, so the task keeps leasing (or probing).
+        self.signal.denied(n);
+        Ok(Decision::Denied {
+            retry_after: policy_wait.unwrap_or_else(|| self.retry_hint()),
+        })
+    }
+
+    pub(super) fn now_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Time left of an over-limit or back-off period (zero if none).
+    pub(super) fn blocked_for(&self) -> Duration {
+        // Relaxed: a hint; nothing else is published through it.
+        let until = self.blocked_until_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(until.saturating_sub(self.now_ns()))
+    }
+
+    /// When a denied caller should try again: the end of a known block, else one round trip.
+    pub(super) fn retry_hint(&self) -> Duration {
+        match self.blocked_for() {
+            Duration::ZERO => self.rtt(),
+            blocked => blocked,
+        }
+    }
+
+    pub(super) fn rtt(&self) -> Duration {
+        match self.rtt_ns.load(Ordering::Relaxed) {
+            0 => DEFAULT_RTT,
+            ns => Duration::from_nanos(ns),
+        }
+    }
+
+    /// A lease call took `rtt`.
+    pub(super) fn observe_rtt(&self, rtt: Duration) {
+        self.metrics.lease_returned(rtt);
+        let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let old = self.rtt_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
+        self.rtt_ns.store(new, Ordering::Relaxed);
+    }
+
+    pub(super) fn block_until(&self, deadline: Instant) {
+        let ns = u64::try_from((deadline - self.origin).as_nanos()).unwrap_or(u64::MAX);
+        self.blocked_until_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub(super) fn fail(&self, error: StoreError) {
+        self.circuit.fail(&self.name, self.failure, error);
+        self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A lease call succeeded: close the circuit.
+    pub(super) fn recovered(&self) {
+        self.circuit.recovered(&self.name);
+    }
+
+    /// `1 ≤ min ≤ want`, and `min` within both the builder's burst (the store checks
+    /// arguments against it) and the effective one.
+    pub(super) fn clamp(&self, ask: LeaseAsk, quota: &Quota) -> LeaseAsk {
+        let min = ask.min.clamp(1, self.quota.burst().min(quota.burst()));
+        LeaseAsk {
+            want: ask.want.max(min),
+            min,
+            ..ask
+        }
+    }
+}
+
+/// Whether a refill request needs no lease: nobody was denied and the local bucket still holds
+/// the low-water mark. Callers compare the mark with a hint that can read low (tokens parked in
+/// another slot of the local bucket are not in it, see [`crate::lease::local`]); leasing on such a
+/// request asks for nothing (the policy's target is already held), and every token spent
+/// would then cost a store call. The flag is lowered and the bucket looked at again (the
+/// store-buffer pattern of [`crate::lease::refill`]), so a caller that crosses the mark or is denied
+/// meanwhile is not lost.
+pub(super) fn spurious<S>(s: &Shared<S>) -> bool {
+    // Relaxed: a state flag; see `Shared::denied`.
+    if s.circuit.is_open() || s.absent.load(Ordering::Relaxed) {
+        return false;
+    }
+    let low_water = s.low_water.load(Ordering::Relaxed);
+    let enough = || !s.signal.was_denied() && low_water > 0 && s.local.available() >= low_water;
+    if !enough() {
+        return false;
+    }
+    s.signal.done();
+    if enough() {
+        return true;
+    }
+    s.signal.request();
+    false
+}

@@ -1,0 +1,40 @@
+//! A hybrid limiter's counters, as its users read them.
+
+/// Counters of one limiter's store traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HybridStats {
+    /// Lease calls made to the store (including failed ones).
+    pub leases: u64,
+    /// Tokens granted by those calls.
+    pub tokens_leased: u64,
+    /// Lease calls answered "not enough tokens".
+    pub over_limit: u64,
+    /// Release calls made to the store.
+    pub releases: u64,
+    /// Tokens given back.
+    pub tokens_released: u64,
+    /// Store calls that failed.
+    pub store_errors: u64,
+    /// Tokens dropped unspent when their lease expired.
+    pub tokens_expired: u64,
+    /// Tokens denied to callers.
+    pub tokens_denied: u64,
+    /// Tokens admitted by the failure policy while the store was failing.
+    pub tokens_admitted_degraded: u64,
+    /// Whether the circuit is open: the last lease failed and the failure policy is in force.
+    pub circuit_open: bool,
+    /// Measured demand, millitokens per second (admitted and denied).
+    pub demand_mtps: u64,
+    /// Fair share last reported by the store, millitokens per second (0 if none).
+    pub share_mtps: u64,
+    /// Tokens in the local bucket now.
+    pub local_tokens: u64,
+}
+
+impl HybridStats {
+    /// Every call made to the store.
+    pub fn store_calls(&self) -> u64 {
+        self.leases + self.releases
+    }
+}

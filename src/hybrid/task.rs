@@ -1,0 +1,463 @@
+//! The background task: one lease at a time, and what the node does with each reply.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::algorithm::token_bucket::QuotaSource;
+use crate::algorithm::Algorithm;
+use crate::config::Unconfigured;
+use crate::failure::FailurePolicy;
+use crate::lease::demand::DemandEstimator;
+use crate::lease::policy::{LeaseContext, LeaseTerms};
+use crate::lease::refill::Wake;
+use crate::quota::{Quota, MAX_VALUE};
+use crate::store::{LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest};
+
+use super::shared::{spurious, Shared};
+use super::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY, WINDOW_JITTER, WINDOW_MARGIN};
+
+/// The background task: one lease at a time, for as long as the limiter lives.
+pub(super) async fn refill_loop<S: LeaseStore>(
+    s: Arc<Shared<S>>,
+    rng: fastrand::Rng,
+    quota: Quota,
+    terms: Option<LeaseTerms>,
+) {
+    let mut task = Task {
+        quota,
+        terms,
+        rng,
+        backoff: ERROR_BACKOFF_MIN,
+        demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
+        share: None,
+        release_seq: 0,
+        expires: None,
+        window: None,
+        review_at: None,
+        granted_at: None,
+    };
+    loop {
+        match s.signal.wait_until(task.next_timer(&s)).await {
+            Wake::Closed => break,
+            Wake::Requested | Wake::Timer => {}
+        }
+        let now = Instant::now();
+        task.observe(&s, now);
+        task.expire(&s, now).await;
+        task.trim(&s, now).await;
+        if !s.signal.is_requested() {
+            task.give_back_if_idle(&s, now).await;
+            continue;
+        }
+        if spurious(&s) {
+            continue;
+        }
+        if !task.lease(&s).await {
+            break;
+        }
+    }
+    task.give_back(&s, true).await;
+    // Waiters in `ready` or `acquire` see the limiter closed.
+    s.finished.notify_waiters();
+}
+
+/// Time constant of the demand estimate.
+const DEMAND_TAU: Duration = Duration::from_millis(300);
+
+/// The background task's own state.
+struct Task {
+    /// The effective quota (the task owns it; see the module docs).
+    quota: Quota,
+    /// The policy's terms for `quota`.
+    terms: Option<LeaseTerms>,
+    rng: fastrand::Rng,
+    backoff: Duration,
+    demand: DemandEstimator,
+    /// Fair share the store last reported, tokens per second.
+    share: Option<f64>,
+    release_seq: u64,
+    /// When the local tokens must be dropped (a little before the store forgets the lease,
+    /// or before their window ends).
+    expires: Option<Instant>,
+    /// Fixed window: where the local tokens were counted (their lease reply's `at`).
+    window: Option<Duration>,
+    /// When to look again at what this node holds against its measured demand (see `trim`).
+    review_at: Option<Instant>,
+    /// When the last lease granted tokens.
+    granted_at: Option<Instant>,
+}
+
+impl Task {
+    /// Tokens spent so far (see [`Shared::spent`]).
+    fn consumed<S>(s: &Shared<S>) -> u64 {
+        s.spent(s.local.available())
+    }
+
+    fn observe<S>(&mut self, s: &Shared<S>, now: Instant) {
+        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let rate = self.demand.observe(now, demanded);
+        s.counters
+            .demand_mtps
+            .store((rate * 1_000.0) as u64, Ordering::Relaxed);
+    }
+
+    /// Give-back time for an idle node: `idle_after` without demand, and never sooner than four
+    /// expected gaps between its requests; a lease just granted (a warm start before the first
+    /// request, say) is kept at least `idle_after` too.
+    fn idle_at(&self, terms: &LeaseTerms) -> Instant {
+        let rate = self.demand.rate();
+        let gaps = if rate > 0.0 {
+            Duration::from_secs_f64((4.0 / rate).min(60.0))
+        } else {
+            Duration::ZERO
+        };
+        let since = self.granted_at.map_or(self.demand.last_change(), |g| {
+            g.max(self.demand.last_change())
+        });
+        since + terms.idle_after.max(gaps)
+    }
+
+    fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
+        if s.local.available() == 0 {
+            return None;
+        }
+        let idle = self.terms.as_ref().map(|t| self.idle_at(t));
+        [self.expires, idle, self.review_at]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
+    /// them at expiry, so spending them later could exceed the fleet's bound. They are taken
+    /// from the local bucket before the call, so none is spent meanwhile; if the call fails
+    /// they count as expired.
+    async fn expire<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if self.expires.is_some_and(|at| now >= at) {
+            if s.algorithm == Algorithm::FixedWindow {
+                self.drop_window(s);
+            } else {
+                self.give_back(s, true).await;
+            }
+        }
+    }
+
+    /// The terms leases are made on: the policy's, under the token bucket only.
+    fn node_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
+        self.terms.filter(|_| s.algorithm == Algorithm::TokenBucket)
+    }
+
+    /// Fixed window: the local tokens' window has ended (or is about to): they are gone,
+    /// with no store call (a release to an ended window gives nothing back).
+    fn drop_window<S>(&mut self, s: &Shared<S>) {
+        let tokens = s.local.take_all();
+        s.counters
+            .tokens_expired
+            .fetch_add(tokens, Ordering::Relaxed);
+        self.expires = None;
+        self.window = None;
+    }
+
+    /// Sleeps until `deadline`. Under the fixed window, callers keep spending the local tokens
+    /// meanwhile, so they are dropped on the way if their window ends first.
+    async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant) {
+        let windowed = s.algorithm == Algorithm::FixedWindow;
+        if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
+            tokio::time::sleep_until(end).await;
+            self.drop_window(s);
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+
+    /// Adds granted tokens to the local bucket. Under the fixed window they belong to the
+    /// reply's window: the tokens of another window are dropped first, and these are dropped
+    /// at once if their window (conservatively, `sent + reset_after` less the margin) has
+    /// ended.
+    fn keep<S>(&mut self, s: &Shared<S>, reply: &LeaseReply, sent: Instant) {
+        if s.algorithm == Algorithm::FixedWindow {
+            if self.window != reply.at {
+                self.drop_window(s);
+            }
+            let margin = reply.reset_after / 1_000 + WINDOW_MARGIN;
+            let end = sent + reply.reset_after.saturating_sub(margin);
+            if end <= Instant::now() {
+                s.counters
+                    .tokens_expired
+                    .fetch_add(reply.granted, Ordering::Relaxed);
+                return;
+            }
+            self.window = reply.at;
+            self.expires = Some(end);
+        }
+        s.local.add(reply.granted);
+    }
+
+    async fn give_back_if_idle<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if let Some(terms) = self.terms {
+            if now >= self.idle_at(&terms) && s.local.available() > 0 {
+                self.give_back(s, true).await;
+            }
+        }
+    }
+
+    /// Returns the local tokens to the store; `leaving` also removes this node's record (and
+    /// its demand) from the store.
+    async fn give_back<S: LeaseStore>(&mut self, s: &Shared<S>, leaving: bool) {
+        let tokens = s.local.take_all();
+        let terms = self.node_terms(s);
+        if tokens == 0 && (terms.is_none() || self.expires.is_none()) {
+            return;
+        }
+        let window = self.window.take();
+        self.expires = None;
+        self.share = None;
+        self.release(s, tokens, leaving, window).await;
+    }
+
+    /// Gives back what this node holds beyond what its policy says is worth holding (see
+    /// [`LeasePolicy::most_worth_holding`]), down to one lease's worth: a first lease sized
+    /// before any demand was measured, or a share that shrank while the node stayed busy,
+    /// goes back to the fleet within one review instead of waiting for the lease to expire.
+    async fn trim<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        if self.review_at.is_none_or(|at| now < at) {
+            return;
+        }
+        self.review_at = None;
+        if self.node_terms(s).is_none() {
+            return;
+        }
+        let ctx = self.context(s, 0);
+        let Some(most) = s.policy.most_worth_holding(&ctx) else {
+            return;
+        };
+        if ctx.local <= most {
+            return;
+        }
+        let excess = ctx.local - most / 2;
+        if s.local.try_take(excess).is_ok() {
+            self.release(s, excess, false, None).await;
+        }
+    }
+
+    /// Gives `tokens`, already taken from the local bucket, back to the store (`window`: the
+    /// fixed window they were leased in).
+    async fn release<S: LeaseStore>(
+        &mut self,
+        s: &Shared<S>,
+        tokens: u64,
+        leaving: bool,
+        window: Option<Duration>,
+    ) {
+        let terms = self.node_terms(s);
+        let mut request = ReleaseRequest::new(tokens)
+            .for_client(s.client)
+            .algorithm(s.algorithm)
+            .leased_at(window);
+        if terms.is_some() {
+            self.release_seq += 1;
+            request = request.by(NodeRelease {
+                id: s.node_id,
+                seq: self.release_seq,
+                leaving,
+            });
+        }
+        s.counters.releases.fetch_add(1, Ordering::Relaxed);
+        // Relaxed: read by the metrics publisher, which runs on this task (between its polls).
+        s.counters.returning.store(tokens, Ordering::Relaxed);
+        let result = s.store.release(&s.name, &s.quota, &request).await;
+        s.counters.returning.store(0, Ordering::Relaxed);
+        match result {
+            Ok(_) => {
+                s.counters
+                    .tokens_released
+                    .fetch_add(tokens, Ordering::Relaxed);
+            }
+            Err(error) => {
+                // The tokens are lost to the fleet until the lease expires; never re-admitted.
+                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                s.counters
+                    .tokens_expired
+                    .fetch_add(tokens, Ordering::Relaxed);
+                tracing::warn!(limiter = %s.name, %error, tokens, "could not return tokens");
+            }
+        }
+        s.finished.notify_waiters();
+    }
+
+    fn context<S: LeaseStore>(&self, s: &Shared<S>, denied: u64) -> LeaseContext {
+        LeaseContext {
+            quota: self.quota,
+            local: s.local.available(),
+            denied,
+            demand: self.demand.rate(),
+            share: self.share,
+            rtt: s.rtt(),
+        }
+    }
+
+    /// Takes on the quota a reply ran under: terms, burst, fallback rate (the sizing follows
+    /// from `self.quota` in the next context).
+    fn adopt<S: LeaseStore>(&mut self, s: &Shared<S>, quota: Quota, source: QuotaSource) {
+        // Relaxed: a state flag read on the denial path; see `denied`.
+        s.absent
+            .store(source == QuotaSource::Absent, Ordering::Relaxed);
+        if source == QuotaSource::Absent || quota == self.quota {
+            return;
+        }
+        tracing::info!(limiter = %s.name, ?quota, ?source, "quota changed");
+        self.quota = quota;
+        self.terms = s.policy.terms(&quota);
+        s.burst.store(quota.burst(), Ordering::Relaxed);
+        *s.effective.lock() = quota;
+        if let (FailurePolicy::LocalFallback { expected_nodes }, Some(local)) =
+            (s.failure, &s.fallback)
+        {
+            local.set_share_of(&quota, expected_nodes);
+        }
+    }
+
+    /// One lease, and the pause after an empty or failed one. Returns false if the limiter
+    /// closed meanwhile.
+    async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
+        let ctx = self.context(s, s.signal.take_denied());
+        let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
+        let terms = self.node_terms(s);
+        let mut request = LeaseRequest::new(ask.want, ask.min)
+            .for_client(s.client)
+            .configured_only(!s.unconfigured.falls_back())
+            .algorithm(s.algorithm);
+        if let Some(terms) = terms {
+            request = request.by(NodeLease {
+                id: s.node_id,
+                held: ctx.local,
+                demand_mtps: reported_demand(self.demand.rate(), ask.min, terms.horizon),
+                horizon: terms.horizon,
+                ttl: terms.ttl,
+            });
+        }
+        let sent = Instant::now();
+        let call = async {
+            let reply = s.store.lease(&s.name, &s.quota, &request).await;
+            reply.and_then(|r| r.within(&request))
+        };
+        let result = match self
+            .expires
+            .filter(|_| s.algorithm == Algorithm::FixedWindow)
+        {
+            // The local tokens' window may end while the call is in flight.
+            Some(deadline) => {
+                let mut call = std::pin::pin!(call);
+                tokio::select! {
+                    result = &mut call => result,
+                    () = tokio::time::sleep_until(deadline) => {
+                        self.drop_window(s);
+                        call.await
+                    }
+                }
+            }
+            None => call.await,
+        };
+        s.observe_rtt(sent.elapsed());
+        s.counters.leases.fetch_add(1, Ordering::Relaxed);
+        if let Ok(reply) = &result {
+            self.adopt(s, reply.quota, reply.source);
+        }
+        if let (Ok(reply), Some(terms)) = (&result, terms) {
+            // The store extended this node's lease from when it ran the script, which was after
+            // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
+            self.expires = Some(sent + terms.ttl.mul_f64(0.9));
+            if reply.granted > 0 {
+                self.review_at = Some(Instant::now() + review_after(terms.horizon));
+                self.granted_at = Some(Instant::now());
+            }
+            self.share = Some(reply.share_mtps as f64 / 1_000.0);
+            s.counters
+                .share_mtps
+                .store(reply.share_mtps, Ordering::Relaxed);
+        }
+        let pause = match result {
+            Ok(reply) if reply.source == QuotaSource::Absent => {
+                s.recovered();
+                Some(Instant::now() + Unconfigured::RECHECK)
+            }
+            Ok(reply) if reply.granted > 0 => {
+                s.recovered();
+                s.metrics.granted(reply.granted);
+                self.keep(s, &reply, sent);
+                s.counters
+                    .tokens_leased
+                    .fetch_add(reply.granted, Ordering::Relaxed);
+                s.blocked_until_ns.store(0, Ordering::Relaxed);
+                self.backoff = ERROR_BACKOFF_MIN;
+                // On terms, the store says when this node's next batch will be ready (its
+                // share refills its credit); asking sooner would only come back empty.
+                (terms.is_some() && !reply.retry_after.is_zero())
+                    .then(|| Instant::now() + reply.retry_after)
+            }
+            Ok(reply) => {
+                s.recovered();
+                s.counters.over_limit.fetch_add(1, Ordering::Relaxed);
+                let wait = reply.retry_after.max(MIN_RETRY);
+                let spread = match s.algorithm {
+                    Algorithm::FixedWindow => (wait / 8).min(WINDOW_JITTER),
+                    _ => wait / 8,
+                };
+                Some(Instant::now() + wait + jitter(&mut self.rng, spread))
+            }
+            Err(error) => {
+                tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
+                s.fail(error);
+                let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
+                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
+                Some(Instant::now() + wait)
+            }
+        };
+        let next = s.policy.ask(&self.context(s, 0));
+        s.low_water
+            .store(next.low_water.min(self.quota.burst()), Ordering::Relaxed);
+        if let Some(deadline) = pause {
+            s.block_until(deadline);
+        }
+        // Release: a caller of `ready` that sees it also sees the tokens added above.
+        s.answered.store(true, Ordering::Release);
+        s.finished.notify_waiters();
+        let after = s.local.available();
+        if let Some(deadline) = pause {
+            let slept = s.signal.unless_closed(self.pause(s, deadline)).await;
+            if slept.is_none() {
+                return false;
+            }
+        }
+        s.signal.done();
+        // Demand that arrived while the flag was still up (see `refill`): a denial, or
+        // consumption below the mark since the grant.
+        let now = s.local.available();
+        if s.signal.was_denied() || (now < s.low_water.load(Ordering::Relaxed) && now < after) {
+            s.signal.request();
+        }
+        true
+    }
+}
+
+/// How long after a grant a node looks at what it holds against its demand: a quarter of a
+/// horizon, between 10 ms (a first demand sample needs a few) and 100 ms.
+fn review_after(horizon: Duration) -> Duration {
+    (horizon / 4).clamp(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// The demand a node reports, millitokens per second: its estimate, but at least the request
+/// in hand per horizon, so a node that has measured nothing yet (a new or quiet node) still
+/// gets a share.
+fn reported_demand(estimate: f64, min: u64, horizon: Duration) -> u64 {
+    let floor = min as f64 / horizon.as_secs_f64();
+    (estimate.max(floor) * 1_000.0).min(MAX_VALUE as f64) as u64
+}
+
+/// A uniformly random duration in `[0, max]`.
+pub(crate) fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
+    let ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rng.u64(0..=ns))
+}
