@@ -4,6 +4,11 @@
 //! `metrics-exporter-prometheus`, see `examples/prometheus.rs`) or a `tracing` subscriber;
 //! without one every call below is a no-op on a handle.
 //!
+//! This module is a leaf: the metric names, their descriptions, and the handles every limiter
+//! shares (`CallMetrics`, the leasing family's `LeaseMetrics`, the publishing loop). Each
+//! limiter keeps its own handles beside it (`hybrid/metrics.rs`, `keyed/metrics.rs`,
+//! `concurrency/metrics.rs`), so nothing here imports a limiter.
+//!
 //! # Metrics
 //!
 //! Every metric carries the labels `limiter` (the limiter's name) and `mode`: `hybrid` or `pure`
@@ -44,18 +49,18 @@
 //! | `ratelease_concurrency_errors_total` | counter | `limiter`, `mode` | concurrency: store calls that failed |
 //! | `ratelease_acquire_duration_seconds` | histogram | `limiter`, `mode` | concurrency, pure: round trip of each caller's acquire call |
 //!
-//! The hybrid counters are the [`HybridStats`] fields of the same names;
+//! The hybrid counters are the [`HybridStats`](crate::HybridStats) fields of the same names;
 //! `admitted` is `tokens_leased − tokens_released − tokens_expired − local_tokens +
 //! tokens_admitted_degraded`. Admissions of a name that has no central config under
 //! [`Unconfigured::Unlimited`](crate::Unconfigured::Unlimited) are not limited and not counted.
 //!
 //! The keyed hybrid limiter reports the hybrid rows (not demand and fair share, which it keeps
-//! per key) from its [`KeyedStats`], summed over every key:
+//! per key) from its [`KeyedStats`](crate::KeyedStats), summed over every key:
 //! `ratelease_expired_tokens_total` is `tokens_lost` (tokens whose release failed), and
 //! `ratelease_local_tokens` the tokens all keys hold. Admitted tokens are derived the same way:
 //! `tokens_leased − returned − held + tokens_admitted_degraded`, where `returned` counts the
 //! tokens its worker queued for release and `held` is the sum over the keys. The concurrency
-//! limiter's counters are its [`ConcurrencyStats`] (`acquires`,
+//! limiter's counters are its [`ConcurrencyStats`](crate::ConcurrencyStats) (`acquires`,
 //! `releases`, `syncs`, `store_errors`, `in_use`, `pooled`); its mode is `pure` or `hybrid`.
 //!
 //! # How the hybrid limiter publishes, and how stale it is
@@ -140,10 +145,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit};
-
-use crate::concurrency::ConcurrencyStats;
-use crate::hybrid::HybridStats;
-use crate::keyed::KeyedStats;
 
 /// Longest time a limiter's published metrics lag behind while it is active (hybrid, keyed
 /// hybrid and concurrency limiters, which publish from their background task).
@@ -380,7 +381,7 @@ const DESCRIPTIONS: [(&str, Kind, Unit, &str); 27] = [
 
 /// Describes every metric to the recorder in force (recorders keep the first description;
 /// called at each build, so a recorder installed late still gets them).
-fn describe() {
+pub(crate) fn describe() {
     metrics::with_recorder(|r| {
         for (name, kind, unit, help) in DESCRIPTIONS {
             let (name, unit, help) = (name.into(), Some(unit), help.into());
@@ -396,7 +397,7 @@ fn describe() {
 /// A label set: `limiter` first, then whatever else.
 type Labels = Vec<(&'static str, String)>;
 
-fn labels(limiter: &str, more: &[(&'static str, &str)]) -> Labels {
+pub(crate) fn labels(limiter: &str, more: &[(&'static str, &str)]) -> Labels {
     let mut labels = vec![("limiter", limiter.to_owned())];
     labels.extend(more.iter().map(|&(k, v)| (k, v.to_owned())));
     labels
@@ -405,7 +406,7 @@ fn labels(limiter: &str, more: &[(&'static str, &str)]) -> Labels {
 /// Adds to `counter` what the cumulative total `now` grew since `last` (the total published so
 /// far), and records `now` as published. A total that reads lower than before publishes
 /// nothing, so a counter never goes backwards. Says whether anything was added.
-fn bump(counter: &Counter, last: &mut u64, now: u64) -> bool {
+pub(crate) fn bump(counter: &Counter, last: &mut u64, now: u64) -> bool {
     if now > *last {
         counter.increment(now - *last);
         *last = now;
@@ -495,14 +496,14 @@ pub(crate) struct LeaseMetrics {
     released: Counter,
     expired: Counter,
     degraded: Counter,
-    local: Gauge,
+    pub(crate) local: Gauge,
     circuit_open: Gauge,
 }
 
 impl LeaseMetrics {
     /// Handles for `limiter` in `mode`, whose failure policy is named `policy` (a label of the
     /// two metrics the policy governs).
-    fn new(limiter: &str, mode: &'static str, policy: &'static str) -> Self {
+    pub(crate) fn new(limiter: &str, mode: &'static str, policy: &'static str) -> Self {
         let calls = CallMetrics::new(limiter, mode);
         let name = labels(limiter, &[("mode", mode)]);
         let mut with_policy = name.clone();
@@ -532,7 +533,7 @@ impl LeaseMetrics {
     }
 
     /// Publishes the counters of `now` by what they grew since `last`; says whether any grew.
-    fn publish(&self, last: &mut LeaseTotals, now: &LeaseTotals) -> bool {
+    pub(crate) fn publish(&self, last: &mut LeaseTotals, now: &LeaseTotals) -> bool {
         let c = &self.calls;
         // Non-short-circuiting `|`: every counter is published.
         bump(&c.admitted, &mut last.admitted, now.admitted)
@@ -547,250 +548,8 @@ impl LeaseMetrics {
             | bump(&self.degraded, &mut last.degraded, now.degraded)
     }
 
-    fn set_circuit(&self, open: bool) {
+    pub(crate) fn set_circuit(&self, open: bool) {
         self.circuit_open.set(f64::from(u8::from(open)));
-    }
-}
-
-/// A hybrid limiter's handles.
-#[derive(Debug)]
-pub(crate) struct HybridMetrics {
-    lease: LeaseMetrics,
-    demand: Gauge,
-    share: Gauge,
-}
-
-/// The totals published so far (what the next publication subtracts).
-#[derive(Debug, Default)]
-pub(crate) struct Published(LeaseTotals);
-
-impl HybridMetrics {
-    /// Handles for `limiter`, whose failure policy is named `policy`.
-    pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
-        let lease = LeaseMetrics::new(limiter, "hybrid", policy);
-        let name = labels(limiter, &[("mode", "hybrid")]);
-        HybridMetrics {
-            lease,
-            demand: metrics::gauge!(DEMAND, &name),
-            share: metrics::gauge!(FAIR_SHARE, &name),
-        }
-    }
-
-    /// A lease call took `rtt` (recorded by the background task as it returns).
-    pub(crate) fn lease_returned(&self, rtt: Duration) {
-        self.lease.lease_returned(rtt);
-    }
-
-    /// A lease granted `tokens` (> 0).
-    pub(crate) fn granted(&self, tokens: u64) {
-        self.lease.granted(tokens);
-    }
-
-    /// Publishes `stats` and `admitted` (cumulative totals): counters by what they grew since
-    /// `last`, gauges as they are. A total that reads lower than before publishes nothing.
-    pub(crate) fn publish(&self, last: &mut Published, stats: &HybridStats, admitted: u64) {
-        let now = LeaseTotals {
-            admitted,
-            denied: stats.tokens_denied,
-            leases: stats.leases,
-            store_errors: stats.store_errors,
-            leased: stats.tokens_leased,
-            over_limit: stats.over_limit,
-            releases: stats.releases,
-            released: stats.tokens_released,
-            expired: stats.tokens_expired,
-            degraded: stats.tokens_admitted_degraded,
-        };
-        self.lease.publish(&mut last.0, &now);
-        self.lease.local.set(stats.local_tokens as f64);
-        self.lease.set_circuit(stats.circuit_open);
-        self.demand.set(stats.demand_mtps as f64 / 1_000.0);
-        self.share.set(stats.share_mtps as f64 / 1_000.0);
-    }
-}
-
-/// A keyed hybrid limiter's handles: the leasing family with `mode="keyed-hybrid"` on every
-/// metric (so they never add into a plain hybrid limiter's series of the same name), and the
-/// keys' own. Nothing is labelled by key: the number of keys is unbounded.
-#[derive(Debug)]
-pub(crate) struct KeyedMetrics {
-    lease: LeaseMetrics,
-    live: Gauge,
-    created: Counter,
-    evicted_idle: Counter,
-    evicted_at_cap: Counter,
-    refused_at_cap: Counter,
-    refused_busy: Counter,
-}
-
-/// What a keyed limiter published so far.
-#[derive(Debug, Default)]
-pub(crate) struct KeyedPublished {
-    lease: LeaseTotals,
-    created: u64,
-    evicted_idle: u64,
-    evicted_at_cap: u64,
-    refused_at_cap: u64,
-    refused_busy: u64,
-}
-
-/// The `mode` of a keyed hybrid limiter's metrics.
-pub(crate) const KEYED_HYBRID: &str = "keyed-hybrid";
-
-impl KeyedMetrics {
-    /// Handles for keyed limiter `limiter`, whose failure policy is named `policy`.
-    pub(crate) fn new(limiter: &str, policy: &'static str) -> Self {
-        let mode = [("mode", KEYED_HYBRID)];
-        let lease = LeaseMetrics::new(limiter, KEYED_HYBRID, policy);
-        let name = labels(limiter, &mode);
-        let reason = |r| labels(limiter, &[("mode", KEYED_HYBRID), ("reason", r)]);
-        KeyedMetrics {
-            lease,
-            live: metrics::gauge!(LIVE_KEYS, &name),
-            created: metrics::counter!(CREATED_KEYS, &name),
-            evicted_idle: metrics::counter!(EVICTED_KEYS, &reason("idle")),
-            evicted_at_cap: metrics::counter!(EVICTED_KEYS, &reason("cap")),
-            refused_at_cap: metrics::counter!(REFUSED_KEYS, &reason("cap")),
-            refused_busy: metrics::counter!(REFUSED_KEYS, &reason("busy")),
-        }
-    }
-
-    /// A lease call took `rtt` (recorded by the worker as it returns).
-    pub(crate) fn lease_returned(&self, rtt: Duration) {
-        self.lease.lease_returned(rtt);
-    }
-
-    /// A lease granted `tokens` (> 0).
-    pub(crate) fn granted(&self, tokens: u64) {
-        self.lease.granted(tokens);
-    }
-
-    /// Publishes `stats` (cumulative totals) by what they grew since `last`, and the gauges.
-    /// `held` is `Some((admitted, local tokens))` when the worker has just summed the tokens
-    /// every key holds (admitted tokens are derived from that sum, see the module docs), else
-    /// `None`: admitted tokens and the local tokens gauge then wait for the next sum. Says
-    /// whether any counter grew.
-    pub(crate) fn publish(
-        &self,
-        last: &mut KeyedPublished,
-        stats: &KeyedStats,
-        held: Option<(u64, u64)>,
-    ) -> bool {
-        let now = LeaseTotals {
-            admitted: held.map_or(last.lease.admitted, |(admitted, _)| admitted),
-            denied: stats.tokens_denied,
-            leases: stats.leases,
-            store_errors: stats.store_errors,
-            leased: stats.tokens_leased,
-            over_limit: stats.over_limit,
-            releases: stats.releases,
-            released: stats.tokens_released,
-            expired: stats.tokens_lost,
-            degraded: stats.tokens_admitted_degraded,
-        };
-        let grew = self.lease.publish(&mut last.lease, &now)
-            | bump(&self.created, &mut last.created, stats.keys_created)
-            | bump(
-                &self.evicted_idle,
-                &mut last.evicted_idle,
-                stats.evicted_idle,
-            )
-            | bump(
-                &self.evicted_at_cap,
-                &mut last.evicted_at_cap,
-                stats.evicted_at_cap,
-            )
-            | bump(
-                &self.refused_at_cap,
-                &mut last.refused_at_cap,
-                stats.refused_at_cap,
-            )
-            | bump(
-                &self.refused_busy,
-                &mut last.refused_busy,
-                stats.refused_busy,
-            );
-        if let Some((_, local)) = held {
-            self.lease.local.set(local as f64);
-        }
-        self.lease.set_circuit(stats.circuit_open);
-        self.live.set(stats.live_keys as f64);
-        grew
-    }
-}
-
-/// A concurrency limiter's handles (`mode` is `pure` or `hybrid`).
-#[derive(Debug)]
-pub(crate) struct ConcurrencyMetrics {
-    acquired: Counter,
-    denied: Counter,
-    held: Gauge,
-    /// Hybrid only.
-    pooled: Option<Gauge>,
-    acquire_calls: Counter,
-    release_calls: Counter,
-    sync_calls: Counter,
-    errors: Counter,
-    acquire_duration: Histogram,
-}
-
-/// What a concurrency limiter published so far.
-#[derive(Debug, Default)]
-pub(crate) struct ConcurrencyPublished {
-    acquired: u64,
-    denied: u64,
-    acquires: u64,
-    releases: u64,
-    syncs: u64,
-    errors: u64,
-}
-
-impl ConcurrencyMetrics {
-    /// Handles for concurrency limiter `limiter`, hybrid or pure.
-    pub(crate) fn new(limiter: &str, hybrid: bool) -> Self {
-        describe();
-        let mode = if hybrid { "hybrid" } else { "pure" };
-        let name = labels(limiter, &[("mode", mode)]);
-        let op = |op| labels(limiter, &[("mode", mode), ("op", op)]);
-        ConcurrencyMetrics {
-            acquired: metrics::counter!(ACQUIRED_PERMITS, &name),
-            denied: metrics::counter!(DENIED_PERMITS, &name),
-            held: metrics::gauge!(HELD_PERMITS, &name),
-            pooled: hybrid.then(|| metrics::gauge!(POOLED_PERMITS, &name)),
-            acquire_calls: metrics::counter!(CONCURRENCY_CALLS, &op("acquire")),
-            release_calls: metrics::counter!(CONCURRENCY_CALLS, &op("release")),
-            sync_calls: metrics::counter!(CONCURRENCY_CALLS, &op("sync")),
-            errors: metrics::counter!(CONCURRENCY_ERRORS, &name),
-            acquire_duration: metrics::histogram!(ACQUIRE_DURATION, &name),
-        }
-    }
-
-    /// Pure mode: an acquire call returned after `elapsed` (recorded on the caller's task,
-    /// which made the call).
-    pub(crate) fn acquire_returned(&self, elapsed: Duration) {
-        self.acquire_duration.record(elapsed);
-    }
-
-    /// Publishes `stats`, `acquired` and `denied` (cumulative totals) by what they grew since
-    /// `last`, and the gauges. Says whether any counter grew.
-    pub(crate) fn publish(
-        &self,
-        last: &mut ConcurrencyPublished,
-        stats: &ConcurrencyStats,
-        acquired: u64,
-        denied: u64,
-    ) -> bool {
-        let grew = bump(&self.acquired, &mut last.acquired, acquired)
-            | bump(&self.denied, &mut last.denied, denied)
-            | bump(&self.acquire_calls, &mut last.acquires, stats.acquires)
-            | bump(&self.release_calls, &mut last.releases, stats.releases)
-            | bump(&self.sync_calls, &mut last.syncs, stats.syncs)
-            | bump(&self.errors, &mut last.errors, stats.store_errors);
-        self.held.set(stats.in_use as f64);
-        if let Some(pooled) = &self.pooled {
-            pooled.set(stats.pooled as f64);
-        }
-        grew
     }
 }
 

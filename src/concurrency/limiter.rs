@@ -21,7 +21,9 @@ use crate::failure::FailurePolicy;
 use crate::key;
 use crate::quota::MAX_VALUE;
 use crate::store::{micros, node_key, RedisStore};
-use crate::telemetry::{self, ConcurrencyMetrics, ConcurrencyPublished};
+use crate::telemetry;
+
+use super::metrics::{ConcurrencyMetrics, ConcurrencyPublished};
 
 /// Default time a holder's record lives without a renewal: how long the slots of a crashed
 /// process stay taken. Renewals go out every third of it.

@@ -86,6 +86,7 @@
 
 pub mod holders;
 mod limiter;
+mod metrics;
 mod permit;
 mod store;
 mod task;

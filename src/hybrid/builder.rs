@@ -17,7 +17,9 @@ use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::store::LeaseStore;
-use crate::telemetry::{self, HybridMetrics};
+use crate::telemetry;
+
+use super::metrics::HybridMetrics;
 
 use super::shared::{publisher, Counters, Handle, Shared};
 use super::task::refill_loop;
@@ -48,7 +50,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
         self
     }
 
-    /// Sizes leases with `policy` (default: [`AdaptiveLease`]).
+    /// Sizes leases with `policy` (default: [`AdaptiveLease`](crate::AdaptiveLease)).
     pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
         self.policy = Box::new(policy);
         self

@@ -78,6 +78,7 @@ const WINDOW_JITTER: Duration = Duration::from_millis(5);
 const WINDOW_MARGIN: Duration = Duration::from_millis(2);
 
 mod builder;
+mod metrics;
 mod shared;
 mod stats;
 mod task;

@@ -20,8 +20,8 @@ use crate::lease::refill::RefillSignal;
 use crate::limiter::Decision;
 use crate::quota::Quota;
 use crate::store::LeaseStore;
-use crate::telemetry::{HybridMetrics, Published};
 
+use super::metrics::{HybridMetrics, Published};
 use super::{HybridStats, DEFAULT_RTT};
 
 /// What the user holds; dropping the last one closes the limiter.

@@ -99,6 +99,7 @@
 //! that key alone; there is no name-wide config, since one script call can only read keys of
 //! one cluster slot and every key has a slot of its own.
 
+mod metrics;
 mod name;
 mod pure;
 mod state;
@@ -119,6 +120,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use self::metrics::{KeyedMetrics, KeyedPublished};
 use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
@@ -127,7 +129,7 @@ use crate::lease::policy::{AdaptiveLease, FixedLease, LeasePolicy};
 use crate::limiter::{check_tokens, Decision, KeyRef, KeyedLimiter};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
-use crate::telemetry::{self, KeyedMetrics, KeyedPublished, PUBLISH_INTERVAL};
+use crate::telemetry::{self, PUBLISH_INTERVAL};
 
 #[cfg(feature = "toml")]
 pub(crate) use name::validate_keyed_name;
