@@ -24,8 +24,9 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 
 use super::name::bucket_name;
+use super::shared::{count, Shared};
 use super::state::{KeyState, QUEUED};
-use super::{count, Shared, TICK};
+use super::TICK;
 use crate::error::StoreError;
 use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
 use crate::lease::policy::{LeaseAsk, LeaseContext};

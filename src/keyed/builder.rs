@@ -1,0 +1,211 @@
+//! The builder of a [`KeyedHybridLimiter`]: settings checked, the worker started.
+
+use std::collections::hash_map::RandomState;
+use std::fmt::Display;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::failure::{Circuit, FailurePolicy, LocalRate};
+use crate::lease::policy::{FixedLease, LeasePolicy};
+use crate::quota::Quota;
+use crate::store::LeaseStore;
+use crate::telemetry::{self};
+
+use super::metrics::KeyedMetrics;
+use super::shared::{publisher, ticks, Counters, Handle, Shared};
+use super::{KeyedHybridLimiter, MAX_QUEUE, MIN_IDLE_TTL, TICK};
+
+/// Configures a [`KeyedHybridLimiter`].
+#[must_use]
+pub struct KeyedHybridBuilder<K, S, H = RandomState> {
+    pub(super) name: String,
+    pub(super) quota: Quota,
+    pub(super) store: S,
+    pub(super) policy: Box<dyn LeasePolicy>,
+    pub(super) max_keys: usize,
+    pub(super) idle_ttl: Option<Duration>,
+    pub(super) give_back_after: Option<Duration>,
+    pub(super) max_in_flight: usize,
+    pub(super) failure: FailurePolicy,
+    pub(super) seed: Option<u64>,
+    pub(super) runtime: Option<tokio::runtime::Handle>,
+    pub(super) hasher: H,
+    pub(super) _key: std::marker::PhantomData<fn(K)>,
+}
+
+/// Default [`KeyedHybridBuilder::max_keys`].
+pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+/// Default [`KeyedHybridBuilder::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
+impl<K, S, H> KeyedHybridBuilder<K, S, H>
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Sizes the leases of keys with measured demand (default: [`AdaptiveLease`](crate::AdaptiveLease)). Its
+    /// `want` and low-water mark are used, `min` is the request in hand, and its terms are
+    /// ignored: keyed leases are anonymous (see the module docs).
+    pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
+        self.policy = Box::new(policy);
+        self
+    }
+
+    /// Shorthand for `.policy(FixedLease::new(size))`: keys with measured demand lease
+    /// batches of `size`.
+    pub fn lease_size(self, size: u64) -> Self {
+        self.policy(FixedLease::new(size))
+    }
+
+    /// Most keys with local state (default [`DEFAULT_MAX_KEYS`], at least 1). Memory is about
+    /// this many times the per-key size (see `BENCHMARKS.md`); at the cap the least recently
+    /// used keys are evicted.
+    pub fn max_keys(mut self, max: usize) -> Self {
+        self.max_keys = max.max(1);
+        self
+    }
+
+    /// Evict a key after this long without use (default: the time the bucket takes to fill,
+    /// plus 10 s; at least 200 ms). Shorter is safe — the truth is in the store — but a
+    /// key's next call after eviction starts cold.
+    pub fn idle_ttl(mut self, ttl: Duration) -> Self {
+        self.idle_ttl = Some(ttl.max(MIN_IDLE_TTL));
+        self
+    }
+
+    /// Give a key's tokens back to the store after this long without use (default: the
+    /// policy's `idle_after`, else 500 ms), so tokens do not sit where nobody spends them.
+    pub fn give_back_after(mut self, after: Duration) -> Self {
+        self.give_back_after = Some(after);
+        self
+    }
+
+    /// Most store calls in flight at once (default [`DEFAULT_MAX_IN_FLIGHT`], at least 1).
+    /// A `RedisStore` pipelines them on one connection.
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max.max(1);
+        self
+    }
+
+    /// What to answer when a key's tokens are spent and the store is failing (default:
+    /// [`FailurePolicy::LocalFallback`] with one expected node, per key).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// Seeds the jitter of retries (default: random).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Hashes keys with `hasher` (default: std's `RandomState`, SipHash with a random key).
+    /// Hashing is about a third of a hit on a `u64` key; a faster hasher (such as
+    /// `foldhash::fast::RandomState`) is fine where keys cannot be chosen by an attacker, or
+    /// if it is seeded at random too — an unseeded one lets crafted keys collide in one shard.
+    pub fn hasher<H2>(self, hasher: H2) -> KeyedHybridBuilder<K, S, H2> {
+        KeyedHybridBuilder {
+            name: self.name,
+            quota: self.quota,
+            store: self.store,
+            policy: self.policy,
+            max_keys: self.max_keys,
+            idle_ttl: self.idle_ttl,
+            give_back_after: self.give_back_after,
+            max_in_flight: self.max_in_flight,
+            failure: self.failure,
+            seed: self.seed,
+            runtime: self.runtime,
+            hasher,
+            _key: std::marker::PhantomData,
+        }
+    }
+
+    /// Runs the worker on `runtime` (default: the runtime `build` is called on).
+    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Builds the limiter and starts its worker.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
+    /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
+    pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
+        super::name::validate_keyed_name(&self.name)?;
+        let runtime = match self.runtime {
+            Some(rt) => rt,
+            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
+        };
+        let terms = self.policy.terms(&self.quota);
+        let idle_ttl = self
+            .idle_ttl
+            .unwrap_or_else(|| self.quota.time_for(self.quota.burst()) + Duration::from_secs(10));
+        let give_back_after = self
+            .give_back_after
+            .or(terms.map(|t| t.idle_after))
+            .unwrap_or(Duration::from_millis(500));
+        // New keys wait for their first lease with the request flag set, which keeps them
+        // from being evicted: a quarter of the cap at most, so there is always room to make.
+        let (known, known_requests) = mpsc::channel(self.max_keys.min(MAX_QUEUE));
+        let (fresh, fresh_requests) = mpsc::channel((self.max_keys / 4).clamp(1, MAX_QUEUE));
+        let shared = Arc::new(Shared {
+            map: DashMap::with_hasher(self.hasher),
+            live: AtomicUsize::new(0),
+            tick: AtomicU32::new(0),
+            origin: Instant::now(),
+            max_keys: self.max_keys,
+            ttl_ticks: ticks(idle_ttl),
+            give_back_ticks: ticks(give_back_after),
+            sweep_every: (idle_ttl.min(give_back_after) / 2).clamp(TICK, Duration::from_secs(1)),
+            max_in_flight: self.max_in_flight,
+            known,
+            fresh,
+            fallback: match self.failure {
+                FailurePolicy::LocalFallback { expected_nodes } => {
+                    Some(LocalRate::share_of(&self.quota, expected_nodes))
+                }
+                _ => None,
+            },
+            failure: self.failure,
+            circuit: Circuit::default(),
+            rtt_ns: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            pressure: AtomicBool::new(false),
+            wake: Notify::new(),
+            counters: Counters::default(),
+            metrics: KeyedMetrics::new(&self.name, self.failure.name()),
+            name: self.name,
+            quota: self.quota,
+            store: self.store,
+            policy: self.policy,
+        });
+        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let requests = super::worker::Requests {
+            known: known_requests,
+            fresh: fresh_requests,
+        };
+        let task = runtime.spawn(telemetry::publishing(
+            super::worker::run(shared.clone(), requests, seed),
+            publisher(shared.clone()),
+        ));
+        Ok(KeyedHybridLimiter {
+            handle: Arc::new(Handle {
+                shared,
+                task: Mutex::new(Some(task)),
+            }),
+        })
+    }
+}
