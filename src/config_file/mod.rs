@@ -1,0 +1,312 @@
+//! Limiters defined in a TOML file (crate feature `toml`), so a service can load them at start.
+//!
+//! # Design
+//!
+//! A file has optional `[defaults]` and one table per limiter: `[limiters.<name>]` for a
+//! single budget ([`HybridLimiter`](crate::HybridLimiter) / [`RedisLimiter`](crate::RedisLimiter)), `[keyed.<name>]` for one budget per
+//! key ([`KeyedHybridLimiter`](crate::KeyedHybridLimiter) / [`KeyedRedisLimiter`](crate::KeyedRedisLimiter)) and `[concurrency.<name>]` for a
+//! fleet-wide number of permits ([`ConcurrencyLimiter`](crate::ConcurrencyLimiter)). Every key of `[defaults]` may also be
+//! set per limiter, which wins. Parsing checks everything a builder would refuse — names,
+//! quotas, lease settings, limits — so a file that loads builds, and a bad file is a
+//! [`ConfigFileError`] naming the limiter and the field, never a panic:
+//!
+//! ```toml
+//! [defaults]
+//! mode = "hybrid"                     # "hybrid" (default) or "pure"
+//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback" (default)
+//! expected_nodes = 10                 # the fleet size, for local-fallback (default 1)
+//! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
+//! budget = "overall"                  # "overall" (default) or "per-client"
+//!
+//! [limiters.partner-api]
+//! rate = 1000        # tokens per period
+//! period = "1s"      # humantime: "250ms", "1m", "1h 30m"; default "1s"
+//! burst = 100        # default: rate
+//! horizon = "25ms"   # adaptive leasing (the default policy): how long a lease lasts
+//!
+//! [limiters.sms]
+//! rate = 1
+//! period = "30m"
+//! mode = "pure"
+//! algorithm = "sliding-window" # "token-bucket" (default), "fixed-window", "sliding-window",
+//!                              # "leaky-bucket" (see `Algorithm`)
+//!
+//! [limiters.search]
+//! rate = 200
+//! lease_size = 20    # fixed batches instead of adaptive leasing
+//!
+//! [keyed.per-user]   # one budget per key, every key with this quota (token bucket)
+//! rate = 5
+//! period = "1m"
+//! max_keys = 100000        # keys held in memory at most (default 100000)
+//! idle_ttl = "2m"          # evict a key unused this long (default: fill time + 10s; >= 200ms)
+//! give_back_after = "1s"   # return unused tokens after (default: the policy's, else 500ms)
+//! max_in_flight = 32       # store calls in flight at once (default 32)
+//!
+//! [concurrency.exports]
+//! limit = 20         # permits held across the fleet at once
+//! ttl = "10s"        # a crashed process's permits come back this long after (default 10s)
+//! batch = 4          # hybrid: lease 4 slots per store call (default: pure mode, no batch)
+//! idle_return = "100ms" # hybrid: give leased slots nobody uses back after (default 100ms)
+//! ```
+//!
+//! [`LimitersConfig::build`] turns a file into running limiters on one store, looked up by
+//! name in the [`Limiters`]: [`AnyLimiter`]s (hybrid or pure, both [`Limiter`](crate::Limiter)s),
+//! [`AnyKeyedLimiter`]s (both [`KeyedLimiter`](crate::KeyedLimiter)s) and [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)s. Or take one
+//! spec — [`LimiterSpec`], [`KeyedSpec`], [`ConcurrencySpec`] — and call its builder method
+//! ([`LimiterSpec::hybrid`], [`KeyedSpec::hybrid`], [`ConcurrencySpec::builder`], …) to add
+//! settings the file does not cover (a seed, a runtime, a custom [`LeasePolicy`], a hasher).
+//!
+//! ## Choices
+//!
+//! - **Names are unique across the three kinds.** A name defined in two kinds is
+//!   [`ConfigFileError::Invalid`]: errors, metrics and lookups name a limiter by its name
+//!   alone, and a service reading `sms` should not have to ask which `sms`. (The store would
+//!   keep them apart — keyed buckets are `name#key`, concurrency records `{name}:conc` — so
+//!   this is for people, not for Redis.)
+//! - **`[defaults]` applies where the key means something, and is ignored elsewhere.**
+//!   `on_store_failure` and `expected_nodes` apply to every kind. `mode`, `horizon` and
+//!   `lease_size` apply to plain and keyed limiters. `algorithm`, `unconfigured` and `budget`
+//!   apply to plain limiters only: keyed limiters are token buckets under their own quota.
+//!   A concurrency limiter ignores `[defaults]`' `mode`, `horizon` and `lease_size`: its
+//!   hybrid mode needs a `batch` and trades fairness for speed, so it is chosen per table.
+//!   Ignoring (rather than rejecting) lets one `[defaults]` serve a file with every kind; a
+//!   key that does not apply to a kind is still a [`ConfigFileError::Parse`] error in that
+//!   kind's own table (`deny_unknown_fields`), as is any misspelt key.
+//! - **Settings of hybrid mode in a pure limiter's table are refused**, not ignored: a table
+//!   that sets `lease_size`, `horizon`, `max_keys`, `idle_ttl`, `give_back_after`,
+//!   `max_in_flight`, `batch` or `idle_return` on a pure limiter asks for something it would
+//!   not get. Such keys in `[defaults]` are skipped for pure limiters.
+//! - **Values a builder would quietly raise are refused**: `max_keys = 0`,
+//!   `max_in_flight = 0`, an `idle_ttl` under 200 ms — the file would say one thing and the
+//!   limiter do another.
+//! - **A concurrency limiter's mode follows `batch`**: `batch = n` makes it hybrid, no batch
+//!   pure; `mode = "hybrid"` without a batch, or `mode = "pure"` with one, is refused.
+//! - **Keyed limiters are generic over their key type `K`**, which a file cannot name.
+//!   [`LimitersConfig::build`] builds them with `String` keys (which take `&str` lookups and,
+//!   since buckets are named by a key's `Display` form, share budgets with any other key type
+//!   that prints alike); [`LimitersConfig::build_with_keys`] picks another `K` for all of
+//!   them, and [`KeyedSpec::build`] builds one with its own `K`.
+//!
+//! # Where things are
+//!
+//! The file's path through the code: `raw.rs` (the tables serde reads, and the field checks
+//! every kind shares) → `spec.rs` (one checked definition per limiter) → `built.rs` (the
+//! limiters, and the enums that hold either mode). This file loads and resolves the whole file.
+//!
+//! [`LeasePolicy`]: crate::LeasePolicy
+
+mod built;
+mod raw;
+mod spec;
+
+pub use built::{AnyKeyedLimiter, AnyLimiter, Limiters};
+use raw::{invalid, Defaults, File};
+pub use spec::{ConcurrencySpec, KeyedSpec, LimiterSpec};
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::hash::Hash;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::concurrency::ConcurrencyStore;
+use crate::error::Error;
+use crate::store::LeaseStore;
+
+/// Why a limiters file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigFileError {
+    /// The file could not be read.
+    #[error("cannot read {path}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or has an unknown key or a value of the wrong type.
+    #[error("invalid limiters file: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// A limiter's settings are invalid (of any kind: plain, keyed or concurrency).
+    #[error("limiter {limiter:?}: {reason}")]
+    Invalid {
+        /// The limiter's name.
+        limiter: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// How a limiter decides: leasing batches, or one store call per decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Mode {
+    /// [`HybridLimiter`](crate::HybridLimiter) or [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) (the default); for a concurrency limiter,
+    /// [`ConcurrencyMode::Hybrid`](crate::ConcurrencyMode::Hybrid).
+    #[default]
+    Hybrid,
+    /// [`RedisLimiter`](crate::RedisLimiter) or [`KeyedRedisLimiter`](crate::KeyedRedisLimiter); for a concurrency limiter,
+    /// [`ConcurrencyMode::Pure`](crate::ConcurrencyMode::Pure).
+    Pure,
+}
+
+/// A parsed, checked limiters file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitersConfig {
+    specs: BTreeMap<String, LimiterSpec>,
+    keyed: BTreeMap<String, KeyedSpec>,
+    concurrency: BTreeMap<String, ConcurrencySpec>,
+}
+
+/// Resolves every table of one kind.
+fn resolve_all<T, Spec>(
+    tables: &BTreeMap<String, T>,
+    defaults: &Defaults,
+    resolve: impl Fn(&str, &T, &Defaults) -> Result<Spec, ConfigFileError>,
+) -> Result<BTreeMap<String, Spec>, ConfigFileError> {
+    tables
+        .iter()
+        .map(|(name, table)| resolve(name, table, defaults).map(|s| (name.clone(), s)))
+        .collect()
+}
+
+impl LimitersConfig {
+    /// Parses a limiters file.
+    ///
+    /// # Errors
+    /// [`ConfigFileError::Parse`] for bad TOML, unknown keys or wrongly typed values;
+    /// [`ConfigFileError::Invalid`] for settings a builder would refuse, and for a name
+    /// defined in two kinds of table.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigFileError> {
+        let file: File = toml::from_str(text)?;
+        let kinds = [
+            ("limiters", file.limiters.keys().collect::<Vec<_>>()),
+            ("keyed", file.keyed.keys().collect()),
+            ("concurrency", file.concurrency.keys().collect()),
+        ];
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (kind, names) in &kinds {
+            for name in names {
+                if let Some(first) = seen.insert(name.as_str(), kind) {
+                    return Err(invalid(name)(format!(
+                        "defined as both [{first}.{name}] and [{kind}.{name}]; \
+                         names are unique across kinds"
+                    )));
+                }
+            }
+        }
+        Ok(LimitersConfig {
+            specs: resolve_all(&file.limiters, &file.defaults, LimiterSpec::resolve)?,
+            keyed: resolve_all(&file.keyed, &file.defaults, KeyedSpec::resolve)?,
+            concurrency: resolve_all(&file.concurrency, &file.defaults, ConcurrencySpec::resolve)?,
+        })
+    }
+
+    /// Reads and parses a limiters file.
+    ///
+    /// # Errors
+    /// [`ConfigFileError::Io`] if it cannot be read, else as [`from_toml`](Self::from_toml).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigFileError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The limiter called `name` (a `[limiters.<name>]` table), if the file defines it.
+    pub fn get(&self, name: &str) -> Option<&LimiterSpec> {
+        self.specs.get(name)
+    }
+
+    /// Every `[limiters.*]` limiter, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &LimiterSpec> {
+        self.specs.values()
+    }
+
+    /// The keyed limiter called `name` (a `[keyed.<name>]` table), if the file defines it.
+    pub fn keyed(&self, name: &str) -> Option<&KeyedSpec> {
+        self.keyed.get(name)
+    }
+
+    /// Every keyed limiter, by name.
+    pub fn iter_keyed(&self) -> impl Iterator<Item = &KeyedSpec> {
+        self.keyed.values()
+    }
+
+    /// The concurrency limiter called `name` (a `[concurrency.<name>]` table), if the file
+    /// defines it.
+    pub fn concurrency(&self, name: &str) -> Option<&ConcurrencySpec> {
+        self.concurrency.get(name)
+    }
+
+    /// Every concurrency limiter, by name.
+    pub fn iter_concurrency(&self) -> impl Iterator<Item = &ConcurrencySpec> {
+        self.concurrency.values()
+    }
+
+    /// How many limiters the file defines, of every kind.
+    pub fn len(&self) -> usize {
+        self.specs.len() + self.keyed.len() + self.concurrency.len()
+    }
+
+    /// True when the file defines none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Builds every limiter on `store` (cloned for each), keyed ones with `String` keys. The
+    /// store serves concurrency limits too ([`ConcurrencyStore`]: [`RedisStore`] and
+    /// [`MemoryStore`] do), whether or not the file has any.
+    ///
+    /// [`RedisStore`]: crate::RedisStore
+    /// [`MemoryStore`]: crate::MemoryStore
+    ///
+    /// # Errors
+    /// As [`LimiterSpec::build`], [`KeyedSpec::build`] and [`ConcurrencySpec::build`]: a
+    /// tokio runtime is needed for hybrid and concurrency limiters.
+    pub fn build<S>(&self, store: &S) -> Result<Limiters<S>, Error>
+    where
+        S: LeaseStore + ConcurrencyStore + Clone,
+    {
+        self.build_with_keys(store)
+    }
+
+    /// As [`build`](Self::build), with keyed limiters keyed by `K`. (For keyed limiters of
+    /// different key types, build each from its [`KeyedSpec`].)
+    ///
+    /// # Errors
+    /// As [`build`](Self::build).
+    pub fn build_with_keys<K, S>(&self, store: &S) -> Result<Limiters<S, K>, Error>
+    where
+        K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+        S: LeaseStore + ConcurrencyStore + Clone,
+    {
+        let limiters = self
+            .specs
+            .iter()
+            .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
+            .collect::<Result<_, Error>>()?;
+        let keyed = self
+            .keyed
+            .iter()
+            .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
+            .collect::<Result<_, Error>>()?;
+        let concurrency = self
+            .concurrency
+            .iter()
+            .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
+            .collect::<Result<_, Error>>()?;
+        Ok(Limiters {
+            limiters,
+            keyed,
+            concurrency,
+        })
+    }
+}

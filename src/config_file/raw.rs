@@ -1,0 +1,235 @@
+//! The file as written: the TOML tables serde reads, before any check, and the checks that
+//! turn a table's fields into a quota, a failure policy and the settings shared by every kind.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::Error;
+use crate::failure::FailurePolicy;
+use crate::quota::Quota;
+
+use super::{ConfigFileError, Mode};
+
+/// The failure policy's name in a file; `expected_nodes` is a key of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum FailureName {
+    FailOpen,
+    FailClosed,
+    LocalFallback,
+}
+
+/// The keys `[defaults]`, `[limiters.*]` and `[keyed.*]` share; unset keys fall through.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(super) struct Shared {
+    pub(super) mode: Option<Mode>,
+    pub(super) on_store_failure: Option<FailureName>,
+    pub(super) expected_nodes: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) horizon: Option<Duration>,
+    pub(super) lease_size: Option<u64>,
+}
+
+/// `[defaults]`: the shared keys, and those of plain limiters only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Defaults {
+    pub(super) algorithm: Option<String>,
+    pub(super) unconfigured: Option<UnconfiguredName>,
+    pub(super) budget: Option<BudgetName>,
+    #[serde(flatten)]
+    pub(super) shared: Shared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum UnconfiguredName {
+    UseQuota,
+    Unlimited,
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum BudgetName {
+    Overall,
+    PerClient,
+}
+
+/// One `[limiters.<name>]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Table {
+    pub(super) rate: u64,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) period: Option<Duration>,
+    pub(super) burst: Option<u64>,
+    pub(super) algorithm: Option<String>,
+    pub(super) unconfigured: Option<UnconfiguredName>,
+    pub(super) budget: Option<BudgetName>,
+    #[serde(flatten)]
+    pub(super) shared: Shared,
+}
+
+/// One `[keyed.<name>]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KeyedTable {
+    pub(super) rate: u64,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) period: Option<Duration>,
+    pub(super) burst: Option<u64>,
+    pub(super) max_keys: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) idle_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) give_back_after: Option<Duration>,
+    pub(super) max_in_flight: Option<usize>,
+    #[serde(flatten)]
+    pub(super) shared: Shared,
+}
+
+/// One `[concurrency.<name>]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConcurrencyTable {
+    pub(super) limit: u64,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) ttl: Option<Duration>,
+    pub(super) mode: Option<Mode>,
+    pub(super) batch: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) idle_return: Option<Duration>,
+    pub(super) on_store_failure: Option<FailureName>,
+    pub(super) expected_nodes: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    #[serde(default)]
+    pub(super) defaults: Defaults,
+    #[serde(default)]
+    pub(super) limiters: BTreeMap<String, Table>,
+    #[serde(default)]
+    pub(super) keyed: BTreeMap<String, KeyedTable>,
+    #[serde(default)]
+    pub(super) concurrency: BTreeMap<String, ConcurrencyTable>,
+}
+
+/// How leases are sized.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Lease {
+    Adaptive(Option<Duration>),
+    Fixed(u64),
+}
+
+/// An [`Error::Config`]'s message alone, any other error's display.
+pub(super) fn reason(e: Error) -> String {
+    match e {
+        Error::Config(message) => message,
+        e => e.to_string(),
+    }
+}
+
+/// `rate` tokens per `period` (default 1 s) with `burst` (default `rate`).
+pub(super) fn quota(
+    rate: u64,
+    period: Option<Duration>,
+    burst: Option<u64>,
+) -> Result<Quota, String> {
+    let period = period.unwrap_or(Duration::from_secs(1));
+    Quota::with_parts(rate, period, burst.unwrap_or(rate))
+        .map_err(|e| format!("invalid quota: {e}"))
+}
+
+/// The failure policy a table's (or `[defaults]`') keys name; local fallback by default.
+pub(super) fn failure_policy(
+    name: Option<FailureName>,
+    nodes: Option<u32>,
+) -> Result<FailurePolicy, String> {
+    if nodes == Some(0) {
+        return Err("expected_nodes must be at least 1".into());
+    }
+    Ok(match name {
+        Some(FailureName::FailOpen) => FailurePolicy::FailOpen,
+        Some(FailureName::FailClosed) => FailurePolicy::FailClosed,
+        Some(FailureName::LocalFallback) | None => {
+            FailurePolicy::local_fallback(nodes.unwrap_or(1))
+        }
+    })
+}
+
+/// What the shared keys of a plain or keyed limiter's table resolve to.
+pub(super) struct Common {
+    pub(super) mode: Mode,
+    pub(super) failure: FailurePolicy,
+    pub(super) lease: Lease,
+}
+
+impl Shared {
+    /// Resolves a table's shared keys (`self`) over `[defaults]`' for a limiter of `quota`.
+    pub(super) fn resolve(&self, defaults: &Shared, quota: &Quota) -> Result<Common, String> {
+        let mode = self.mode.or(defaults.mode).unwrap_or_default();
+        let failure = failure_policy(
+            self.on_store_failure.or(defaults.on_store_failure),
+            self.expected_nodes.or(defaults.expected_nodes),
+        )?;
+        let own_lease = self.horizon.is_some() || self.lease_size.is_some();
+        if mode == Mode::Pure {
+            // `[defaults]`' lease settings are for the hybrid limiters; a pure one's own are
+            // a mistake.
+            if own_lease {
+                return Err(
+                    "horizon and lease_size are for hybrid mode; this limiter is pure".into(),
+                );
+            }
+            let lease = Lease::Adaptive(None);
+            return Ok(Common {
+                mode,
+                failure,
+                lease,
+            });
+        }
+        // A limiter's own lease setting replaces the default one, whichever kind it is.
+        let (horizon, size) = if own_lease {
+            (self.horizon, self.lease_size)
+        } else {
+            (defaults.horizon, defaults.lease_size)
+        };
+        let lease = match (horizon, size) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "set horizon (adaptive leasing) or lease_size (fixed batches), not both".into(),
+                )
+            }
+            (_, Some(0)) => return Err("lease_size must be at least 1".into()),
+            (_, Some(n)) if n > quota.burst() => {
+                return Err(format!(
+                    "lease_size {n} exceeds the burst {}",
+                    quota.burst()
+                ))
+            }
+            (_, Some(n)) => Lease::Fixed(n),
+            (Some(h), None) if h < Duration::from_millis(1) => {
+                return Err("horizon must be at least 1ms".into())
+            }
+            (h, None) => Lease::Adaptive(h),
+        };
+        Ok(Common {
+            mode,
+            failure,
+            lease,
+        })
+    }
+}
+
+/// Wraps a reason as [`ConfigFileError::Invalid`] about limiter `name`.
+pub(super) fn invalid(name: &str) -> impl Fn(String) -> ConfigFileError + '_ {
+    move |reason| ConfigFileError::Invalid {
+        limiter: name.to_owned(),
+        reason,
+    }
+}
