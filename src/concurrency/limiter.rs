@@ -14,228 +14,22 @@ use tokio::time::Instant;
 use super::holders::Op;
 use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
-use super::task;
 use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::FailurePolicy;
-use crate::key;
-use crate::quota::MAX_VALUE;
-use crate::store::{micros, node_key, RedisStore};
-use crate::telemetry;
+use crate::store::{micros, RedisStore};
 
+use super::builder::{
+    ConcurrencyBuilder, ConcurrencyMode, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
+};
 use super::metrics::{ConcurrencyMetrics, ConcurrencyPublished};
-
-/// Default time a holder's record lives without a renewal: how long the slots of a crashed
-/// process stay taken. Renewals go out every third of it.
-pub const DEFAULT_HOLDER_TTL: Duration = Duration::from_secs(10);
-/// Default time a hybrid limiter keeps leased slots that nobody uses before giving them back.
-pub const DEFAULT_IDLE_RETURN: Duration = Duration::from_millis(100);
+use super::stats::ConcurrencyStats;
 
 /// First wait of a caller polling a full fleet (pure mode), and of a hybrid lease that found
 /// the fleet full.
 pub(crate) const MIN_POLL: Duration = Duration::from_millis(1);
 /// Longest such wait: a slot freed elsewhere in the fleet is seen within about this long.
 pub(crate) const MAX_POLL: Duration = Duration::from_millis(50);
-
-/// How a [`ConcurrencyLimiter`] uses the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConcurrencyMode {
-    /// One script call per acquire (all or nothing), and one per batch of drops: exact, and
-    /// fleet-wide first come, first served.
-    Pure,
-    /// Lease `batch` slots at a time and hand them out from a local lock-free pool; slots
-    /// nobody uses are given back when idle and on shutdown.
-    Hybrid {
-        /// Slots leased per store call (and kept in the pool at most).
-        batch: u64,
-    },
-}
-
-/// Counters of one limiter's store traffic and local state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConcurrencyStats {
-    /// Acquire calls made to the store (pure: one per attempt; hybrid: one per lease).
-    pub acquires: u64,
-    /// Slots those calls were granted.
-    pub granted: u64,
-    /// Acquire calls answered "the fleet is full".
-    pub full: u64,
-    /// Release calls made to the store.
-    pub releases: u64,
-    /// Renewals (syncs) made to the store.
-    pub syncs: u64,
-    /// Store calls that failed.
-    pub store_errors: u64,
-    /// Permits admitted by the failure policy while the store was failing.
-    pub degraded: u64,
-    /// Whether the circuit is open: the last store call failed.
-    pub circuit_open: bool,
-    /// Slots in this process's live permits.
-    pub in_use: u64,
-    /// Hybrid: leased slots waiting in the local pool.
-    pub pooled: u64,
-}
-
-impl ConcurrencyStats {
-    /// Every call made to the store.
-    pub fn store_calls(&self) -> u64 {
-        self.acquires + self.releases + self.syncs
-    }
-}
-
-/// Configures a [`ConcurrencyLimiter`].
-#[must_use]
-pub struct ConcurrencyBuilder<S> {
-    name: String,
-    limit: u64,
-    store: S,
-    ttl: Duration,
-    mode: ConcurrencyMode,
-    failure: FailurePolicy,
-    holder_id: Option<u64>,
-    idle_return: Duration,
-    runtime: Option<tokio::runtime::Handle>,
-}
-
-impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
-    /// How long this process's record lives without a renewal (default
-    /// [`DEFAULT_HOLDER_TTL`]): the slots of a crashed process come back this long after its
-    /// last renewal, and never sooner. Renewals are sent every third of it.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// One store call per acquire (the default).
-    pub fn pure(mut self) -> Self {
-        self.mode = ConcurrencyMode::Pure;
-        self
-    }
-
-    /// Lease `batch` slots per store call and hand them out locally.
-    pub fn hybrid(mut self, batch: u64) -> Self {
-        self.mode = ConcurrencyMode::Hybrid { batch };
-        self
-    }
-
-    /// What to answer when the store fails (default: [`FailurePolicy::LocalFallback`] with one
-    /// expected node, i.e. each process may hold up to the limit). Permits it admits are
-    /// counted locally only: `LocalFallback { expected_nodes }` admits at most
-    /// `max(1, limit / expected_nodes)` of them per process.
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
-    /// This process's holder id in the store (default: random). Ids must be unique among the
-    /// processes sharing a name.
-    pub fn holder_id(mut self, id: u64) -> Self {
-        self.holder_id = Some(id);
-        self
-    }
-
-    /// Hybrid: how long leased slots may sit unused before they are given back (default
-    /// [`DEFAULT_IDLE_RETURN`]).
-    pub fn idle_return(mut self, after: Duration) -> Self {
-        self.idle_return = after;
-        self
-    }
-
-    /// Runs the background task on `runtime` (default: the runtime `build` is called on).
-    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
-        self.runtime = Some(runtime);
-        self
-    }
-
-    /// Builds the limiter and starts its background task.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a bad name, a limit of 0 or above 2^52, a ttl under 3 ms or above
-    /// 2^52 µs, a hybrid batch of 0 or above the limit; [`Error::NoRuntime`] outside a tokio
-    /// runtime.
-    pub fn build(self) -> Result<ConcurrencyLimiter<S>, Error> {
-        key::validate_name(&self.name)?;
-        let batch = check_settings(self.limit, self.ttl, self.mode)?;
-        let runtime = match self.runtime {
-            Some(rt) => rt,
-            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
-        };
-        let holder_id = self.holder_id.unwrap_or_else(|| fastrand::u64(..));
-        let metrics = ConcurrencyMetrics::new(&self.name, batch > 0);
-        let shared = Arc::new(Shared {
-            local: Arc::new(Local::new(batch > 0)),
-            store: self.store,
-            holder: node_key(holder_id),
-            holder_id,
-            name: self.name,
-            limit: self.limit,
-            ttl: self.ttl,
-            batch,
-            low_water: batch / 4,
-            idle_return: self.idle_return,
-            failure: self.failure,
-            fallback_share: match self.failure {
-                FailurePolicy::LocalFallback { expected_nodes } => {
-                    (self.limit / u64::from(expected_nodes.get())).max(1)
-                }
-                _ => 0,
-            },
-            circuit_open: AtomicBool::new(false),
-            error: Mutex::new(None),
-            error_seq: AtomicU64::new(0),
-            claimed: AtomicU64::new(0),
-            aseq: AtomicU64::new(0),
-            rseq_sent: AtomicU64::new(0),
-            gate: AtomicBool::new(false),
-            gate_open: Notify::new(),
-            in_flight: AtomicU64::new(0),
-            drained: Notify::new(),
-            dirty: AtomicBool::new(false),
-            touched: AtomicBool::new(false),
-            leased: AtomicU64::new(0),
-            counters: Counters::default(),
-            metrics,
-        });
-        let task = runtime.spawn(telemetry::publishing(
-            task::run(shared.clone()),
-            publisher(shared.clone()),
-        ));
-        Ok(ConcurrencyLimiter {
-            handle: Arc::new(Handle {
-                shared,
-                task: Mutex::new(Some(task)),
-            }),
-        })
-    }
-}
-
-/// Checks a limit, a holder ttl and a mode as [`ConcurrencyBuilder::build`] does, without a
-/// runtime or a store (the TOML loader checks files with it); returns the hybrid batch (0 in
-/// pure mode).
-pub(crate) fn check_settings(
-    limit: u64,
-    ttl: Duration,
-    mode: ConcurrencyMode,
-) -> Result<u64, Error> {
-    let config = |msg: String| Err(Error::Config(msg));
-    if !(1..=MAX_VALUE).contains(&limit) {
-        return config(format!("concurrency limit {limit} must be in 1..=2^52"));
-    }
-    if ttl < Duration::from_millis(3) || micros(ttl) > MAX_VALUE {
-        return config(format!(
-            "holder ttl {ttl:?} must be between 3 ms and 2^52 µs"
-        ));
-    }
-    match mode {
-        ConcurrencyMode::Pure => Ok(0),
-        ConcurrencyMode::Hybrid { batch } if (1..=limit).contains(&batch) => Ok(batch),
-        ConcurrencyMode::Hybrid { batch } => config(format!(
-            "hybrid batch {batch} must be in 1..=limit ({limit})"
-        )),
-    }
-}
 
 /// A fleet-wide concurrency limit: at most `limit` permits held across every process sharing
 /// a name, with the slots of a crashed process returned after a ttl.
@@ -258,7 +52,7 @@ pub(crate) fn check_settings(
 /// # Ok(()) }
 /// ```
 pub struct ConcurrencyLimiter<S: ConcurrencyStore = RedisStore> {
-    handle: Arc<Handle<S>>,
+    pub(super) handle: Arc<Handle<S>>,
 }
 
 impl<S: ConcurrencyStore> Clone for ConcurrencyLimiter<S> {
@@ -282,9 +76,9 @@ impl<S: ConcurrencyStore> std::fmt::Debug for ConcurrencyLimiter<S> {
 }
 
 /// What the user holds; dropping the last one stops the task.
-struct Handle<S: ConcurrencyStore> {
-    shared: Arc<Shared<S>>,
-    task: Mutex<Option<JoinHandle<()>>>,
+pub(super) struct Handle<S: ConcurrencyStore> {
+    pub(super) shared: Arc<Shared<S>>,
+    pub(super) task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl<S: ConcurrencyStore> Drop for Handle<S> {
@@ -310,10 +104,10 @@ pub(crate) struct Shared<S> {
     pub(crate) idle_return: Duration,
     pub(crate) failure: FailurePolicy,
     /// `LocalFallback`: degraded permits allowed at once.
-    fallback_share: u64,
-    circuit_open: AtomicBool,
-    error: Mutex<Option<StoreError>>,
-    error_seq: AtomicU64,
+    pub(super) fallback_share: u64,
+    pub(super) circuit_open: AtomicBool,
+    pub(super) error: Mutex<Option<StoreError>>,
+    pub(super) error_seq: AtomicU64,
     /// Pure: slots this holder may be counted for — reserved for acquires in flight, in live
     /// permits, or dropped and not yet released. What a renewal reports, once no acquire is
     /// in flight.
@@ -585,7 +379,7 @@ impl Drop for Parked<'_> {
 
 /// Publishes a concurrency limiter's metrics from its background task (see
 /// [`crate::telemetry`]); says whether the limiter is active.
-fn publisher<S: ConcurrencyStore>(s: Arc<Shared<S>>) -> impl FnMut() -> bool {
+pub(super) fn publisher<S: ConcurrencyStore>(s: Arc<Shared<S>>) -> impl FnMut() -> bool {
     let mut last = ConcurrencyPublished::default();
     move || {
         let stats = s.stats();

@@ -84,18 +84,19 @@
 //! Hybrid mode trades fairness for speed: a busy process keeps reusing its leased slots while
 //! others wait. Use it when the limit is large compared with `processes × batch`.
 
+mod builder;
 pub mod holders;
 mod limiter;
 mod metrics;
 mod permit;
+mod stats;
 mod store;
 mod task;
 
 #[cfg(feature = "toml")]
-pub(crate) use limiter::check_settings;
-pub use limiter::{
-    ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, DEFAULT_HOLDER_TTL,
-    DEFAULT_IDLE_RETURN,
-};
+pub(crate) use builder::check_settings;
+pub use builder::{ConcurrencyBuilder, ConcurrencyMode, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN};
+pub use limiter::ConcurrencyLimiter;
 pub use permit::Permit;
+pub use stats::ConcurrencyStats;
 pub use store::{ConcurrencyStore, CONCURRENCY_LUA};
