@@ -74,6 +74,7 @@ mod limiter;
 pub mod lock;
 #[cfg(feature = "tower")]
 pub mod middleware;
+mod protocol;
 mod pure;
 mod quota;
 mod store;

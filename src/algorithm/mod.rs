@@ -85,8 +85,9 @@ use std::time::Duration;
 use crate::algorithm::token_bucket::InvalidArgument;
 use crate::config::Unconfigured;
 use crate::error::{Error, StoreError};
+use crate::protocol::{LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::{Quota, MAX_VALUE};
-use crate::store::{micros, LeaseReply, LeaseRequest, ReleaseRequest};
+use crate::store::micros;
 
 /// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
 /// `lua/fixed_window.lua`, concatenated in that order.

@@ -14,8 +14,9 @@ use super::task;
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::key;
+use crate::protocol::node_key;
 use crate::quota::MAX_VALUE;
-use crate::store::{micros, node_key};
+use crate::store::micros;
 use crate::telemetry;
 
 use super::limiter::{publisher, ConcurrencyLimiter, Counters, Handle, Shared};

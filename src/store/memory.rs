@@ -20,9 +20,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{
-    budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
-};
+use super::{micros, LeaseStore};
 use crate::algorithm::token_bucket::{
     self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored,
 };
@@ -31,6 +29,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::concurrency::holders::Holders;
 use crate::config::ConfigStore;
 use crate::error::StoreError;
+use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
 
 /// How many writes between sweeps of expired entries.

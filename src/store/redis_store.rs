@@ -20,15 +20,14 @@ use tracing::Instrument;
 
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
-use super::{
-    budget_suffix, micros, node_key, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest,
-};
+use super::{micros, LeaseStore};
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::{self, Algorithm};
 use crate::clock::Clock;
 use crate::config::ConfigStore;
 use crate::error::{Error, StoreError};
 use crate::key;
+use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
 
 /// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by

@@ -13,8 +13,8 @@ use dashmap::mapref::entry::Entry as Slot;
 use super::{MemoryStore, SWEEP_EVERY};
 use crate::algorithm::{self, Algorithm, Op, Persist, State};
 use crate::error::StoreError;
+use crate::protocol::{budget_suffix, LeaseReply};
 use crate::quota::Quota;
-use crate::store::{budget_suffix, LeaseReply};
 
 /// One key's state and when it expires (µs on the store's clock).
 pub(super) struct Entry {

@@ -8,8 +8,8 @@ use crate::algorithm::{
     Algorithm, Op, Reply, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA,
 };
 use crate::error::StoreError;
+use crate::protocol::{budget_suffix, LeaseReply};
 use crate::quota::Quota;
-use crate::store::{budget_suffix, LeaseReply};
 
 static FIXED_WINDOW: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(FIXED_WINDOW_LUA));
