@@ -34,6 +34,7 @@
 
 pub mod calibrate;
 pub mod demand;
+pub mod exec;
 pub mod live;
 pub mod lock_mode;
 pub mod metrics;

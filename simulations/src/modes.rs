@@ -36,11 +36,8 @@
 //!
 //! The fleet is generic over the store, so live mode runs exactly this code against Redis.
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -50,6 +47,8 @@ use ratelease::{
 };
 
 use crate::demand::Arrival;
+pub use crate::exec::NowFn;
+use crate::exec::{ready, REQUEST};
 use crate::lock_mode;
 use crate::record::{Outcome, RequestRecord};
 use crate::rng::derive_seed;
@@ -59,22 +58,6 @@ use crate::store_model::SimStore;
 
 /// The limiter name every node uses (one shared bucket).
 pub const LIMITER_NAME: &str = "sim";
-
-tokio::task_local! {
-    /// The index (in the demand trace) of the request a pure-Redis store call is made for.
-    pub static REQUEST: usize;
-}
-
-/// A reading of the run's clock, ns since its start.
-pub type NowFn = Arc<dyn Fn() -> u64 + Send + Sync>;
-
-/// Polls a future that must be ready at once (every `MemoryStore` future is).
-pub(crate) fn ready<F: Future>(f: F) -> F::Output {
-    match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => unreachable!("MemoryStore futures complete on their first poll"),
-    }
-}
 
 enum Nodes<S: LeaseStore> {
     Pure(Vec<RedisLimiter<S>>),

@@ -39,7 +39,7 @@ use ratelease::{
     TokioClock,
 };
 
-use crate::modes::{ready, REQUEST};
+use crate::exec::{ready, REQUEST};
 use crate::record::{CallKind, CallRecord};
 use crate::rng::{exponential, rng_for, SimRng};
 use crate::scenario::{s_to_ns, EventKind, Scenario};

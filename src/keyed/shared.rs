@@ -25,7 +25,6 @@ use crate::quota::Quota;
 use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
 
-#[cfg(feature = "toml")]
 use super::state::KeyState;
 use super::worker::{Answer, Request};
 
