@@ -88,7 +88,7 @@ impl FakeClock {
 
     /// Moves time forward by `by` (saturating).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = crate::time::nanos(by);
         // Relaxed: the counter is the only shared state; readers need no other memory ordered.
         let _ = self
             .nanos
@@ -99,7 +99,7 @@ impl FakeClock {
 
     /// Sets the time; a value earlier than the current time is ignored, keeping it monotonic.
     pub fn set(&self, to: Duration) {
-        let to = u64::try_from(to.as_nanos()).unwrap_or(u64::MAX);
+        let to = crate::time::nanos(to);
         self.nanos.fetch_max(to, Ordering::Relaxed);
     }
 }

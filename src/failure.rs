@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::quota::Quota;
+use crate::time::Origin;
 
 /// What to answer when local tokens are spent and the store is failing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl FailurePolicy {
 /// A lock-free local GCRA bucket: one atomic word, the theoretical arrival time.
 #[derive(Debug)]
 pub(crate) struct LocalRate {
-    origin: Instant,
+    origin: Origin,
     /// Nanoseconds per token.
     emission_ns: AtomicU64,
     /// How far ahead of now the arrival time may run: the burst, in nanoseconds.
@@ -89,7 +89,7 @@ impl LocalRate {
     /// This node's share of `quota` among `nodes`.
     pub(crate) fn share_of(quota: &Quota, nodes: NonZeroU32) -> Self {
         let rate = LocalRate {
-            origin: Instant::now(),
+            origin: Origin::now(),
             emission_ns: AtomicU64::new(0),
             tolerance_ns: AtomicU64::new(0),
             tat: AtomicU64::new(0),
@@ -120,7 +120,7 @@ impl LocalRate {
     /// [`try_take`](Self::try_take) at this rate on another arrival-time word: a keyed limiter
     /// keeps one word per key and shares the rate (`tat` starts at 0).
     pub(crate) fn try_take_at(&self, tat_word: &AtomicU64, n: u64) -> Result<(), Duration> {
-        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = self.origin.elapsed_ns();
         let cost = n.saturating_mul(self.emission_ns.load(Ordering::Relaxed));
         let tolerance = self.tolerance_ns.load(Ordering::Relaxed);
         // Relaxed: the word publishes nothing else; the CAS orders the updates among callers.

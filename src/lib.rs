@@ -63,7 +63,6 @@ pub mod config;
 #[cfg(feature = "toml")]
 pub mod config_file;
 mod connect;
-mod deadline;
 mod error;
 pub mod failure;
 mod hybrid;
@@ -77,8 +76,10 @@ pub mod middleware;
 mod protocol;
 mod pure;
 mod quota;
+mod retry;
 mod store;
 pub mod telemetry;
+mod time;
 mod verdict;
 
 pub use algorithm::token_bucket::QuotaSource;

@@ -25,13 +25,14 @@ use tokio::time::Instant;
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
-use crate::deadline;
 use crate::error::Error;
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
 use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
 use crate::telemetry::CallMetrics;
+use crate::time;
+use crate::time::Origin;
 use crate::verdict::Verdict;
 
 /// Configures a [`RedisLimiter`].
@@ -108,7 +109,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             algorithm: self.algorithm,
             state: Arc::new(State {
                 effective: Mutex::new(self.quota),
-                origin: Instant::now(),
+                origin: Origin::now(),
                 absent_until_ns: AtomicU64::new(0),
                 metrics,
             }),
@@ -121,7 +122,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
 struct State {
     /// The quota of the last reply (the builder's until then).
     effective: Mutex<Quota>,
-    origin: Instant,
+    origin: Origin,
     /// Until when (ns since `origin`) the name is known to be unconfigured.
     absent_until_ns: AtomicU64,
     /// Metric handles, updated after each store call ([`crate::telemetry`]).
@@ -205,7 +206,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.state.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.state.origin.elapsed_ns()
     }
 
     /// The answer for a name known to be unconfigured, without a store call.
@@ -254,9 +255,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
         self.state.metrics.lease_call(sent.elapsed(), reply.is_ok());
         let reply = reply?;
         if reply.source == QuotaSource::Absent {
-            let until = self.now_ns().saturating_add(
-                u64::try_from(Unconfigured::RECHECK.as_nanos()).unwrap_or(u64::MAX),
-            );
+            let until = self
+                .now_ns()
+                .saturating_add(time::nanos(Unconfigured::RECHECK));
             self.state.absent_until_ns.store(until, Ordering::Relaxed);
             return self.absent();
         }
@@ -313,12 +314,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
-        let deadline = deadline::from_now(timeout);
+        let deadline = time::from_now(timeout);
         loop {
             match self.try_acquire(n).await? {
                 Decision::Allowed => return Ok(Decision::Allowed),
                 Decision::Denied { retry_after } => {
-                    if deadline::from_now(retry_after) > deadline {
+                    if time::from_now(retry_after) > deadline {
                         return Ok(Decision::Denied { retry_after });
                     }
                     tokio::time::sleep(retry_after).await;

@@ -87,7 +87,7 @@ use crate::config::Unconfigured;
 use crate::error::{Error, StoreError};
 use crate::protocol::{LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::{Quota, MAX_VALUE};
-use crate::store::micros;
+use crate::time::micros;
 
 /// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
 /// `lua/fixed_window.lua`, concatenated in that order.

@@ -16,8 +16,8 @@ use crate::failure::FailurePolicy;
 use crate::key;
 use crate::protocol::node_key;
 use crate::quota::MAX_VALUE;
-use crate::store::micros;
 use crate::telemetry;
+use crate::time::micros;
 
 use super::limiter::{publisher, ConcurrencyLimiter, Counters, Handle, Shared};
 use super::metrics::ConcurrencyMetrics;

@@ -14,10 +14,11 @@ use tokio::time::Instant;
 use super::holders::Op;
 use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
-use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::FailurePolicy;
-use crate::store::{micros, RedisStore};
+use crate::store::RedisStore;
+use crate::time;
+use crate::time::micros;
 
 use super::builder::{
     ConcurrencyBuilder, ConcurrencyMode, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
@@ -239,9 +240,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         n: u64,
         timeout: Duration,
     ) -> Result<Option<Permit>, Error> {
-        let attempt = self
-            .acquire_until(n, Some(deadline::from_now(timeout)))
-            .await;
+        let attempt = self.acquire_until(n, Some(time::from_now(timeout))).await;
         self.handle.shared.count_denial(n, attempt)
     }
 

@@ -34,15 +34,11 @@ use tokio::time::Instant;
 use super::holders::{Op, Reply};
 use super::limiter::{Shared, MAX_POLL, MIN_POLL};
 use super::store::ConcurrencyStore;
-use crate::deadline;
 use crate::error::StoreError;
 use crate::lease::refill::Wake;
-use crate::store::micros;
-
-/// First back-off after a store error.
-const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest back-off after store errors.
-const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+use crate::retry::{Backoff, ERROR_BACKOFF_MIN};
+use crate::time;
+use crate::time::micros;
 
 /// Runs until the limiter closes, then gives back what it can.
 pub(crate) async fn run<S: ConcurrencyStore>(s: Arc<Shared<S>>) {
@@ -50,8 +46,8 @@ pub(crate) async fn run<S: ConcurrencyStore>(s: Arc<Shared<S>>) {
         renew_every: s.ttl / 3,
         next_sync: Instant::now() + s.ttl / 3,
         retry_at: Instant::now(),
-        backoff: ERROR_BACKOFF_MIN,
-        full_backoff: MIN_POLL,
+        backoff: Backoff::for_errors(),
+        full_backoff: Backoff::new(MIN_POLL, MAX_POLL),
         rseq: 0,
         aseq: 0,
         leased: 0,
@@ -90,8 +86,8 @@ struct Task {
     next_sync: Instant,
     /// No store call before this after an error or a full fleet (hybrid leases, repairs).
     retry_at: Instant,
-    backoff: Duration,
-    full_backoff: Duration,
+    backoff: Backoff,
+    full_backoff: Backoff,
     /// The last release sequence number sent.
     rseq: u64,
     /// Hybrid: the last acquire sequence number sent.
@@ -118,7 +114,7 @@ impl Task {
         }
         if s.local.hybrid {
             if s.local.pool.load(Ordering::SeqCst) > 0 {
-                at = at.min(deadline::from_now(s.idle_return / 2));
+                at = at.min(time::from_now(s.idle_return / 2));
             }
             if let Some(deadline) = self.stale_at(s) {
                 // Once stale, failed renewals are retried through `dirty` and `retry_at`.
@@ -134,7 +130,7 @@ impl Task {
     fn stale_at<S>(&self, s: &Shared<S>) -> Option<Instant> {
         match (self.leased, self.renewed_at) {
             (0, _) | (_, None) => None,
-            (_, Some(at)) => Some(deadline::after(at, s.ttl.mul_f64(0.9))),
+            (_, Some(at)) => Some(time::after(at, s.ttl.mul_f64(0.9))),
         }
     }
 
@@ -278,12 +274,11 @@ impl Task {
             Ok(reply) => {
                 self.excess = reply.in_use.saturating_sub(s.limit);
                 s.recovered();
-                self.backoff = ERROR_BACKOFF_MIN;
+                self.backoff.reset();
             }
             Err(error) => {
                 s.fail(error.clone());
-                let wait = jitter(&mut self.rng, self.backoff);
-                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
+                let wait = self.backoff.next(&mut self.rng);
                 self.retry_at = Instant::now() + wait;
             }
         }
@@ -365,11 +360,10 @@ impl Task {
                         s.leased.store(self.leased, Ordering::Relaxed);
                         l.pool.fetch_add(reply.granted, Ordering::SeqCst);
                         l.wake.notify_waiters();
-                        self.full_backoff = MIN_POLL;
+                        self.full_backoff.reset();
                     } else {
                         s.counters.full.fetch_add(1, Ordering::Relaxed);
-                        let wait = jitter(&mut self.rng, self.full_backoff);
-                        self.full_backoff = (self.full_backoff * 2).min(MAX_POLL);
+                        let wait = self.full_backoff.next(&mut self.rng);
                         self.retry_at = Instant::now() + wait;
                     }
                     if lost {
@@ -411,7 +405,7 @@ impl Task {
         }
         match self.idle_since {
             None => self.idle_since = Some(now),
-            Some(since) if now >= deadline::after(since, s.idle_return) => {
+            Some(since) if now >= time::after(since, s.idle_return) => {
                 self.idle_since = None;
                 let n = l.take_up_to(pooled);
                 self.give_back(s, n).await;
@@ -435,9 +429,4 @@ impl Task {
             self.registered = false;
         }
     }
-}
-
-/// A uniformly random duration in `[max / 2, max]`.
-fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
-    max.mul_f64(0.5 + rng.f64() / 2.0)
 }

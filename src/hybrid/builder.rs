@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
@@ -16,14 +15,16 @@ use crate::lease::local::LocalBucket;
 use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
+use crate::retry::{RttEstimate, DEFAULT_RTT};
 use crate::store::LeaseStore;
 use crate::telemetry;
+use crate::time::Origin;
 
 use super::metrics::HybridMetrics;
 
 use super::shared::{publisher, Counters, Handle, Shared};
 use super::task::refill_loop;
-use super::{HybridLimiter, DEFAULT_RTT};
+use super::HybridLimiter;
 
 /// Configures a [`HybridLimiter`].
 #[must_use]
@@ -165,9 +166,9 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 _ => None,
             },
             circuit: Circuit::default(),
-            origin: Instant::now(),
+            origin: Origin::now(),
             blocked_until_ns: AtomicU64::new(0),
-            rtt_ns: AtomicU64::new(0),
+            round_trip: RttEstimate::default(),
             finished: Notify::new(),
             answered: AtomicBool::new(false),
             counters: Counters::default(),

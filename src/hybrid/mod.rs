@@ -59,17 +59,9 @@ use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
 use crate::limiter::{check_tokens, Decision, Limiter};
 use crate::quota::Quota;
+use crate::retry::MIN_RETRY;
 use crate::store::{LeaseStore, RedisStore};
 
-/// Shortest wait after an over-limit reply.
-pub(crate) const MIN_RETRY: Duration = Duration::from_micros(100);
-/// First back-off after a store error.
-pub(crate) const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest back-off after store errors.
-/// Longest back-off after store errors (so leasing resumes within this long of recovery).
-pub(crate) const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
-/// Retry hint before any round trip was measured.
-pub(crate) const DEFAULT_RTT: Duration = Duration::from_millis(1);
 /// Most jitter after a fixed window's "come back when it ends": a window's start is the
 /// same moment for every node, and a late node would waste the new window.
 const WINDOW_JITTER: Duration = Duration::from_millis(5);
@@ -86,7 +78,6 @@ mod task;
 pub use builder::HybridBuilder;
 use shared::Handle;
 pub use stats::HybridStats;
-pub(crate) use task::jitter;
 
 /// A limiter that leases batches of tokens from a shared store and spends them locally.
 ///

@@ -19,10 +19,12 @@ use crate::lease::policy::{LeaseAsk, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::limiter::Decision;
 use crate::quota::Quota;
+use crate::retry::RttEstimate;
 use crate::store::LeaseStore;
+use crate::time::Origin;
 
 use super::metrics::{HybridMetrics, Published};
-use super::{HybridStats, DEFAULT_RTT};
+use super::HybridStats;
 
 /// What the user holds; dropping the last one closes the limiter.
 pub(super) struct Handle<S: LeaseStore> {
@@ -67,11 +69,11 @@ pub(super) struct Shared<S> {
     /// Open from a failed lease until a lease succeeds.
     pub(super) circuit: Circuit,
     /// Origin of the nanosecond timestamps below.
-    pub(super) origin: Instant,
+    pub(super) origin: Origin,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
     pub(super) blocked_until_ns: AtomicU64,
-    /// Smoothed store round trip, ns.
-    pub(super) rtt_ns: AtomicU64,
+    /// Smoothed store round trip.
+    pub(super) round_trip: RttEstimate,
     /// Signalled after every store call, and when the task ends.
     pub(super) finished: Notify,
     /// Whether a lease call has been answered (or failed): see [`HybridLimiter::ready`].
@@ -187,7 +189,7 @@ impl<S: LeaseStore> Shared<S> {
     }
 
     pub(super) fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.origin.elapsed_ns()
     }
 
     /// Time left of an over-limit or back-off period (zero if none).
@@ -206,23 +208,17 @@ impl<S: LeaseStore> Shared<S> {
     }
 
     pub(super) fn rtt(&self) -> Duration {
-        match self.rtt_ns.load(Ordering::Relaxed) {
-            0 => DEFAULT_RTT,
-            ns => Duration::from_nanos(ns),
-        }
+        self.round_trip.get()
     }
 
     /// A lease call took `rtt`.
     pub(super) fn observe_rtt(&self, rtt: Duration) {
         self.metrics.lease_returned(rtt);
-        let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let old = self.rtt_ns.load(Ordering::Relaxed);
-        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
-        self.rtt_ns.store(new, Ordering::Relaxed);
+        self.round_trip.observe(rtt);
     }
 
     pub(super) fn block_until(&self, deadline: Instant) {
-        let ns = u64::try_from((deadline - self.origin).as_nanos()).unwrap_or(u64::MAX);
+        let ns = self.origin.ns_at(deadline);
         self.blocked_until_ns.store(ns, Ordering::Relaxed);
     }
 

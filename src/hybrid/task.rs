@@ -14,10 +14,11 @@ use crate::lease::demand::DemandEstimator;
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
+use crate::retry::{jitter, Backoff, MIN_RETRY};
 use crate::store::{LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest};
 
 use super::shared::{spurious, Shared};
-use super::{ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY, WINDOW_JITTER, WINDOW_MARGIN};
+use super::{WINDOW_JITTER, WINDOW_MARGIN};
 
 /// The background task: one lease at a time, for as long as the limiter lives.
 pub(super) async fn refill_loop<S: LeaseStore>(
@@ -30,7 +31,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         quota,
         terms,
         rng,
-        backoff: ERROR_BACKOFF_MIN,
+        backoff: Backoff::for_errors(),
         demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
         share: None,
         release_seq: 0,
@@ -74,7 +75,7 @@ struct Task {
     /// The policy's terms for `quota`.
     terms: Option<LeaseTerms>,
     rng: fastrand::Rng,
-    backoff: Duration,
+    backoff: Backoff,
     demand: DemandEstimator,
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
@@ -391,7 +392,7 @@ impl Task {
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
                 s.blocked_until_ns.store(0, Ordering::Relaxed);
-                self.backoff = ERROR_BACKOFF_MIN;
+                self.backoff.reset();
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
                 (terms.is_some() && !reply.retry_after.is_zero())
@@ -410,8 +411,7 @@ impl Task {
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
                 s.fail(error);
-                let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
-                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
+                let wait = self.backoff.next(&mut self.rng);
                 Some(Instant::now() + wait)
             }
         };
@@ -454,10 +454,4 @@ fn review_after(horizon: Duration) -> Duration {
 fn reported_demand(estimate: f64, min: u64, horizon: Duration) -> u64 {
     let floor = min as f64 / horizon.as_secs_f64();
     (estimate.max(floor) * 1_000.0).min(MAX_VALUE as f64) as u64
-}
-
-/// A uniformly random duration in `[0, max]`.
-pub(crate) fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
-    let ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rng.u64(0..=ns))
 }

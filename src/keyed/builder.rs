@@ -3,21 +3,22 @@
 use std::collections::hash_map::RandomState;
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
-use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::policy::{FixedLease, LeasePolicy};
 use crate::quota::Quota;
+use crate::retry::RttEstimate;
 use crate::store::LeaseStore;
 use crate::telemetry::{self};
+use crate::time::Origin;
 
 use super::metrics::KeyedMetrics;
 use super::shared::{publisher, ticks, Counters, Handle, Shared};
@@ -165,7 +166,7 @@ where
             map: DashMap::with_hasher(self.hasher),
             live: AtomicUsize::new(0),
             tick: AtomicU32::new(0),
-            origin: Instant::now(),
+            origin: Origin::now(),
             max_keys: self.max_keys,
             ttl_ticks: ticks(idle_ttl),
             give_back_ticks: ticks(give_back_after),
@@ -181,7 +182,7 @@ where
             },
             failure: self.failure,
             circuit: Circuit::default(),
-            rtt_ns: AtomicU64::new(0),
+            round_trip: RttEstimate::default(),
             closed: AtomicBool::new(false),
             pressure: AtomicBool::new(false),
             wake: Notify::new(),

@@ -124,13 +124,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::deadline;
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
+use crate::time;
 
 pub use builder::{KeyedHybridBuilder, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS};
 #[cfg(feature = "toml")]
@@ -290,7 +290,7 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        let deadline = deadline::from_now(timeout);
+        let deadline = time::from_now(timeout);
         match tokio::time::timeout_at(deadline, s.wait(key, n, Some(deadline))).await {
             Ok(result) => result,
             Err(_) => Ok(Decision::Denied {

@@ -15,15 +15,16 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
-use crate::hybrid::DEFAULT_RTT;
 use crate::lease::policy::LeasePolicy;
 use crate::limiter::{check_tokens, Decision, KeyRef};
 use crate::quota::Quota;
+use crate::retry::RttEstimate;
 use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
+use crate::time;
+use crate::time::Origin;
 
 use super::state::KeyState;
 use super::worker::{Answer, Request};
@@ -137,7 +138,7 @@ pub(super) struct Shared<K, S, H> {
     pub(super) max_keys: usize,
     /// The coarse clock: ticks since `origin`, advanced by the worker.
     pub(super) tick: AtomicU32,
-    pub(super) origin: Instant,
+    pub(super) origin: Origin,
     pub(super) ttl_ticks: u32,
     pub(super) give_back_ticks: u32,
     pub(super) sweep_every: Duration,
@@ -151,7 +152,7 @@ pub(super) struct Shared<K, S, H> {
     pub(super) fallback: Option<LocalRate>,
     pub(super) circuit: Circuit,
     /// Smoothed store round trip, ns.
-    pub(super) rtt_ns: AtomicU64,
+    pub(super) round_trip: RttEstimate,
     pub(super) closed: AtomicBool,
     /// A new key was refused at the cap: the worker should make room.
     pub(super) pressure: AtomicBool,
@@ -201,21 +202,18 @@ impl<K, S, H> Shared<K, S, H> {
     /// keeps time only while keys are live, so a key created after an idle spell reads this,
     /// not `tick` (which could be the idle spell old and get the new key evicted at once).
     pub(super) fn fresh_tick(&self) -> u32 {
-        let ticks = self.origin.elapsed().as_nanos() / TICK.as_nanos();
+        let ticks = self.origin.instant().elapsed().as_nanos() / TICK.as_nanos();
         let now = u32::try_from(ticks).unwrap_or(u32::MAX);
         // Relaxed: see `tick`; `fetch_max`, so concurrent updates never move it back.
         self.tick.fetch_max(now, Ordering::Relaxed).max(now)
     }
 
     pub(super) fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.origin.elapsed_ns()
     }
 
     pub(super) fn rtt(&self) -> Duration {
-        match self.rtt_ns.load(Ordering::Relaxed) {
-            0 => DEFAULT_RTT,
-            ns => Duration::from_nanos(ns),
-        }
+        self.round_trip.get()
     }
 
     /// Counters of this limiter (`Relaxed` loads: statistics, each read on its own).
@@ -533,7 +531,7 @@ where
                     }
                 }
             };
-            if deadline.is_some_and(|d| deadline::from_now(wait) > d) {
+            if deadline.is_some_and(|d| time::from_now(wait) > d) {
                 return Ok(Decision::Denied { retry_after: wait });
             }
             tokio::time::sleep(wait).await;
@@ -546,9 +544,6 @@ where
     }
 
     pub(super) fn observe_rtt(&self, rtt: Duration) {
-        let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let old = self.rtt_ns.load(Ordering::Relaxed);
-        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
-        self.rtt_ns.store(new, Ordering::Relaxed);
+        self.round_trip.observe(rtt);
     }
 }

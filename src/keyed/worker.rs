@@ -28,8 +28,8 @@ use super::shared::{count, Shared};
 use super::state::{KeyState, QUEUED};
 use super::TICK;
 use crate::error::StoreError;
-use crate::hybrid::{jitter, ERROR_BACKOFF_MAX, ERROR_BACKOFF_MIN, MIN_RETRY};
 use crate::lease::policy::{LeaseAsk, LeaseContext};
+use crate::retry::{Backoff, MIN_RETRY};
 use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 
 /// Releases waiting to start above which no new key is taken from the queue of first leases:
@@ -94,7 +94,7 @@ struct Worker<K, S, H> {
     /// under a flood cannot starve leases.
     releasing: usize,
     rng: fastrand::Rng,
-    backoff: Duration,
+    backoff: Backoff,
     /// While the circuit is open: when to probe the store next.
     probe_at: Option<Instant>,
     /// A probe is in flight.
@@ -116,7 +116,7 @@ where
         releases: VecDeque::new(),
         releasing: 0,
         rng: fastrand::Rng::with_seed(seed),
-        backoff: ERROR_BACKOFF_MIN,
+        backoff: Backoff::for_errors(),
         probe_at: None,
         probing: false,
     };
@@ -164,12 +164,12 @@ where
     /// The next tick, if there is anything to keep time for.
     fn next_tick(&self) -> Option<Instant> {
         let busy = self.s.live.load(Ordering::Relaxed) > 0 || !self.releases.is_empty();
-        busy.then(|| self.s.origin + TICK * (self.s.tick() + 1))
+        busy.then(|| self.s.origin.instant() + TICK * (self.s.tick() + 1))
     }
 
     fn now_ms(&self) -> u32 {
         // Truncated on purpose: a wrapping millisecond clock (see `KeyState::demand`).
-        self.s.origin.elapsed().as_millis() as u32
+        self.s.origin.instant().elapsed().as_millis() as u32
     }
 
     /// Starts the lease `request` asks for (or answers it at once).
@@ -273,7 +273,7 @@ where
     }
 
     fn ns_at(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.s.origin).as_nanos()).unwrap_or(u64::MAX)
+        self.s.origin.ns_at(at)
     }
 
     fn finish(&mut self, joined: Result<Done<K>, JoinError>) {
@@ -376,8 +376,7 @@ where
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
                 s.fail(error.clone());
-                let wait = self.backoff / 2 + jitter(&mut self.rng, self.backoff / 2);
-                self.backoff = (self.backoff * 2).min(ERROR_BACKOFF_MAX);
+                let wait = self.backoff.next(&mut self.rng);
                 self.probe_at = Some(now + wait);
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
@@ -398,7 +397,7 @@ where
     /// A lease call succeeded: close the circuit, reset the back-off.
     fn recovered(&mut self) {
         self.s.circuit.recovered(&self.s.name);
-        self.backoff = ERROR_BACKOFF_MIN;
+        self.backoff.reset();
         self.probe_at = None;
     }
 

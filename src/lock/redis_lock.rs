@@ -14,8 +14,8 @@ use super::guard::LockGuard;
 use super::owner::LockOwner;
 use super::script::{self, Attempt, LockKeys};
 use crate::connect::{connection_manager, ConnectError, ConnectSettings};
-use crate::deadline;
 use crate::key;
+use crate::time;
 
 /// Default lease: how long a lock outlives a holder that stops renewing it (Redisson's 30 s).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -290,7 +290,7 @@ impl RedisLock {
         owner: &LockOwner,
         timeout: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.wait(owner, Some(deadline::from_now(timeout))).await
+        self.wait(owner, Some(time::from_now(timeout))).await
     }
 
     /// Waits until the lock is acquired.

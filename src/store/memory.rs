@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::{micros, LeaseStore};
+use super::LeaseStore;
 use crate::algorithm::token_bucket::{
     self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored,
 };
@@ -31,6 +31,7 @@ use crate::config::ConfigStore;
 use crate::error::StoreError;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
+use crate::time::micros;
 
 /// How many writes between sweeps of expired entries.
 const SWEEP_EVERY: u64 = 4096;
@@ -144,7 +145,7 @@ impl MemoryStore {
     }
 
     pub(crate) fn now_us(&self) -> u64 {
-        u64::try_from(self.inner.clock.now().as_micros()).unwrap_or(u64::MAX)
+        micros(self.inner.clock.now())
     }
 
     /// One atomic step on `name`'s fleet-wide bucket, under the caller's quota.

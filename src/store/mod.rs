@@ -17,7 +17,6 @@ mod memory;
 mod redis_store;
 
 use std::future::Future;
-use std::time::Duration;
 
 pub use memory::MemoryStore;
 
@@ -29,11 +28,6 @@ pub use redis_store::{
 use crate::error::StoreError;
 pub use crate::protocol::{LeaseReply, LeaseRequest, NodeLease, NodeRelease, ReleaseRequest};
 use crate::quota::Quota;
-
-/// Microseconds of a duration, saturating.
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
 
 /// A shared token bucket (or another [`Algorithm`](crate::Algorithm)'s budget), addressed by limiter name.
 ///

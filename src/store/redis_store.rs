@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
-use super::{micros, LeaseStore};
+use super::LeaseStore;
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::{self, Algorithm};
 use crate::clock::Clock;
@@ -29,6 +29,7 @@ use crate::error::{Error, StoreError};
 use crate::key;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
+use crate::time::micros;
 
 /// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by
 /// `lua/token_bucket.lua`. Other languages can run it against the same keys (see the latter's

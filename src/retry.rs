@@ -1,0 +1,125 @@
+//! Waiting after a failure, shared by every background task (hybrid, keyed, concurrency):
+//! one exponential back-off, one jitter, one round-trip estimate.
+//!
+//! A fleet that fails together must not retry together, so every wait is jittered. The
+//! back-off waits a uniformly random time in `[b/2, b]` and doubles `b` up to its cap ("equal
+//! jitter": never less than half the step, so a fleet spreads out without anyone retrying at
+//! once). The round-trip estimate is an exponentially weighted average (weight 1/8, as TCP's
+//! SRTT) kept in one atomic word, read by callers for their retry hint.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::time::nanos;
+
+/// Shortest wait after an over-limit reply.
+pub(crate) const MIN_RETRY: Duration = Duration::from_micros(100);
+/// First back-off after a store error.
+pub(crate) const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest back-off after store errors (so leasing resumes within this long of recovery).
+pub(crate) const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Retry hint before any round trip was measured.
+pub(crate) const DEFAULT_RTT: Duration = Duration::from_millis(1);
+
+/// A uniformly random duration in `[0, max]`.
+pub(crate) fn jitter(rng: &mut fastrand::Rng, max: Duration) -> Duration {
+    Duration::from_nanos(rng.u64(0..=nanos(max)))
+}
+
+/// Exponential back-off with equal jitter, from `min` doubling up to `max`.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    step: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// A back-off whose first wait is at most `min`.
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
+        Backoff {
+            step: min,
+            min,
+            max,
+        }
+    }
+
+    /// The back-off after store errors: 10 ms doubling to 500 ms.
+    pub(crate) fn for_errors() -> Self {
+        Backoff::new(ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX)
+    }
+
+    /// The next wait, in `[step/2, step]`; doubles the step (up to the cap).
+    pub(crate) fn next(&mut self, rng: &mut fastrand::Rng) -> Duration {
+        let wait = self.step / 2 + jitter(rng, self.step / 2);
+        self.step = (self.step * 2).min(self.max);
+        wait
+    }
+
+    /// Back to the first step (after a success).
+    pub(crate) fn reset(&mut self) {
+        self.step = self.min;
+    }
+}
+
+/// A smoothed round-trip time, in one atomic word (0 until the first sample).
+#[derive(Debug, Default)]
+pub(crate) struct RttEstimate(AtomicU64);
+
+impl RttEstimate {
+    /// The estimate, or [`DEFAULT_RTT`] before any sample.
+    pub(crate) fn get(&self) -> Duration {
+        // Relaxed: a hint; nothing else is published through it.
+        match self.0.load(Ordering::Relaxed) {
+            0 => DEFAULT_RTT,
+            ns => Duration::from_nanos(ns),
+        }
+    }
+
+    /// A call took `rtt`. Only one task writes, so load-then-store loses nothing.
+    pub(crate) fn observe(&self, rtt: Duration) {
+        let ns = nanos(rtt).max(1);
+        let old = self.0.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
+        self.0.store(new, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_waits_between_half_and_the_whole_step_and_doubles_to_its_cap() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut b = Backoff::new(Duration::from_millis(10), Duration::from_millis(40));
+        let steps = [10, 20, 40, 40];
+        for step in steps {
+            let wait = b.next(&mut rng);
+            let step = Duration::from_millis(step);
+            assert!(
+                wait >= step / 2 && wait <= step,
+                "{wait:?} for a step of {step:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next(&mut rng) <= Duration::from_millis(10));
+        let waits: Vec<_> = (0..64)
+            .map(|_| {
+                b.reset();
+                b.next(&mut rng)
+            })
+            .collect();
+        assert!(waits.iter().any(|w| *w != waits[0]), "jittered");
+    }
+
+    #[test]
+    fn rtt_starts_at_the_default_then_follows_samples() {
+        let rtt = RttEstimate::default();
+        assert_eq!(rtt.get(), DEFAULT_RTT);
+        rtt.observe(Duration::from_micros(800));
+        assert_eq!(rtt.get(), Duration::from_micros(800));
+        rtt.observe(Duration::from_micros(1_600));
+        assert_eq!(rtt.get(), Duration::from_micros(900));
+    }
+}
