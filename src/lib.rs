@@ -83,7 +83,9 @@ mod time;
 mod verdict;
 
 pub use algorithm::token_bucket::QuotaSource;
-pub use algorithm::{Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA};
+pub use algorithm::{
+    Algorithm, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
+};
 pub use clock::{Clock, FakeClock, MonotonicClock, TokioClock};
 pub use concurrency::{
     ConcurrencyBuilder, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStats, ConcurrencyStore,
@@ -117,7 +119,7 @@ pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{
     LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, RedisStore,
     RedisStoreBuilder, ReleaseRequest, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
+    DEFAULT_RESPONSE_TIMEOUT,
 };
 pub use verdict::Verdict;
 

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use crate::algorithm::token_bucket::{QuotaSource, StepReply};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Op, Reply};
 use crate::error::StoreError;
 use crate::quota::Quota;
+use crate::time::micros;
 
 /// A node's side of a lease (hybrid mode): who it is, what it holds, what it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,4 +221,56 @@ pub(crate) fn budget_suffix(client: Option<u64>) -> String {
 /// Formats a node id as stored (16 hex digits).
 pub(crate) fn node_key(id: u64) -> String {
     format!("{id:016x}")
+}
+
+impl Reply {
+    /// The reply as a store answers it: under the caller's quota.
+    pub(crate) fn into_lease_reply(self, quota: &Quota) -> LeaseReply {
+        LeaseReply {
+            granted: self.granted,
+            remaining: self.remaining,
+            retry_after: Duration::from_micros(self.retry_after_us),
+            reset_after: Duration::from_micros(self.reset_after_us),
+            share_mtps: 0,
+            quota: *quota,
+            source: crate::QuotaSource::Caller,
+            at: Some(Duration::from_micros(self.at_us)),
+        }
+    }
+}
+
+/// A rejected request, as both stores report it.
+fn rejected(what: &str) -> StoreError {
+    StoreError::Rejected(format!("invalid argument {what}"))
+}
+
+/// The operation of a lease request under a new algorithm: anonymous, under the caller's
+/// quota (lease terms and central configuration are the token bucket's).
+pub(crate) fn lease_op(req: &LeaseRequest) -> Result<Op, StoreError> {
+    if req.node.is_some() {
+        return Err(rejected("node: lease terms are for the token bucket only"));
+    }
+    if !req.fallback_to_caller {
+        return Err(rejected(
+            "unconfigured: central configuration is for the token bucket only",
+        ));
+    }
+    Ok(Op::Lease {
+        want: req.want,
+        min: req.min,
+    })
+}
+
+/// The operation of a release request under a new algorithm: a peek for 0 tokens.
+pub(crate) fn release_op(req: &ReleaseRequest) -> Result<Op, StoreError> {
+    if req.node.is_some() {
+        return Err(rejected("node: lease terms are for the token bucket only"));
+    }
+    Ok(match req.tokens {
+        0 => Op::Peek,
+        tokens => Op::Release {
+            tokens,
+            at: req.leased_at.map(micros),
+        },
+    })
 }

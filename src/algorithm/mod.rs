@@ -76,18 +76,20 @@
 //! ```
 
 pub mod fixed_window;
+pub mod holders;
 pub mod leaky_bucket;
 pub mod sliding_window;
 pub mod token_bucket;
 
-use std::time::Duration;
-
 use crate::algorithm::token_bucket::InvalidArgument;
 use crate::config::Unconfigured;
-use crate::error::{Error, StoreError};
-use crate::protocol::{LeaseReply, LeaseRequest, ReleaseRequest};
+use crate::error::Error;
 use crate::quota::{Quota, MAX_VALUE};
-use crate::time::micros;
+
+/// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by
+/// `lua/token_bucket.lua`. Other languages can run it against the same keys (see the latter's
+/// header for the argument protocol), or concatenate the two files the same way.
+pub const TOKEN_BUCKET_LUA: &str = lua_script!("token_bucket.lua");
 
 /// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
 /// `lua/fixed_window.lua`, concatenated in that order.
@@ -192,7 +194,7 @@ impl Algorithm {
     /// The Lua script of the algorithm.
     pub fn script(self) -> &'static str {
         match self {
-            Algorithm::TokenBucket => crate::TOKEN_BUCKET_LUA,
+            Algorithm::TokenBucket => TOKEN_BUCKET_LUA,
             Algorithm::FixedWindow => FIXED_WINDOW_LUA,
             Algorithm::SlidingWindow => SLIDING_WINDOW_LUA,
             Algorithm::LeakyBucket => LEAKY_BUCKET_LUA,
@@ -307,22 +309,6 @@ pub struct Reply {
     pub at_us: u64,
 }
 
-impl Reply {
-    /// The reply as a store answers it: under the caller's quota.
-    pub(crate) fn into_lease_reply(self, quota: &Quota) -> LeaseReply {
-        LeaseReply {
-            granted: self.granted,
-            remaining: self.remaining,
-            retry_after: Duration::from_micros(self.retry_after_us),
-            reset_after: Duration::from_micros(self.reset_after_us),
-            share_mtps: 0,
-            quota: *quota,
-            source: crate::QuotaSource::Caller,
-            at: Some(Duration::from_micros(self.at_us)),
-        }
-    }
-}
-
 /// What a step did to the stored state, so a store can mirror Redis's key expiry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Persist {
@@ -422,42 +408,6 @@ pub fn step(
         Algorithm::SlidingWindow => run!(sliding_window, Sliding),
         Algorithm::LeakyBucket => run!(leaky_bucket, Leaky),
     }
-}
-
-/// A rejected request, as both stores report it.
-fn rejected(what: &str) -> StoreError {
-    StoreError::Rejected(format!("invalid argument {what}"))
-}
-
-/// The operation of a lease request under a new algorithm: anonymous, under the caller's
-/// quota (lease terms and central configuration are the token bucket's).
-pub(crate) fn lease_op(req: &LeaseRequest) -> Result<Op, StoreError> {
-    if req.node.is_some() {
-        return Err(rejected("node: lease terms are for the token bucket only"));
-    }
-    if !req.fallback_to_caller {
-        return Err(rejected(
-            "unconfigured: central configuration is for the token bucket only",
-        ));
-    }
-    Ok(Op::Lease {
-        want: req.want,
-        min: req.min,
-    })
-}
-
-/// The operation of a release request under a new algorithm: a peek for 0 tokens.
-pub(crate) fn release_op(req: &ReleaseRequest) -> Result<Op, StoreError> {
-    if req.node.is_some() {
-        return Err(rejected("node: lease terms are for the token bucket only"));
-    }
-    Ok(match req.tokens {
-        0 => Op::Peek,
-        tokens => Op::Release {
-            tokens,
-            at: req.leased_at.map(micros),
-        },
-    })
 }
 
 /// A test's lease of between `min` and `want` tokens at `now` through one algorithm's `step`.

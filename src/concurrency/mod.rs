@@ -85,7 +85,8 @@
 //! others wait. Use it when the limit is large compared with `processes × batch`.
 
 mod builder;
-pub mod holders;
+/// The concurrency limit's Rust twin (it lives beside the other twins in [`crate::algorithm`]).
+pub use crate::algorithm::holders;
 mod limiter;
 mod metrics;
 mod permit;

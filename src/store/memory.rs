@@ -21,14 +21,15 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::LeaseStore;
+use crate::algorithm::holders::Holders;
 use crate::algorithm::token_bucket::{
     self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored,
 };
-use crate::algorithm::{self, Algorithm};
+use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
-use crate::concurrency::holders::Holders;
 use crate::config::ConfigStore;
 use crate::error::StoreError;
+use crate::protocol;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
 use crate::time::micros;
@@ -235,7 +236,7 @@ impl LeaseStore for MemoryStore {
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
         if req.algorithm != Algorithm::TokenBucket {
-            let op = algorithm::lease_op(req)?;
+            let op = protocol::lease_op(req)?;
             return self.run_algorithm(name, req.client, quota, req.algorithm, op);
         }
         let id = req.node.map(|n| node_key(n.id));
@@ -266,7 +267,7 @@ impl LeaseStore for MemoryStore {
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
         if req.algorithm != Algorithm::TokenBucket {
-            let op = algorithm::release_op(req)?;
+            let op = protocol::release_op(req)?;
             return self.run_algorithm(name, req.client, quota, req.algorithm, op);
         }
         let id = req.node.map(|n| node_key(n.id));

@@ -22,7 +22,7 @@ pub use memory::MemoryStore;
 
 pub use redis_store::{
     RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT, TOKEN_BUCKET_LUA,
+    DEFAULT_RESPONSE_TIMEOUT,
 };
 
 use crate::error::StoreError;

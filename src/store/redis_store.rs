@@ -22,19 +22,16 @@ use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connecti
 
 use super::LeaseStore;
 use crate::algorithm::token_bucket::QuotaSource;
-use crate::algorithm::{self, Algorithm};
+use crate::algorithm::Algorithm;
+use crate::algorithm::TOKEN_BUCKET_LUA;
 use crate::clock::Clock;
 use crate::config::ConfigStore;
 use crate::error::{Error, StoreError};
 use crate::key;
+use crate::protocol;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
 use crate::quota::Quota;
 use crate::time::micros;
-
-/// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by
-/// `lua/token_bucket.lua`. Other languages can run it against the same keys (see the latter's
-/// header for the argument protocol), or concatenate the two files the same way.
-pub const TOKEN_BUCKET_LUA: &str = lua_script!("token_bucket.lua");
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TOKEN_BUCKET_LUA));
 
@@ -384,7 +381,7 @@ impl LeaseStore for RedisStore {
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
         if req.algorithm != Algorithm::TokenBucket {
-            let op = algorithm::lease_op(req)?;
+            let op = protocol::lease_op(req)?;
             return self
                 .run_algorithm(name, req.client, quota, req.algorithm, op)
                 .await;
@@ -421,7 +418,7 @@ impl LeaseStore for RedisStore {
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
         if req.algorithm != Algorithm::TokenBucket {
-            let op = algorithm::release_op(req)?;
+            let op = protocol::release_op(req)?;
             return self
                 .run_algorithm(name, req.client, quota, req.algorithm, op)
                 .await;
