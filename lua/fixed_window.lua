@@ -2,8 +2,8 @@
 -- Sent after lua/helpers.lua and lua/prelude.lua, which reads the arguments and documents
 -- the shared protocol.
 --
--- A window opens with the first lease after the previous one ended (document 001's INCRBY +
--- EXPIRE: the first request starts the count) and lasts period_us on the store's clock. Tokens
+-- A window opens with the first lease after the previous one ended (as the usual INCRBY +
+-- EXPIRE counter: the first request starts the count) and lasts period_us on the store's clock. Tokens
 -- granted in it are counted until it ends; then the count starts again from zero. So one window
 -- never admits more than `rate`, but two adjacent windows may admit 2 × rate within a moment
 -- across their common edge: the price of a fixed window (sliding_window.lua does not pay it).

@@ -1,4 +1,4 @@
--- ratelease leaky bucket (document 004's funnel) as GCRA: one theoretical arrival time per key.
+-- ratelease leaky bucket (a funnel) as GCRA: one theoretical arrival time per key.
 -- Sent after lua/helpers.lua and lua/prelude.lua, which reads the arguments and documents
 -- the shared protocol.
 --
@@ -26,7 +26,7 @@
 --   at_us          now
 --
 -- State is written only when it changes: denials and peeks are read-only. The hash expires 10 s
--- after the funnel would be empty (document 004: leaking duration + 10 s), so idle funnels
+-- after the funnel would be empty (leaking duration + 10 s), so idle funnels
 -- vanish. A TAT further ahead than a full funnel (the clock went back) reads as full.
 
 local args, err = read_args(1, false)

@@ -31,7 +31,7 @@
 //! What a limiter does for a name nobody configured is its builder's choice,
 //! [`Unconfigured`]: use the builder's quota (the default, and the behaviour without central
 //! configuration), treat the name as unlimited (admit without store calls and look again every
-//! [`Unconfigured::RECHECK`] — the source documents' `NO_LIMIT`), or fail with
+//! [`Unconfigured::RECHECK`] — a `NO_LIMIT` marker), or fail with
 //! [`Error::Unconfigured`](crate::Error::Unconfigured).
 //!
 //! # Budgets

@@ -1,6 +1,6 @@
 //! Pure-Redis mode: one atomic script call per decision.
 //!
-//! This is the source articles' chosen design (document 000, option 4) and the reference every
+//! This is the classic design — one atomic script per decision — and the reference every
 //! other mode is measured against: exact, fair by construction, and one network round trip per
 //! decision. It runs on any [`LeaseStore`], so the simulator can run it on a
 //! [`MemoryStore`](crate::MemoryStore).
@@ -13,7 +13,7 @@
 //!
 //! Every [`Algorithm`] runs in pure mode. [`RedisLimiter::check`] answers with the budget left
 //! ([`Verdict`]), and [`RedisLimiter::available_permits`] reads it without taking anything (a
-//! release of 0 tokens: the new scripts' `peek`).
+//! release of 0 tokens: the window and leaky-bucket scripts' `peek`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -303,7 +303,7 @@ fn plausible() -> BoxedStrategy<String> {
     .boxed()
 }
 
-/// The new scripts' argument vectors: op, rate, period, burst (usually the rate), want or
+/// The window and leaky-bucket scripts' argument vectors: op, rate, period, burst (usually the rate), want or
 /// tokens, min or at, now (mostly the server's clock, sometimes small explicit times, so
 /// time also goes back).
 fn new_script_args() -> BoxedStrategy<Vec<String>> {
@@ -328,7 +328,7 @@ fn new_script_args() -> BoxedStrategy<Vec<String>> {
         .boxed()
 }
 
-/// A reply of the new scripts: five non-negative integers.
+/// A reply of the window and leaky-bucket scripts: five non-negative integers.
 fn five_integers(_: &[String], _: &[String], reply: &redis::Value) -> Result<(), String> {
     let reply: Vec<i64> = redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
     if reply.len() == 5 && reply.iter().all(|v| *v >= 0) {
@@ -712,7 +712,9 @@ async fn releases_go_back_only_to_where_their_lease_was_counted_on_the_server_cl
         let lease = LeaseRequest::new(8, 1).algorithm(algorithm);
         let got = store.lease(name, &q, &lease).await.unwrap();
         assert_eq!((got.granted, got.remaining), (8, 2), "{algorithm}");
-        let at = got.at.expect("the new scripts say where");
+        let at = got
+            .at
+            .expect("the window and leaky-bucket scripts say where");
         let now = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap();
         assert!(
             now.abs_diff(at) < Duration::from_secs(5),

@@ -22,7 +22,7 @@ use support::max_in_window;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
-    /// The documents' option 3: anonymous fixed batches.
+    /// A fixed batch lease: anonymous fixed batches.
     Fixed(u64),
     /// The default policy, leasing on terms.
     Adaptive,

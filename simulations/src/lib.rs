@@ -2,7 +2,7 @@
 //!
 //! Runs one rate limit shared by a simulated fleet under uneven traffic and compares the
 //! limiter modes: pure-Redis (one script call per request), hybrid (leasing, the library's
-//! current policy), hybrid-fixed (fixed batches, the documents' option 3) and static-share
+//! current policy), hybrid-fixed (a fixed batch lease) and static-share
 //! (rate / N per node, no coordination). It drives the **real limiter code** of `ratelease`;
 //! only the network and the Redis server are modelled.
 //!

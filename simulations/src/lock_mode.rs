@@ -1,4 +1,4 @@
-//! The `lock-based` mode: a Redis lock around a client-side token bucket (document 004's shape,
+//! The `lock-based` mode: a Redis lock around a client-side token bucket (the common shape,
 //! with the safe unlock), modelled one store call per Redis command.
 //!
 //! Per request a node:
@@ -11,7 +11,7 @@
 //!    arrives (the decision time);
 //! 4. **writes** the bucket back;
 //! 5. **unlocks** safely: deletes the lock only if it still names this owner (the
-//!    compare-and-delete script document 004 lacks).
+//!    compare-and-delete script the common recipe lacks).
 //!
 //! That is four round trips and four service times per decision without contention, plus one
 //! per failed lock attempt. The bucket is integer arithmetic in units of `1 / period_ns`

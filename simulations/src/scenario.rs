@@ -267,7 +267,7 @@ pub enum Mode {
     PureRedis,
     /// `HybridLimiter` with the library's default lease policy.
     Hybrid,
-    /// `HybridLimiter` with `FixedLease::new(batch)`: the documents' option 3 as written.
+    /// `HybridLimiter` with `FixedLease::new(batch)`: a plain fixed batch lease.
     HybridFixed,
     /// Each node has a private bucket of `rate / N`, `burst / N`; no coordination.
     StaticShare,

@@ -20,7 +20,7 @@
 //! | [`SlidingWindow`](Algorithm::SlidingWindow) | `rate` in any window of `period` (`burst` must equal `rate`) | `rate` in any window of `period` | no |
 //! | [`LeakyBucket`](Algorithm::LeakyBucket) | a funnel of `burst` tokens leaking `rate` per `period` (GCRA) | as the token bucket; after a burst, grants spaced `period / rate` apart | no |
 //!
-//! The three new scripts share one protocol, and one head that reads it (`lua/prelude.lua`,
+//! The three window and leaky-bucket scripts share one protocol, and one head that reads it (`lua/prelude.lua`,
 //! sent before each, after the helpers of `lua/helpers.lua` that every script but the lock's
 //! starts with):
 //! `KEYS` = the state keys; `ARGV` = `op` (`lease`, `release` or `peek`), `rate`, `period_us`,
@@ -37,11 +37,11 @@
 //! all in the limiter's hash tag. So different algorithms on one name never share state.
 //!
 //! Central configuration ([`ConfigStore`](crate::ConfigStore)) applies to the token bucket
-//! only: the new scripts run under the caller's quota, and a limiter built with another
+//! only: the other scripts run under the caller's quota, and a limiter built with another
 //! algorithm and an [`Unconfigured`] other than [`Unconfigured::UseQuota`] is an
 //! [`Error::Config`].
 //!
-//! Explicit times (`now_us`, `at`) are limited to 2^52 µs (the year 2112) in the new scripts, so
+//! Explicit times (`now_us`, `at`) are limited to 2^52 µs (the year 2112) in those scripts, so
 //! that a time plus a period stays an exact integer in a Lua double.
 //!
 //! # Example
@@ -51,7 +51,7 @@
 //! use std::time::Duration;
 //! use ratelease::{Algorithm, HybridLimiter, Quota, RedisLimiter};
 //!
-//! // Fixed window (document 001): 1 000 calls per minute, leased in batches.
+//! // Fixed window (a counter per window, INCRBY + EXPIRE): 1 000 calls per minute, leased in batches.
 //! let api = HybridLimiter::builder("partner-api", Quota::per_minute(1_000)?, store.clone())
 //!     .algorithm(Algorithm::FixedWindow)
 //!     .build()?;
@@ -62,7 +62,7 @@
 //!     .algorithm(Algorithm::SlidingWindow)
 //!     .build()?;
 //!
-//! // Leaky bucket (document 004's funnel): one SMS per 30 s per number, bursts of 3.
+//! // Leaky bucket (a funnel, as GCRA): one SMS per 30 s per number, bursts of 3.
 //! let sms = Quota::new(1, Duration::from_secs(30))?.with_burst(3)?;
 //! let sms = RedisLimiter::builder("sms:+15550100", sms, store)
 //!     .algorithm(Algorithm::LeakyBucket)
@@ -101,10 +101,10 @@ pub const SLIDING_WINDOW_LUA: &str = lua_script!("prelude.lua", "sliding_window.
 /// `lua/leaky_bucket.lua`, concatenated in that order.
 pub const LEAKY_BUCKET_LUA: &str = lua_script!("prelude.lua", "leaky_bucket.lua");
 
-/// Largest explicit time (µs) the new scripts accept: 2^52.
+/// Largest explicit time (µs) the window and leaky-bucket scripts accept: 2^52.
 pub const MAX_NOW_US: u64 = MAX_VALUE;
 
-/// Milliseconds stored state outlives the time it could matter (document 004's `+ 10 s`).
+/// Milliseconds stored state outlives the time it could matter (a funnel's usual `+ 10 s`).
 pub const SLACK_MS: u64 = 10_000;
 
 /// How a limiter counts.
@@ -262,7 +262,7 @@ impl std::fmt::Display for Algorithm {
     }
 }
 
-/// What one call of a new script does.
+/// What one call of a window or leaky-bucket script does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Take up to `want` tokens, but only if at least `min` can be had.
@@ -294,7 +294,7 @@ impl Op {
     }
 }
 
-/// A new script's reply.
+/// A window or leaky-bucket script's reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
     /// Tokens taken by this call.

@@ -12,7 +12,7 @@
 //! A quota adds `rate` tokens every `period_us` microseconds. With `g = gcd(rate, period_us)`,
 //! one token is `scale = period_us / g` units and each microsecond adds `inc = rate / g` units,
 //! so a lazy refill is the exact integer `elapsed_us × inc`: no fraction of a token is ever lost
-//! (the source articles' `floor(elapsed / interval)` drops one on every call). [`Quota`] keeps
+//! (the common `floor(elapsed / interval)` refill drops one on every call). [`Quota`] keeps
 //! `burst × scale ≤ 2^52`, so the script's doubles hold every bucket value exactly. Shares and
 //! credits are doubles, computed here in the same order of operations as in Lua, so IEEE
 //! rounding gives both the same bits.

@@ -1,5 +1,5 @@
 //! A fleet-wide concurrency limit: at most `limit` permits held at once across every process
-//! sharing a name (document 001's instantaneous concurrency limit), with the slots of a crashed
+//! sharing a name (an instantaneous concurrency limit), with the slots of a crashed
 //! process coming back after a ttl.
 //!
 //! ```no_run

@@ -62,7 +62,7 @@
 //! **Eviction.** The worker keeps a coarse clock (a 100 ms tick in one atomic word that callers
 //! read) and sweeps the map about once a second (more often for short TTLs): a key unused for
 //! [`idle_ttl`](KeyedHybridBuilder::idle_ttl) (default: the time the bucket takes to fill
-//! plus 10 s, like document 004's funnels, so a key is never forgotten while its store answer
+//! plus 10 s, as Redis funnel limiters keep theirs, so a key is never forgotten while its store answer
 //! could still differ from a fresh bucket's) is removed, and its tokens are returned to the
 //! store. A key with a lease queued or in flight is never evicted. Eviction removes the state
 //! under the shard's write lock, which no caller can hold at the same time, so no token is

@@ -10,7 +10,7 @@
 //!
 //! - [`AdaptiveLease`] (the default): leases on terms, sized to the node's measured demand over
 //!   a target horizon, capped by the fair share the store reports.
-//! - [`FixedLease`]: the source documents' option 3 as written — fixed, anonymous batches,
+//! - [`FixedLease`]: a fixed batch lease as usually proposed — fixed, anonymous batches,
 //!   first come first served. Kept as the baseline the simulator compares against.
 
 use std::time::Duration;
@@ -223,7 +223,7 @@ impl LeasePolicy for AdaptiveLease {
     }
 }
 
-/// A fixed batch size (the documents' option 3): each lease is anonymous and all or nothing,
+/// A fixed batch size (a plain fixed batch lease): each lease is anonymous and all or nothing,
 /// `min = want = size`. Taking a whole batch or none matters under overload: with `min = 1` a
 /// starved node would wake for every single token the bucket earns (two store calls per token);
 /// with `min = size` the store's `retry_after` is the time until a whole batch is there. A

@@ -1,4 +1,4 @@
-//! A re-entrant distributed lock in Redis, after Redisson's `RLock` (background document 002).
+//! A re-entrant distributed lock in Redis, after Redisson's `RLock`.
 //!
 //! # Design
 //!
@@ -19,7 +19,7 @@
 //!   renew the lease (re-entry). Otherwise answer the remaining lease of the holder.
 //! - *release*: only an owner found in the hash may release; its count goes down by one, and at
 //!   zero the hash is deleted and a message is `PUBLISH`ed on `…:unlock`. A holder whose lease
-//!   expired finds itself absent and changes nothing — unlike the plain `DEL` of document 004,
+//!   expired finds itself absent and changes nothing — unlike a plain `DEL` (the common lock recipe),
 //!   which lets one holder delete another's lock.
 //! - *extend*: renew the lease if the owner still holds the lock (the watchdog).
 //!
