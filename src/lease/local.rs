@@ -70,6 +70,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crossbeam_utils::CachePadded;
+
 /// A granted lease is split into chunks of `granted / (CHUNK_DIVISOR × slots)` tokens.
 const CHUNK_DIVISOR: u64 = 4;
 /// Smallest chunk worth sharding for: below it, every thread uses the reserve directly.
@@ -81,10 +83,9 @@ pub(crate) const MIN_CHUNK: u64 = 32;
 /// threads run without sharing a line; more threads share slots, which is correct, only slower.
 pub(crate) const SLOTS: usize = 8;
 
-/// One counter on cache lines of its own (128 bytes: the adjacent-line prefetcher pairs lines).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Slot(AtomicU64);
+/// One counter on cache lines of its own (`CachePadded` is 128 bytes on x86-64 and aarch64:
+/// the adjacent-line prefetcher pairs lines).
+type Slot = CachePadded<AtomicU64>;
 
 /// Unspent leased tokens.
 #[derive(Debug, Default)]
@@ -163,7 +164,7 @@ impl LocalBucket {
         let chunk = self.chunk.load(Ordering::Relaxed);
         let sharded = chunk >= MIN_CHUNK;
         let word = if sharded {
-            &self.slots[thread_index() % SLOTS].0
+            &self.slots[thread_index() % SLOTS]
         } else {
             &self.reserve
         };
@@ -199,7 +200,7 @@ impl LocalBucket {
                     let mut left = reserve - take;
                     let surplus = take - n;
                     if surplus > 0 {
-                        let slot = &self.slots[thread_index() % SLOTS].0;
+                        let slot = &self.slots[thread_index() % SLOTS];
                         left += slot.fetch_add(surplus, Ordering::SeqCst) + surplus;
                     }
                     if moving {
@@ -245,7 +246,7 @@ impl LocalBucket {
         let mut seen = reserve;
         for i in 0..SLOTS {
             // Our own slot first (it may have been refilled since), then the others in turn.
-            match take_from(&self.slots[(own + i) % SLOTS].0, n, on_retry) {
+            match take_from(&self.slots[(own + i) % SLOTS], n, on_retry) {
                 Ok(left) => {
                     #[cfg(test)]
                     if i > 0 {
@@ -271,9 +272,9 @@ impl LocalBucket {
         }
         let mut moved = self.reserve.swap(0, Ordering::SeqCst);
         for i in 1..SLOTS {
-            moved += self.slots[(own + i) % SLOTS].0.swap(0, Ordering::SeqCst);
+            moved += self.slots[(own + i) % SLOTS].swap(0, Ordering::SeqCst);
         }
-        let slot = &self.slots[own].0;
+        let slot = &self.slots[own];
         slot.fetch_add(moved, Ordering::SeqCst);
         self.end_move();
         take_from(slot, n, on_retry)
@@ -299,7 +300,7 @@ impl LocalBucket {
         self.at_rest(|| {
             let mut total = self.reserve.swap(0, Ordering::SeqCst);
             for slot in self.slots.iter() {
-                total += slot.0.swap(0, Ordering::SeqCst);
+                total += slot.swap(0, Ordering::SeqCst);
             }
             total
         })
@@ -331,7 +332,7 @@ impl LocalBucket {
             + self
                 .slots
                 .iter()
-                .map(|slot| slot.0.load(Ordering::SeqCst))
+                .map(|slot| slot.load(Ordering::SeqCst))
                 .sum::<u64>()
     }
 }
@@ -406,7 +407,7 @@ mod tests {
             Ok(SHARDED - 2),
             "exact count, all in reserve"
         );
-        assert_eq!(b.slots[0].0.load(Ordering::Relaxed), 0);
+        assert_eq!(b.slots[0].load(Ordering::Relaxed), 0);
         b.take_all();
 
         b.add(SHARDED);
@@ -417,7 +418,7 @@ mod tests {
             "the estimate is exact while one thread uses the bucket"
         );
         assert_eq!(
-            b.slots[0].0.load(Ordering::Relaxed),
+            b.slots[0].load(Ordering::Relaxed),
             MIN_CHUNK - 1,
             "a chunk moved"
         );
@@ -513,7 +514,7 @@ mod tests {
             })
             .join()
             .unwrap();
-            bucket.slots[0].0.load(Ordering::Relaxed)
+            bucket.slots[0].load(Ordering::Relaxed)
         });
         assert_eq!(parked, 63, "the first taker moved a chunk to its slot");
         pin_thread(1);
