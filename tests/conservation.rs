@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ratelease::algorithm::token_bucket::{step, NodeLease, NodeRelease, Op, Stored};
+use ratelease::algorithm::token_bucket::{step, NodeLeaseArgs, NodeReleaseArgs, Op, Stored};
 use ratelease::Quota;
 
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ proptest! {
                     let i = usize::from(node);
                     if crashed.contains(&node) { continue; }
                     held[i] -= spend.min(held[i]);
-                    let lease = NodeLease {
+                    let lease = NodeLeaseArgs {
                         id: ids[i],
                         held: held[i],
                         demand_mtps: demand,
@@ -98,7 +98,7 @@ proptest! {
                 Action::Return { node, seq, leaving } => {
                     let i = usize::from(node);
                     if crashed.contains(&node) { continue; }
-                    let release = NodeRelease { id: ids[i], seq, leaving };
+                    let release = NodeReleaseArgs { id: ids[i], seq, leaving };
                     let op = Op::Release { tokens: held[i], node: Some(release) };
                     step(&mut st, &quota, op, now).unwrap();
                     if leaving { held[i] = 0; }

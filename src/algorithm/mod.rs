@@ -104,8 +104,9 @@ pub const LEAKY_BUCKET_LUA: &str = lua_script!("prelude.lua", "leaky_bucket.lua"
 /// Largest explicit time (µs) the window and leaky-bucket scripts accept: 2^52.
 pub const MAX_NOW_US: u64 = MAX_VALUE;
 
-/// Milliseconds stored state outlives the time it could matter (a funnel's usual `+ 10 s`).
-pub const SLACK_MS: u64 = 10_000;
+/// Milliseconds stored state outlives the time it could matter (a funnel's usual `+ 10 s`):
+/// the same slack for every algorithm.
+pub use token_bucket::SLACK_MS;
 
 /// How a limiter counts.
 ///

@@ -86,9 +86,10 @@ pub struct Stored {
     pub expiry: BTreeSet<(u64, String)>,
 }
 
-/// A lease made on behalf of a node (hybrid mode).
+/// A node's lease arguments as the script reads them (hybrid mode; the request a limiter
+/// sends is [`crate::NodeLease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeLease<'a> {
+pub struct NodeLeaseArgs<'a> {
     /// The node's id.
     pub id: &'a str,
     /// Tokens it still holds unspent.
@@ -101,9 +102,9 @@ pub struct NodeLease<'a> {
     pub ttl_us: u64,
 }
 
-/// A release made on behalf of a node.
+/// A node's release arguments as the script reads them (see [`crate::NodeRelease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeRelease<'a> {
+pub struct NodeReleaseArgs<'a> {
     /// The node's id.
     pub id: &'a str,
     /// Release sequence number (idempotence).
@@ -122,14 +123,14 @@ pub enum Op<'a> {
         /// Fewest acceptable; below it nothing is taken.
         min: u64,
         /// The leasing node, or `None` for pure mode.
-        node: Option<NodeLease<'a>>,
+        node: Option<NodeLeaseArgs<'a>>,
     },
     /// Give `tokens` back, never raising the bucket above capacity.
     Release {
         /// Tokens returned.
         tokens: u64,
         /// The releasing node, or `None`.
-        node: Option<NodeRelease<'a>>,
+        node: Option<NodeReleaseArgs<'a>>,
     },
 }
 
@@ -619,7 +620,7 @@ mod tests {
         demand: u64,
         now: u64,
     ) -> StepReply {
-        let node = NodeLease {
+        let node = NodeLeaseArgs {
             id,
             held,
             demand_mtps: demand,
@@ -776,7 +777,7 @@ mod tests {
             }),
             "tokens"
         );
-        let node = NodeLease {
+        let node = NodeLeaseArgs {
             id: "n",
             held: MAX_VALUE + 1,
             demand_mtps: 0,
@@ -791,7 +792,7 @@ mod tests {
             }),
             "held"
         );
-        let node = NodeLease {
+        let node = NodeLeaseArgs {
             id: "n",
             held: 0,
             demand_mtps: 0,
@@ -852,7 +853,7 @@ mod tests {
         let mut st = Stored::default();
         node_lease(&mut st, &q, "a", 50, 0, 1_000, 0);
         let give = |st: &mut Stored, seq| {
-            let node = NodeRelease {
+            let node = NodeReleaseArgs {
                 id: "a",
                 seq,
                 leaving: false,

@@ -23,7 +23,7 @@ use dashmap::DashMap;
 use super::LeaseStore;
 use crate::algorithm::holders::Holders;
 use crate::algorithm::token_bucket::{
-    self, Effective, NodeLease, NodeRelease, Op, QuotaSource, Stored,
+    self, Effective, NodeLeaseArgs, NodeReleaseArgs, Op, QuotaSource, Stored,
 };
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, MonotonicClock};
@@ -240,7 +240,7 @@ impl LeaseStore for MemoryStore {
             return self.run_algorithm(name, req.client, quota, req.algorithm, op);
         }
         let id = req.node.map(|n| node_key(n.id));
-        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeLease {
+        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeLeaseArgs {
             id,
             held: n.held,
             demand_mtps: n.demand_mtps,
@@ -271,7 +271,7 @@ impl LeaseStore for MemoryStore {
             return self.run_algorithm(name, req.client, quota, req.algorithm, op);
         }
         let id = req.node.map(|n| node_key(n.id));
-        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeRelease {
+        let node = req.node.zip(id.as_deref()).map(|(n, id)| NodeReleaseArgs {
             id,
             seq: n.seq,
             leaving: n.leaving,
