@@ -38,15 +38,23 @@
 //! `leaky-bucket`. The hybrid modes need one that leases in batches (the token bucket or the
 //! fixed window); `lock-based` is a token bucket of its own.
 
-use std::fmt;
+mod defaults;
+mod mode;
+mod traffic;
+
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use ratelease::{Algorithm, Quota};
 use serde::{Deserialize, Serialize};
+
+// The `#[serde(default = "…")]` functions.
+use defaults::*;
+pub use defaults::{ServiceUs, MEASURED_SERVICE_US};
+pub use mode::Mode;
+pub use traffic::{Demand, Event, EventKind, NodeLife, Pattern};
 
 /// The largest fleet a scenario may have.
 pub const MAX_NODES: usize = 1_000_000;
@@ -119,22 +127,6 @@ pub struct Scenario {
     lives: OnceLock<Vec<NodeLife>>,
 }
 
-/// When one node runs: from its start to its end, and whether its process is replaced in
-/// between. Worked out from the scenario's events.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct NodeLife {
-    /// When it starts, s (`None`: at time zero, before any traffic).
-    pub join_s: Option<f64>,
-    /// When it stops, s (`None`: it runs to the end).
-    pub leave_s: Option<f64>,
-    /// Whether it stops by shutting down (giving its tokens back, `scale_in`) rather than by
-    /// crashing (`node_crash`).
-    pub graceful: bool,
-    /// When its process is replaced by a new one (`rolling_restart`): the old one shuts down,
-    /// the new one starts cold with a new node id; its traffic goes on.
-    pub restart_s: Option<f64>,
-}
-
 /// An [`Algorithm`] in a scenario file: its name (`fixed-window`, …).
 mod algorithm_name {
     use ratelease::Algorithm;
@@ -153,245 +145,6 @@ mod algorithm_name {
         let name = String::deserialize(d)?;
         Algorithm::from_name(&name).map_err(D::Error::custom)
     }
-}
-
-/// How traffic is spread over nodes and time.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Demand {
-    /// The spread.
-    pub pattern: Pattern,
-    /// Fleet-wide requests per second (the long-run mean for `on_off`).
-    pub total_rps: f64,
-    /// Zipf exponent: node `k` (1-based) gets weight `1 / k^s`.
-    #[serde(default = "default_zipf_s")]
-    pub zipf_s: f64,
-    /// Share of all traffic on the hot node (`hot_node`, `moving_hotspot`).
-    #[serde(default = "default_hot_share")]
-    pub hot_share: f64,
-    /// Seconds between hot-node moves (`moving_hotspot`).
-    #[serde(default = "default_move_every_s")]
-    pub move_every_s: f64,
-    /// Seconds each node is on (`on_off`).
-    #[serde(default = "default_on_s")]
-    pub on_s: f64,
-    /// Seconds each node is off (`on_off`).
-    #[serde(default = "default_off_s")]
-    pub off_s: f64,
-}
-
-/// Traffic patterns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Pattern {
-    /// Every node gets the same share.
-    Uniform,
-    /// Node `k` gets a share proportional to `1 / k^zipf_s`.
-    Zipf,
-    /// Node 0 gets `hot_share`, the others split the rest evenly.
-    HotNode,
-    /// Like `hot_node`, but the hot node changes every `move_every_s` (0, 1, 2, …).
-    MovingHotspot,
-    /// Each node alternates `on_s` on and `off_s` off, phases spread evenly over the fleet.
-    OnOff,
-}
-
-impl Pattern {
-    /// The pattern's name in scenario files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pattern::Uniform => "uniform",
-            Pattern::Zipf => "zipf",
-            Pattern::HotNode => "hot_node",
-            Pattern::MovingHotspot => "moving_hotspot",
-            Pattern::OnOff => "on_off",
-        }
-    }
-}
-
-/// A timed fault or fleet change.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Event {
-    /// When, in seconds from the start.
-    pub at_s: f64,
-    /// What.
-    pub kind: EventKind,
-    /// The node (`node_crash`, `node_join`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<usize>,
-    /// How many nodes (`scale_out`, `scale_in`: the last `count` nodes of the fleet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<usize>,
-    /// How long (`store_outage`, `latency_spike`); for the fleet events (`fleet_start`,
-    /// `rolling_restart`, `scale_out`, `scale_in`), the period their nodes are spread evenly
-    /// over (default 0: all at once).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duration_s: Option<f64>,
-    /// Milliseconds added to every round trip (`latency_spike`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extra_ms: Option<f64>,
-}
-
-/// Kinds of [`Event`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    /// The node's process dies: its limiter is aborted (leased tokens are lost) and its traffic
-    /// moves to the surviving nodes.
-    NodeCrash,
-    /// The node starts at `at_s`: no limiter and no traffic before.
-    NodeJoin,
-    /// Every node starts at `at_s` (spread over `duration_s`), as when a whole fleet is
-    /// deployed or fails over at once.
-    FleetStart,
-    /// Every node's process is replaced, one after another over `duration_s`: the old one
-    /// shuts down (gives its tokens back), a new one starts cold; traffic goes on.
-    RollingRestart,
-    /// The last `count` nodes start at `at_s` (spread over `duration_s`).
-    ScaleOut,
-    /// The last `count` nodes shut down at `at_s` (spread over `duration_s`), giving their
-    /// tokens back; their traffic moves to the others.
-    ScaleIn,
-    /// Store calls arriving during the outage get no answer; clients time out.
-    StoreOutage,
-    /// `extra_ms` is added to every round trip during the spike.
-    LatencySpike,
-}
-
-/// The limiter modes compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// `RedisLimiter`: one store call per request.
-    PureRedis,
-    /// `HybridLimiter` with the library's default lease policy.
-    Hybrid,
-    /// `HybridLimiter` with `FixedLease::new(batch)`: a plain fixed batch lease.
-    HybridFixed,
-    /// Each node has a private bucket of `rate / N`, `burst / N`; no coordination.
-    StaticShare,
-    /// A Redis lock around a client-side bucket: lock, read, write, unlock (simulator only).
-    LockBased,
-}
-
-impl Mode {
-    /// Every mode, in report order.
-    pub fn all() -> Vec<Mode> {
-        vec![
-            Mode::PureRedis,
-            Mode::Hybrid,
-            Mode::HybridFixed,
-            Mode::StaticShare,
-        ]
-    }
-
-    /// The mode's name in files and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::PureRedis => "pure-redis",
-            Mode::Hybrid => "hybrid",
-            Mode::HybridFixed => "hybrid-fixed",
-            Mode::StaticShare => "static-share",
-            Mode::LockBased => "lock-based",
-        }
-    }
-
-    /// Every mode the command line and scenarios accept: [`Mode::all`] and `lock-based`,
-    /// which runs only when asked for.
-    pub fn accepted() -> Vec<Mode> {
-        let mut v = Mode::all();
-        v.push(Mode::LockBased);
-        v
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Mode::accepted()
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-fixed, static-share or lock-based"
-                )
-            })
-    }
-}
-
-fn default_seed() -> u64 {
-    1
-}
-fn default_window_ms() -> u64 {
-    1000
-}
-fn default_rtt_us() -> f64 {
-    90.0
-}
-/// Redis CPU per call, µs, as measured on redis-server 7.0.15 (Debian's package) on this
-/// project's 2-core test machine, idle, with the server and the client pinned to a core each:
-/// `taskset -c 1 cargo run --release -p simulations -- calibrate --redis URL` against
-/// `taskset -c 0 redis-server` (`INFO cpu` over the calls: the command and its network I/O;
-/// SIMULATIONS.md "Calibration" has the whole table). A node's lease on terms (the most
-/// expensive of 10, 1 000 and 10 000 leasers on record), an anonymous lease, a release, and
-/// one plain command. Calibrate against your own Redis and set the scenario keys to model it.
-pub const MEASURED_SERVICE_US: ServiceUs = ServiceUs {
-    lease: 31.5,
-    pure: 23.1,
-    release: 25.9,
-    command: 5.0,
-};
-
-/// Redis server time per kind of call, µs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ServiceUs {
-    /// A node's lease on terms.
-    pub lease: f64,
-    /// An anonymous lease.
-    pub pure: f64,
-    /// A release.
-    pub release: f64,
-    /// A plain command.
-    pub command: f64,
-}
-
-fn default_service_us() -> f64 {
-    MEASURED_SERVICE_US.lease
-}
-fn default_service_pure_us() -> f64 {
-    MEASURED_SERVICE_US.pure
-}
-fn default_service_release_us() -> f64 {
-    MEASURED_SERVICE_US.release
-}
-fn default_service_command_us() -> f64 {
-    MEASURED_SERVICE_US.command
-}
-fn default_timeout_ms() -> f64 {
-    50.0
-}
-fn default_zipf_s() -> f64 {
-    1.0
-}
-fn default_hot_share() -> f64 {
-    0.5
-}
-fn default_move_every_s() -> f64 {
-    10.0
-}
-fn default_on_s() -> f64 {
-    1.0
-}
-fn default_off_s() -> f64 {
-    1.0
 }
 
 /// Nanoseconds in a second, as a float.

@@ -1,0 +1,60 @@
+//! A scenario's defaults, the measured Redis service times among them.
+
+pub(super) fn default_seed() -> u64 {
+    1
+}
+
+pub(super) fn default_window_ms() -> u64 {
+    1000
+}
+
+pub(super) fn default_rtt_us() -> f64 {
+    90.0
+}
+
+/// Redis CPU per call, µs, as measured on redis-server 7.0.15 (Debian's package) on this
+/// project's 2-core test machine, idle, with the server and the client pinned to a core each:
+/// `taskset -c 1 cargo run --release -p simulations -- calibrate --redis URL` against
+/// `taskset -c 0 redis-server` (`INFO cpu` over the calls: the command and its network I/O;
+/// SIMULATIONS.md "Calibration" has the whole table). A node's lease on terms (the most
+/// expensive of 10, 1 000 and 10 000 leasers on record), an anonymous lease, a release, and
+/// one plain command. Calibrate against your own Redis and set the scenario keys to model it.
+pub const MEASURED_SERVICE_US: ServiceUs = ServiceUs {
+    lease: 31.5,
+    pure: 23.1,
+    release: 25.9,
+    command: 5.0,
+};
+
+/// Redis server time per kind of call, µs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServiceUs {
+    /// A node's lease on terms.
+    pub lease: f64,
+    /// An anonymous lease.
+    pub pure: f64,
+    /// A release.
+    pub release: f64,
+    /// A plain command.
+    pub command: f64,
+}
+
+pub(super) fn default_service_us() -> f64 {
+    MEASURED_SERVICE_US.lease
+}
+
+pub(super) fn default_service_pure_us() -> f64 {
+    MEASURED_SERVICE_US.pure
+}
+
+pub(super) fn default_service_release_us() -> f64 {
+    MEASURED_SERVICE_US.release
+}
+
+pub(super) fn default_service_command_us() -> f64 {
+    MEASURED_SERVICE_US.command
+}
+
+pub(super) fn default_timeout_ms() -> f64 {
+    50.0
+}
