@@ -14,7 +14,17 @@
 //! cluster the response timeout bounds a whole request, redirections and retries included.
 //!
 //! With feature `tls`, `rediss://` URLs are served by rustls; [`ConnectSettings::tls_root`]
-//! trusts a private CA instead of the system's roots.
+//! trusts a private CA instead of the system's roots, and [`ConnectSettings::tls_client`] is the
+//! client's own certificate and key for a server that requires one (mutual TLS,
+//! `tls-auth-clients yes`).
+//!
+//! A *lazy* connection ([`ConnectSettings::lazy`]) is created without contacting Redis: the
+//! `ConnectionManager` is built with `new_lazy_with_config`, its first command opens the
+//! connection, and while Redis is unreachable each command fails with the connect error after
+//! at most two attempts (one retry, so at most two connect timeouts and a back-off of up to
+//! 100 ms) instead of waiting. This is what lets a service start while Redis is down: the store
+//! exists, the limiters' failure policy answers, and the first command after Redis appears
+//! connects.
 
 use std::time::Duration;
 
@@ -35,9 +45,15 @@ pub(crate) struct ConnectSettings {
     pub(crate) connect_timeout: Duration,
     /// Time allowed for one reply (one whole request on a cluster).
     pub(crate) response_timeout: Duration,
+    /// Create the connection without contacting Redis; the first command opens it.
+    pub(crate) lazy: bool,
     /// PEM root certificate(s) trusted for `rediss://` instead of the system's roots.
     #[cfg(feature = "tls")]
     pub(crate) tls_root: Option<Vec<u8>>,
+    /// The client's PEM certificate chain and PEM private key, presented to a server that
+    /// asks for one (mutual TLS).
+    #[cfg(feature = "tls")]
+    pub(crate) tls_client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ConnectSettings {
@@ -46,17 +62,63 @@ impl ConnectSettings {
         ConnectSettings {
             connect_timeout,
             response_timeout,
+            lazy: false,
             #[cfg(feature = "tls")]
             tls_root: None,
+            #[cfg(feature = "tls")]
+            tls_client: None,
         }
     }
 
+    /// The TLS material redis-rs needs, or `None` for the system's roots and no client identity.
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Option<redis::TlsCertificates> {
-        self.tls_root.as_ref().map(|pem| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
+        if self.tls_root.is_none() && self.tls_client.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .tls_client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.tls_root.clone(),
         })
+    }
+
+    /// Checks the TLS material before any connection is tried, so that a bad PEM is a
+    /// configuration error that names the culprit rather than a connect error.
+    pub(crate) fn validate(&self) -> Result<(), ConnectError> {
+        #[cfg(feature = "tls")]
+        {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+            let certs = |what: &str, pem: &[u8]| {
+                let parsed: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem).collect();
+                match parsed {
+                    Ok(certs) if !certs.is_empty() => Ok(()),
+                    Ok(_) => Err(ConnectError::Url(format!(
+                        "{what}: no PEM certificate (-----BEGIN CERTIFICATE-----) found"
+                    ))),
+                    Err(e) => Err(ConnectError::Url(format!("{what}: invalid PEM: {e}"))),
+                }
+            };
+            if let Some(root) = &self.tls_root {
+                certs("tls root certificate", root)?;
+            }
+            if let Some((cert, key)) = &self.tls_client {
+                certs("tls client certificate", cert)?;
+                PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                    ConnectError::Url(format!(
+                        "tls client key: no usable PEM private key found ({e})"
+                    ))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// A client for `url`, trusting [`tls_root`](Self::tls_root) if set.
@@ -81,6 +143,28 @@ pub(crate) enum Connection {
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+    /// A Redis Cluster connected on first use ([`ConnectSettings::lazy`]).
+    #[cfg(feature = "cluster")]
+    LazyCluster(std::sync::Arc<LazyCluster>),
+}
+
+/// A cluster connection opened by the first command that needs it. Concurrent commands share
+/// one attempt; a failed attempt is returned to the commands that waited for it, and the next
+/// command tries again.
+#[cfg(feature = "cluster")]
+pub(crate) struct LazyCluster {
+    client: redis::cluster::ClusterClient,
+    conn: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
+}
+
+#[cfg(feature = "cluster")]
+impl LazyCluster {
+    async fn get(&self) -> redis::RedisResult<redis::cluster_async::ClusterConnection> {
+        self.conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
 }
 
 impl redis::aio::ConnectionLike for Connection {
@@ -92,6 +176,11 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_command(cmd).await
+            }),
         }
     }
 
@@ -105,6 +194,11 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_commands(pipeline, offset, count).await
+            }),
         }
     }
 
@@ -113,6 +207,9 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.get_db(),
+            // A cluster has database 0 only.
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(_) => 0,
         }
     }
 }
@@ -127,9 +224,15 @@ pub(crate) async fn connection_manager(
         .set_connection_timeout(Some(settings.connect_timeout))
         .set_response_timeout(Some(settings.response_timeout))
         .set_number_of_retries(1);
-    let conn = ConnectionManager::new_with_config(client.clone(), config)
-        .await
-        .map_err(ConnectError::Redis)?;
+    let conn = if settings.lazy {
+        // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
+        ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(|e| ConnectError::Url(format!("cannot connect to {url:?}: {e}")))?
+    } else {
+        ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(ConnectError::Redis)?
+    };
     Ok((client, conn))
 }
 
@@ -157,6 +260,12 @@ pub(crate) async fn cluster_connection(
     let client = builder
         .build()
         .map_err(|e| ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}")))?;
+    if settings.lazy {
+        return Ok(Connection::LazyCluster(std::sync::Arc::new(LazyCluster {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+        })));
+    }
     let conn = client
         .get_async_connection()
         .await

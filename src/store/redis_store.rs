@@ -135,6 +135,67 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Presents the PEM certificate chain `cert` and PEM private key `key` to a `rediss://`
+    /// server that requires client certificates (mutual TLS, `tls-auth-clients yes`). Combine
+    /// with [`tls_root_certificate`](Self::tls_root_certificate) for a private CA.
+    ///
+    /// A PEM that holds no certificate or no private key makes [`connect`](Self::connect) fail
+    /// with [`Error::Config`]. A server that refuses the certificate (or requires one and none
+    /// is set) fails `connect` with [`Error::Store`], whose message names the TLS alert, e.g.
+    /// `received fatal alert: CertificateRequired`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = ratelease::RedisStore::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificate(std::fs::read("ca.crt")?)
+    ///     .tls_client_certificate(std::fs::read("client.crt")?, std::fs::read("client.key")?)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.settings.tls_client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Makes [`connect`](Self::connect) return without contacting Redis: the connection is
+    /// opened by the first call and reopened in the background after a failure, as always.
+    ///
+    /// For a service that must start while Redis is unreachable. Limiters on the store build
+    /// at once; until Redis answers, each store call fails within about two connect timeouts
+    /// with [`StoreError::Redis`] (connection refused, or the timeout), so a
+    /// [`HybridLimiter`](crate::HybridLimiter)'s [`FailurePolicy`](crate::FailurePolicy)
+    /// answers from its first failed lease and a [`RedisLimiter`](crate::RedisLimiter) call
+    /// returns the error. Once Redis is up the next call connects and leasing resumes.
+    /// Configuration errors (a bad URL, prefix or PEM) are still reported by `connect`.
+    ///
+    /// Without it, `connect` fails if Redis cannot be reached, which suits a service that
+    /// would rather not start without its limits.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// use ratelease::{FailurePolicy, HybridLimiter, Quota, RedisStore};
+    ///
+    /// // Succeeds even if nothing listens on 6379 yet.
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+    ///     .lazy_connect()
+    ///     .connect()
+    ///     .await?;
+    /// let limiter = HybridLimiter::builder("api", Quota::per_second(100)?, store)
+    ///     .on_store_failure(FailurePolicy::local_fallback(4))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lazy_connect(mut self) -> Self {
+        self.settings.lazy = true;
+        self
+    }
+
     /// Sends `now` from `clock` to the script instead of using the Redis server's clock.
     ///
     /// For deterministic tests and replays only: in production, client clocks differ and the
@@ -144,12 +205,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects (within the connect timeout).
+    /// Connects (within the connect timeout), or with [`lazy_connect`](Self::lazy_connect)
+    /// only checks the configuration.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad URL or prefix, [`Error::Store`] if Redis cannot be reached.
+    /// [`Error::Config`] for a bad URL, prefix or TLS PEM; [`Error::Store`] if Redis cannot be
+    /// reached (never with `lazy_connect`).
     pub async fn connect(self) -> Result<RedisStore, Error> {
         key::validate_prefix(&self.prefix)?;
+        self.settings.validate().map_err(|e| match e {
+            ConnectError::Url(msg) => Error::Config(msg),
+            ConnectError::Redis(e) => Error::Store(e.into()),
+        })?;
         let conn = match &self.target {
             Target::Url(url) => connection_manager(url, &self.settings)
                 .await

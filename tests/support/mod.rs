@@ -94,6 +94,8 @@ pub struct RedisServer {
     extra_args: Vec<String>,
     /// The PEM root certificate the harness's own clients trust (TLS only).
     tls_ca: Option<Vec<u8>>,
+    /// The PEM certificate and key the harness's own clients present (mutual TLS only).
+    tls_client: Option<(Vec<u8>, Vec<u8>)>,
     /// The server's `--dir`; holds the log file and, for the unix variant,
     /// the socket. Declared last so it is removed after the process is gone.
     dir: TempDir,
@@ -189,6 +191,7 @@ impl RedisServer {
             addr,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             tls_ca: None,
+            tls_client: None,
             dir,
         }
     }
@@ -230,7 +233,13 @@ impl RedisServer {
         #[cfg(feature = "tls")]
         if let Some(ca) = &self.tls_ca {
             let certs = redis::TlsCertificates {
-                client_tls: None,
+                client_tls: self
+                    .tls_client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
                 root_cert: Some(ca.clone()),
             };
             return redis::Client::build_with_tls(self.url(), certs)
@@ -864,4 +873,41 @@ pub fn decode_leaser_record(raw: &[u8]) -> Option<[f64; 6]> {
         *x = f64::from_le_bytes(c.try_into().unwrap());
     }
     Some(f)
+}
+
+impl RedisServer {
+    /// A server on a free loopback TCP port that is **not started yet**: its
+    /// [`url`](RedisServer::url) is known, and [`RedisServer::restart`] starts
+    /// it. For a client that must start before Redis does. The port is free
+    /// when chosen; `restart` retries if something took it meanwhile.
+    pub fn reserve(extra: &[&str]) -> RedisServer {
+        RedisServer::new(Addr::Tcp(free_port()), extra)
+    }
+
+    /// [`RedisServer::start_tls`] that also requires client certificates
+    /// signed by `ca_pem` (`--tls-auth-clients yes`, mutual TLS); the
+    /// harness's own clients present `client_cert_pem` / `client_key_pem`.
+    #[cfg(feature = "tls")]
+    pub fn start_mutual_tls(
+        cert_pem: &str,
+        key_pem: &str,
+        ca_pem: &str,
+        client_cert_pem: &str,
+        client_key_pem: &str,
+    ) -> RedisServer {
+        let mut server = RedisServer::new(Addr::Tls(0), &["--tls-auth-clients", "yes"]);
+        for (file, pem) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("ca.crt", ca_pem),
+        ] {
+            fs::write(server.dir.path().join(file), pem).expect("cannot write a TLS file");
+        }
+        server.tls_ca = Some(ca_pem.as_bytes().to_vec());
+        server.tls_client = Some((
+            client_cert_pem.as_bytes().to_vec(),
+            client_key_pem.as_bytes().to_vec(),
+        ));
+        server.start_on_free_port(Addr::Tls)
+    }
 }
