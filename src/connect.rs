@@ -111,10 +111,12 @@ impl ConnectSettings {
             }
             if let Some((cert, key)) = &self.tls_client {
                 certs("tls client certificate", cert)?;
-                PrivateKeyDer::from_pem_slice(key).map_err(|e| {
-                    ConnectError::Url(format!(
-                        "tls client key: no usable PEM private key found ({e})"
-                    ))
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                    ConnectError::Url(format!("tls client key: no PEM private key found ({e})"))
+                })?;
+                // The PEM framing can hold anything: load the key as the handshake would.
+                rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| {
+                    ConnectError::Url(format!("tls client key: unusable private key ({e})"))
                 })?;
             }
         }
@@ -132,6 +134,63 @@ impl ConnectSettings {
         let client = redis::Client::open(url);
         client.map_err(|e| ConnectError::Url(format!("invalid redis url {url:?}: {e}")))
     }
+}
+
+/// If `e` is a TLS server refusing this client's certificate (or its lack of one), a message
+/// that says so and what to do: the server was started with `tls-auth-clients yes` (or
+/// `optional` and a bad certificate was presented) and sent a fatal alert.
+#[cfg(feature = "tls")]
+pub(crate) fn client_certificate_refused(
+    e: &redis::RedisError,
+    url: &str,
+    settings: &ConnectSettings,
+) -> Option<String> {
+    use rustls::AlertDescription as A;
+
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    // redis-rs keeps the io::Error from tokio-rustls in an `Arc<dyn Error>` (its `source`),
+    // and the io::Error wraps the rustls error.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let alert = loop {
+        let current = source?;
+        let io = current.downcast_ref::<std::io::Error>().or_else(|| {
+            current
+                .downcast_ref::<Shared>()
+                .and_then(|shared| shared.downcast_ref::<std::io::Error>())
+        });
+        let tls = current
+            .downcast_ref::<rustls::Error>()
+            .or_else(|| io?.get_ref()?.downcast_ref::<rustls::Error>());
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            break *alert;
+        }
+        source = current.source();
+    };
+    let refused = matches!(
+        alert,
+        A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::UnsupportedCertificate
+            | A::AccessDenied
+    );
+    if !refused {
+        return None;
+    }
+    Some(if settings.tls_client.is_some() {
+        format!(
+            "redis at {url} refused this client's TLS certificate (TLS alert {alert:?}): \
+             it must be signed by a CA the server trusts (tls-ca-cert-file) and be valid now"
+        )
+    } else {
+        format!(
+            "redis at {url} requires a TLS client certificate (mutual TLS, TLS alert \
+             {alert:?}) and none is set: see RedisStoreBuilder::tls_client_certificate"
+        )
+    })
 }
 
 /// The connection script calls are sent on: one server or a cluster. Cheap to clone; clones

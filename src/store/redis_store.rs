@@ -140,9 +140,11 @@ impl RedisStoreBuilder {
     /// with [`tls_root_certificate`](Self::tls_root_certificate) for a private CA.
     ///
     /// A PEM that holds no certificate or no private key makes [`connect`](Self::connect) fail
-    /// with [`Error::Config`]. A server that refuses the certificate (or requires one and none
-    /// is set) fails `connect` with [`Error::Store`], whose message names the TLS alert, e.g.
-    /// `received fatal alert: CertificateRequired`.
+    /// with [`Error::Config`]. So does a server that refuses the certificate, or requires one
+    /// and none is set: the message says which, with the server's TLS alert
+    /// (`CertificateRequired`, `UnknownCA`, …). With [`lazy_connect`](Self::lazy_connect) the
+    /// refusal comes from each call instead, as [`StoreError::Redis`] with the alert
+    /// (`received fatal alert: CertificateRequired`).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -228,7 +230,7 @@ impl RedisStoreBuilder {
         }
         .map_err(|e| match e {
             ConnectError::Url(msg) => Error::Config(msg),
-            ConnectError::Redis(e) => Error::Store(e.into()),
+            ConnectError::Redis(e) => self.connect_error(e),
         })?;
         Ok(RedisStore {
             conn,
@@ -236,6 +238,26 @@ impl RedisStoreBuilder {
             response_timeout: self.settings.response_timeout,
             clock: self.clock,
         })
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The error for a failed connect: a TLS server refusing the client certificate (or its
+    /// absence) is a configuration error that says so; anything else is the store's.
+    fn connect_error(&self, e: redis::RedisError) -> Error {
+        #[cfg(feature = "tls")]
+        {
+            let url = match &self.target {
+                Target::Url(url) => url.clone(),
+                #[cfg(feature = "cluster")]
+                Target::Cluster(nodes) => nodes.join(", "),
+            };
+            if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
+            {
+                return Error::Config(msg);
+            }
+        }
+        Error::Store(e.into())
     }
 }
 
