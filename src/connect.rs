@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+pub(crate) use crate::store::sentinel::SentinelConnection;
+
 /// Why a connection could not be opened.
 pub(crate) enum ConnectError {
     /// The URL does not parse; the message says why.
@@ -193,6 +195,40 @@ pub(crate) fn client_certificate_refused(
     })
 }
 
+impl ConnectSettings {
+    /// A client for the server `info` describes (TLS settings as for [`client`](Self::client)).
+    pub(crate) fn client_at(
+        &self,
+        info: redis::ConnectionInfo,
+    ) -> Result<redis::Client, ConnectError> {
+        let addr = info.addr().to_string();
+        #[cfg(feature = "tls")]
+        let client = match self.certificates() {
+            Some(certs) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
+                redis::Client::build_with_tls(info, certs)
+            }
+            _ => redis::Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(info);
+        client.map_err(|e| ConnectError::Url(format!("invalid redis address {addr}: {e}")))
+    }
+
+    /// A one-off multiplexed connection on `client` with both timeouts: for the few commands
+    /// that are not script calls (asking a Sentinel, checking a server's role).
+    pub(crate) async fn short_connection(
+        &self,
+        client: &redis::Client,
+    ) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
 /// The connection script calls are sent on: one server or a cluster. Cheap to clone; clones
 /// share the underlying connection(s).
 #[derive(Clone)]
@@ -205,6 +241,8 @@ pub(crate) enum Connection {
     /// A Redis Cluster connected on first use ([`ConnectSettings::lazy`]).
     #[cfg(feature = "cluster")]
     LazyCluster(std::sync::Arc<LazyCluster>),
+    /// The master of a Sentinel-managed group, followed across failovers.
+    Sentinel(SentinelConnection),
 }
 
 /// A cluster connection opened by the first command that needs it. Concurrent commands share
@@ -240,6 +278,7 @@ impl redis::aio::ConnectionLike for Connection {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_command(cmd).await
             }),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -258,6 +297,7 @@ impl redis::aio::ConnectionLike for Connection {
                 let mut conn = lazy.get().await?;
                 conn.req_packed_commands(pipeline, offset, count).await
             }),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -269,8 +309,24 @@ impl redis::aio::ConnectionLike for Connection {
             // A cluster has database 0 only.
             #[cfg(feature = "cluster")]
             Connection::LazyCluster(_) => 0,
+            Connection::Sentinel(c) => c.get_db(),
         }
     }
+}
+
+/// The connection manager settings: both timeouts, and one retry of a failed connect.
+fn manager_config(settings: &ConnectSettings) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(Some(settings.response_timeout))
+        .set_number_of_retries(1)
+}
+
+/// A connection manager on `client` that connects on first use (infallible: the settings
+/// set no push sender).
+pub(crate) fn manager_on(client: redis::Client, settings: &ConnectSettings) -> ConnectionManager {
+    ConnectionManager::new_lazy_with_config(client, manager_config(settings))
+        .expect("a connection manager without a push sender builds")
 }
 
 /// A client for `url` and a connection manager on it.
@@ -279,10 +335,7 @@ pub(crate) async fn connection_manager(
     settings: &ConnectSettings,
 ) -> Result<(redis::Client, ConnectionManager), ConnectError> {
     let client = settings.client(url)?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(settings.connect_timeout))
-        .set_response_timeout(Some(settings.response_timeout))
-        .set_number_of_retries(1);
+    let config = manager_config(settings);
     let conn = if settings.lazy {
         // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
         ConnectionManager::new_lazy_with_config(client.clone(), config)

@@ -12,6 +12,7 @@
 //! scripts ([`crate::algorithm`]) go through the same path (`redis_store/algorithms.rs`).
 
 mod algorithms;
+pub(crate) mod sentinel;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -95,6 +96,11 @@ enum Target {
     /// Some nodes of a cluster.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// The master the sentinels name.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 impl RedisStoreBuilder {
@@ -227,6 +233,17 @@ impl RedisStoreBuilder {
             Target::Cluster(nodes) => {
                 crate::connect::cluster_connection(nodes, &self.settings).await
             }
+            Target::Sentinel { sentinels, master } => {
+                match sentinel::SentinelConnection::new(sentinels, master, &self.settings) {
+                    Ok(conn) if self.settings.lazy => Ok(Connection::Sentinel(conn)),
+                    Ok(conn) => conn
+                        .connect()
+                        .await
+                        .map(|()| Connection::Sentinel(conn))
+                        .map_err(ConnectError::Redis),
+                    Err(e) => Err(e),
+                }
+            }
         }
         .map_err(|e| match e {
             ConnectError::Url(msg) => Error::Config(msg),
@@ -251,6 +268,9 @@ impl RedisStoreBuilder {
                 Target::Url(url) => url.clone(),
                 #[cfg(feature = "cluster")]
                 Target::Cluster(nodes) => nodes.join(", "),
+                Target::Sentinel { sentinels, master } => {
+                    format!("{master} (sentinels {})", sentinels.join(", "))
+                }
             };
             if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
             {
@@ -287,6 +307,38 @@ impl RedisStore {
         nodes: impl IntoIterator<Item = impl Into<String>>,
     ) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    }
+
+    /// A builder for a store on the master of the Sentinel-managed group `master_name`, found
+    /// by asking the Sentinels at `sentinels` (`redis://host:26379/` or `rediss://…`; one
+    /// reachable sentinel is enough) and followed across failovers: a call that finds the
+    /// master gone or demoted makes the store ask the sentinels again, so the next call goes
+    /// to the replica they promoted.
+    ///
+    /// The master is reached with the first sentinel URL's scheme, username, password and
+    /// database, and the builder's timeouts and TLS settings. What a failover can cost
+    /// (writes the replica had not received yet) and how to bound it is in RELIABILITY.md,
+    /// "Failover".
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// let store = ratelease::RedisStore::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "mymaster",
+    /// )
+    /// .lazy_connect()
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master: master_name.into(),
+        })
     }
 
     /// Connects to `url` with default settings.

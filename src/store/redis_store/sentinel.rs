@@ -1,0 +1,361 @@
+//! The master of a Sentinel-managed Redis, followed across failovers
+//! ([`RedisStore::sentinel_builder`](crate::RedisStore::sentinel_builder)).
+//!
+//! # Design
+//!
+//! Redis Sentinel watches a primary and its replicas; when the primary fails, the sentinels
+//! agree on it, promote a replica, and answer `SENTINEL GET-MASTER-ADDR-BY-NAME <name>` with
+//! the new address. A client has to ask again whenever the master it talks to stops being one.
+//!
+//! redis-rs's own sentinel client (feature `sentinel`) finds the master once and hands out a
+//! plain connection: it does not follow a failover, and a `ConnectionManager` built on its
+//! answer would keep reconnecting to the old address. So [`SentinelConnection`] keeps one
+//! `ConnectionManager` on the current master (with the store's timeouts, reconnecting in the
+//! background as for one server) and replaces it when a call shows the master is gone:
+//!
+//! - A call that fails with a connection error, a timeout, or `READONLY` (the server was
+//!   demoted to a replica) triggers a **discovery** before its error is returned, so the next
+//!   call goes to the new master as soon as the sentinels name one. The failed call itself is
+//!   not retried: a script call whose reply was lost may have run, and running a lease or a
+//!   release twice is not harmless.
+//! - A discovery asks every sentinel at once (each within the connect and response timeouts)
+//!   for the master's address, then checks the candidates, most-named first, with `ROLE`: the
+//!   first that says `master` wins. A sentinel that has not heard of the promotion yet cannot
+//!   send the fleet back to a dead or demoted server, and a single reachable sentinel is enough.
+//! - Discoveries are single-flight: callers that fail together wait for one discovery, and one
+//!   that finished after a caller's failure counts for it. While no master is found (the
+//!   sentinels have not promoted anyone yet), failing calls keep asking, at most once per
+//!   [`REDISCOVER_EVERY`].
+//!
+//! A hybrid limiter's background task probes a failing store every 10–500 ms, so leasing
+//! resumes within one probe of the promotion; see RELIABILITY.md ("Failover") for the measured
+//! figures and for what asynchronous replication can lose.
+//!
+//! The master is reached with the first sentinel URL's scheme (`redis://` or `rediss://`, with
+//! the store's TLS settings), username, password and database, at the address the sentinels
+//! give.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult};
+use tokio::time::Instant;
+
+use crate::connect::{ConnectError, ConnectSettings};
+
+/// Least time between two discoveries while no master is found.
+pub(crate) const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
+
+/// A connection to the current master of a Sentinel-managed group. Cheap to clone; clones
+/// share the master connection and the discoveries.
+#[derive(Clone)]
+pub(crate) struct SentinelConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One client per sentinel, in the order given.
+    sentinels: Vec<redis::Client>,
+    /// The sentinels' name for the group.
+    master_name: String,
+    /// The first sentinel's connection info: the master's scheme, credentials and database.
+    template: ConnectionInfo,
+    settings: ConnectSettings,
+    /// The master's address and a connection manager on it; `None` before the first discovery.
+    current: Mutex<Option<Master>>,
+    /// Single flight: held by the discovery under way; the time the last one finished.
+    discovery: tokio::sync::Mutex<Option<Instant>>,
+}
+
+#[derive(Clone)]
+struct Master {
+    addr: String,
+    conn: ConnectionManager,
+}
+
+impl SentinelConnection {
+    /// Checks the URLs and the master name; contacts nothing.
+    pub(crate) fn new(
+        sentinels: &[String],
+        master_name: &str,
+        settings: &ConnectSettings,
+    ) -> Result<Self, ConnectError> {
+        let Some(first) = sentinels.first() else {
+            return Err(ConnectError::Url(
+                "sentinel: at least one sentinel url is needed".into(),
+            ));
+        };
+        if master_name.is_empty() {
+            return Err(ConnectError::Url(
+                "sentinel: the master name is empty".into(),
+            ));
+        }
+        let template = first
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| ConnectError::Url(format!("invalid sentinel url {first:?}: {e}")))?;
+        if matches!(template.addr(), ConnectionAddr::Unix(_)) {
+            return Err(ConnectError::Url(format!(
+                "sentinel url {first:?}: sentinels are reached over TCP"
+            )));
+        }
+        let sentinels = sentinels
+            .iter()
+            .map(|url| settings.client(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SentinelConnection {
+            inner: Arc::new(Inner {
+                sentinels,
+                master_name: master_name.to_owned(),
+                template,
+                settings: settings.clone(),
+                current: Mutex::new(None),
+                discovery: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Finds the master now (for a store that connects eagerly).
+    pub(crate) async fn connect(&self) -> RedisResult<()> {
+        self.master().await.map(drop)
+    }
+
+    /// The current master, discovering it first if there is none yet.
+    async fn master(&self) -> RedisResult<Master> {
+        if let Some(master) = self.inner.current.lock().clone() {
+            return Ok(master);
+        }
+        self.rediscover(Instant::now()).await?;
+        self.inner.current.lock().clone().ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::Client, "sentinel: no master found"))
+        })
+    }
+
+    /// Runs a discovery for a failure seen at `failed_at`, unless one finished since then, or
+    /// one finished less than [`REDISCOVER_EVERY`] ago.
+    async fn rediscover(&self, failed_at: Instant) -> RedisResult<()> {
+        let mut last = self.inner.discovery.lock().await;
+        if let Some(done) = *last {
+            let have_master = self.inner.current.lock().is_some();
+            if have_master && (done >= failed_at || done.elapsed() < REDISCOVER_EVERY) {
+                return Ok(());
+            }
+        }
+        let result = self.discover().await;
+        *last = Some(Instant::now());
+        let master = result?;
+        let mut current = self.inner.current.lock();
+        if current.as_ref().map(|m| &m.addr) != Some(&master.addr) {
+            if let Some(old) = current.as_ref() {
+                tracing::warn!(
+                    master = %self.inner.master_name,
+                    from = %old.addr,
+                    to = %master.addr,
+                    "sentinel: following the master to its new address"
+                );
+            }
+            *current = Some(master);
+        }
+        Ok(())
+    }
+
+    /// Asks the sentinels for the master and checks it; a connection manager on it (the current
+    /// one if the address did not change).
+    async fn discover(&self) -> RedisResult<Master> {
+        let inner = &*self.inner;
+        let mut asks = tokio::task::JoinSet::new();
+        for (i, sentinel) in inner.sentinels.iter().enumerate() {
+            let (sentinel, settings) = (sentinel.clone(), inner.settings.clone());
+            let name = inner.master_name.clone();
+            asks.spawn(async move {
+                let mut conn = settings.short_connection(&sentinel).await?;
+                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&name)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, RedisError>((i, addr))
+            });
+        }
+        // Candidates by how many sentinels name them, ties in the sentinels' order.
+        let mut named: HashMap<(String, u16), (usize, usize)> = HashMap::new();
+        let mut last_error = None;
+        while let Some(joined) = asks.join_next().await {
+            match joined {
+                Ok(Ok((i, Some(addr)))) => {
+                    let entry = named.entry(addr).or_insert((0, i));
+                    entry.0 += 1;
+                    entry.1 = entry.1.min(i);
+                }
+                Ok(Ok((_, None))) => {
+                    last_error = Some(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "sentinel: a sentinel does not know the master name",
+                        inner.master_name.clone(),
+                    )));
+                }
+                Ok(Err(e)) => last_error = Some(e),
+                Err(e) => last_error = Some(RedisError::from(std::io::Error::other(e.to_string()))),
+            }
+        }
+        let mut candidates: Vec<_> = named.into_iter().collect();
+        candidates.sort_by_key(|&(_, (count, first))| (std::cmp::Reverse(count), first));
+        // The current master, kept if the sentinels still name it but it cannot be reached
+        // (it reconnects by itself): nothing better is known yet.
+        let mut keep = None;
+        for ((host, port), _) in candidates {
+            let addr = format!("{host}:{port}");
+            let current = inner.current.lock().clone().filter(|m| m.addr == addr);
+            let client = self.client_at(&host, port)?;
+            match is_master(&inner.settings, &client).await {
+                Ok(true) => {
+                    return match current {
+                        Some(current) => Ok(current),
+                        None => {
+                            let conn = crate::connect::manager_on(client, &inner.settings);
+                            Ok(Master { addr, conn })
+                        }
+                    };
+                }
+                Ok(false) => {
+                    last_error = Some(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "sentinel: the address the sentinels name is not a master (yet)",
+                        addr,
+                    )));
+                }
+                Err(e) => {
+                    keep = keep.or(current);
+                    last_error = Some(e);
+                }
+            }
+        }
+        if let Some(current) = keep {
+            return Ok(current);
+        }
+        Err(last_error.unwrap_or_else(|| {
+            RedisError::from((redis::ErrorKind::Client, "sentinel: no master found"))
+        }))
+    }
+
+    /// A client for the master candidate at `host:port`, as the template says.
+    fn client_at(&self, host: &str, port: u16) -> RedisResult<redis::Client> {
+        let template = &self.inner.template;
+        let addr = match template.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: None,
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        self.inner
+            .settings
+            .client_at(template.clone().set_addr(addr))
+            .map_err(|e| match e {
+                ConnectError::Url(msg) => {
+                    RedisError::from((redis::ErrorKind::InvalidClientConfig, "sentinel", msg))
+                }
+                ConnectError::Redis(e) => e,
+            })
+    }
+
+    /// Sends `cmd` to the master; on an error that says the master is gone, discovers it again
+    /// before returning the error.
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        Box::pin(async move {
+            let mut master = self.master().await?;
+            let result = master.conn.req_packed_command(cmd).await;
+            self.after(&result).await;
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(async move {
+            let mut master = self.master().await?;
+            let result = master
+                .conn
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            self.after(&result).await;
+            result
+        })
+    }
+
+    /// After a call: a discovery if its error says the master may have moved.
+    async fn after<T>(&self, result: &RedisResult<T>) {
+        let Err(e) = result else { return };
+        if master_may_have_moved(e) {
+            // Its own error is not the caller's: the call's error is returned either way.
+            if let Err(error) = self.rediscover(Instant::now()).await {
+                tracing::debug!(master = %self.inner.master_name, %error, "sentinel: no master yet");
+            }
+        }
+    }
+
+    pub(crate) fn get_db(&self) -> i64 {
+        self.inner.template.redis_settings().db()
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        SentinelConnection::req_packed_command(self, cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        SentinelConnection::req_packed_commands(self, pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        SentinelConnection::get_db(self)
+    }
+}
+
+/// Whether `e` means the master may be gone or demoted: the connection failed or timed out, or
+/// the server refused a write as a replica (`READONLY`, also inside a script).
+fn master_may_have_moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+        || e.code() == Some("READONLY")
+        || e.to_string().contains("READONLY")
+}
+
+/// Whether the server `client` reaches says `ROLE` is `master`.
+async fn is_master(settings: &ConnectSettings, client: &redis::Client) -> RedisResult<bool> {
+    let mut conn = settings.short_connection(client).await?;
+    let role: redis::Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+    let first = match &role {
+        redis::Value::Array(items) => items.first(),
+        _ => None,
+    };
+    Ok(match first {
+        Some(redis::Value::BulkString(b)) => b.as_slice() == b"master",
+        Some(redis::Value::SimpleString(s)) => s == "master",
+        _ => false,
+    })
+}

@@ -1,0 +1,268 @@
+//! Failover under load (issue 16, item 1), with real processes as a user runs them: a primary,
+//! a replica (`--replicaof`), and three `redis-server --sentinel` processes (quorum 2). A fleet
+//! of three hybrid limiters, each on its own [`RedisStore::sentinel_builder`] store (three
+//! processes' worth of connections), overloads one quota; the primary is SIGKILLed; the
+//! sentinels promote the replica; the fleet follows.
+//!
+//! Measured and asserted: the promotion is followed (the bucket is written on the new
+//! primary), leasing resumes on every node within 2 s of the promotion, and no window admits
+//! more than `burst + rate × window` plus one burst plus what the fleet held leased when the
+//! primary died (the bound for asynchronous replication: the replica may miss the last
+//! leases). The printed figures are in RELIABILITY.md ("Failover").
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelease::{Error, FailurePolicy, HybridLimiter, Quota, RedisStore};
+use support::{max_in_window, BucketState, RedisSentinel, RedisServer};
+
+/// The sentinels' name for the group.
+const MASTER: &str = "ratelease-test";
+
+/// A primary, its replica, and three sentinels that know each other and the replica.
+struct Group {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<RedisSentinel>,
+}
+
+impl Group {
+    fn start() -> Group {
+        let primary = RedisServer::start();
+        let port = primary.port().unwrap().to_string();
+        let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+        wait_for(Duration::from_secs(10), "the replica to sync", || {
+            let info: String = replica.cmd(&["INFO", "replication"]);
+            info.contains("master_link_status:up")
+        });
+        // Down after 500 ms without a reply; 2 of 3 sentinels must agree.
+        let sentinels: Vec<_> = (0..3)
+            .map(|_| RedisSentinel::start(MASTER, &primary, 2, Duration::from_millis(500)))
+            .collect();
+        for sentinel in &sentinels {
+            sentinel.wait_until_aware(MASTER, 2, 1);
+        }
+        Group {
+            primary,
+            replica,
+            sentinels,
+        }
+    }
+
+    fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisSentinel::url).collect()
+    }
+}
+
+/// Polls `done` every 10 ms until it holds; panics with `what` after `limit`.
+fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `server` says it is a master.
+fn is_master(server: &RedisServer) -> bool {
+    let role: Vec<redis::Value> = server.cmd(&["ROLE"]);
+    matches!(role.first(), Some(redis::Value::BulkString(b)) if b.as_slice() == b"master")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_follows_a_sentinel_failover_within_the_bound() {
+    let t_setup = Instant::now();
+    let mut group = Group::start();
+    let setup = t_setup.elapsed();
+    let (rate, burst) = (2_000u64, 200u64);
+    let quota = Quota::per_second(rate).unwrap().with_burst(burst).unwrap();
+    let origin = Instant::now();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::sentinel_builder(group.sentinel_urls(), MASTER)
+            .connect_timeout(Duration::from_millis(100))
+            .response_timeout(Duration::from_millis(100))
+            .connect()
+            .await
+            .unwrap();
+        let limiter = HybridLimiter::builder("failover", quota, store)
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        limiter.ready().await.unwrap();
+        nodes.push(Arc::new(limiter));
+    }
+
+    // Each node's callers: ten calls a millisecond, far above its share. Admissions are
+    // recorded as (µs since `origin`, 1).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for node in &nodes {
+        let (node, stop) = (node.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut admitted = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..10 {
+                    if node.try_acquire(1).unwrap().is_allowed() {
+                        admitted.push((origin.elapsed().as_micros() as u64, 1));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            admitted
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // What the fleet holds leased, then the primary dies.
+    let outstanding: u64 = nodes.iter().map(|n| n.stats().local_tokens).sum();
+    let leased_before: Vec<u64> = nodes.iter().map(|n| n.stats().tokens_leased).collect();
+    group.primary.stop();
+    let killed = Instant::now();
+
+    // The promotion, as the replica sees it.
+    let replica_port = group.replica.port().unwrap();
+    let replica = &group.replica;
+    tokio::task::block_in_place(|| {
+        wait_for(Duration::from_secs(20), "the replica's promotion", || {
+            is_master(replica)
+        })
+    });
+    let promoted = Instant::now();
+
+    // Every node leases again: its leased total grows past what it had at the kill, and its
+    // circuit is closed.
+    let mut resumed = vec![None; nodes.len()];
+    while resumed.iter().any(Option::is_none) {
+        assert!(
+            promoted.elapsed() < Duration::from_secs(5),
+            "not every node leases 5 s after the promotion: {resumed:?}, {:?}",
+            nodes.iter().map(|n| n.stats()).collect::<Vec<_>>()
+        );
+        for (i, node) in nodes.iter().enumerate() {
+            let s = node.stats();
+            if resumed[i].is_none() && s.tokens_leased > leased_before[i] && !s.circuit_open {
+                resumed[i] = Some(promoted.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // A second under load on the new primary.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut admissions = Vec::new();
+    for task in load {
+        admissions.extend(task.await.unwrap());
+    }
+    admissions.sort_unstable();
+    let elapsed = origin.elapsed();
+
+    // The fleet followed: the bucket is on the promoted replica, which the sentinels name.
+    assert!(BucketState::read(&group.replica, "ratelease:{failover}").is_some());
+    let named: Option<(String, u16)> = group.sentinels[0]
+        .cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+        .unwrap();
+    assert_eq!(named.map(|(_, port)| port), Some(replica_port));
+
+    let slowest = resumed.iter().flatten().max().copied().unwrap();
+    let failover = promoted - killed;
+    let mut report = Vec::new();
+    for window_ms in [250u64, 1_000] {
+        let most = max_in_window(&admissions, window_ms * 1_000);
+        let limit = burst + rate * window_ms / 1_000;
+        let overshoot = most.saturating_sub(limit);
+        report.push(format!(
+            "{window_ms} ms window: most {most}, limit {limit}, overshoot {overshoot}"
+        ));
+        assert!(
+            overshoot <= burst + outstanding,
+            "{window_ms} ms window admitted {most} > {limit} + burst {burst} + outstanding \
+             {outstanding}"
+        );
+    }
+    let total: u64 = admissions.iter().map(|a| a.1).sum();
+    println!(
+        "setup {setup:?}; killed -> promoted {failover:?}; leasing resumed after the promotion \
+         {resumed:?} (slowest {slowest:?}); outstanding at the kill {outstanding}; admitted \
+         {total} in {elapsed:?} (limit {}); {}",
+        burst + rate * elapsed.as_millis() as u64 / 1_000,
+        report.join("; ")
+    );
+    assert!(
+        slowest <= Duration::from_secs(2),
+        "leasing resumed {slowest:?} after the promotion"
+    );
+}
+
+/// The builder's bad input is a configuration error, and with no sentinel reachable an eager
+/// connect fails with the store error while a lazy one builds.
+#[tokio::test]
+async fn sentinel_builder_input_and_unreachable_sentinels() {
+    let err = RedisStore::sentinel_builder(Vec::<String>::new(), MASTER)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("at least one sentinel")),
+        "{err:?}"
+    );
+    let err = RedisStore::sentinel_builder(["redis://127.0.0.1:1/"], "")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("master name")),
+        "{err:?}"
+    );
+    let err = RedisStore::sentinel_builder(["not a url"], MASTER)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+
+    let nobody = RedisServer::reserve(&[]).url();
+    let err = RedisStore::sentinel_builder([nobody.clone()], MASTER)
+        .connect_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    let store = RedisStore::sentinel_builder([nobody], MASTER)
+        .connect_timeout(Duration::from_millis(100))
+        .lazy_connect()
+        .connect()
+        .await
+        .unwrap();
+    let limiter = ratelease::RedisLimiter::new("x", Quota::per_second(1).unwrap(), store).unwrap();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+}
+
+/// A sentinel that does not know the master name is an error, not a hang; and a store whose
+/// sentinels name a server that is only a replica is refused rather than sent to it.
+#[tokio::test]
+async fn unknown_master_names_are_reported() {
+    let primary = RedisServer::start();
+    let sentinel = RedisSentinel::start(MASTER, &primary, 1, Duration::from_millis(500));
+    let err = RedisStore::sentinel_builder([sentinel.url()], "no-such-master")
+        .connect()
+        .await
+        .unwrap_err();
+    let Error::Store(e) = &err else {
+        panic!("{err:?}")
+    };
+    let text = format!("{e:?}");
+    assert!(text.contains("does not know the master name"), "{text}");
+    // The known name works.
+    let store = RedisStore::sentinel_builder([sentinel.url()], MASTER)
+        .connect()
+        .await
+        .unwrap();
+    let limiter =
+        ratelease::RedisLimiter::new("known", Quota::per_second(5).unwrap(), store).unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(BucketState::read(&primary, "ratelease:{known}").is_some());
+}
