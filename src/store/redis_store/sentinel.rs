@@ -19,9 +19,12 @@
 //!   not retried: a script call whose reply was lost may have run, and running a lease or a
 //!   release twice is not harmless.
 //! - A discovery asks every sentinel at once (each within the connect and response timeouts)
-//!   for the master's address, then checks the candidates, most-named first, with `ROLE`: the
-//!   first that says `master` wins. A sentinel that has not heard of the promotion yet cannot
-//!   send the fleet back to a dead or demoted server, and a single reachable sentinel is enough.
+//!   for the master's address and its replicas, then checks the candidates with `ROLE`, the
+//!   named masters first (most-named first), then the replicas: the first that says `master`
+//!   wins. A sentinel that has not heard of the promotion yet cannot send the fleet back to a
+//!   dead or demoted server, and a single reachable sentinel is enough. Checking the replicas
+//!   finds a promoted one as soon as it is promoted (`REPLICAOF NO ONE` from the sentinels),
+//!   up to a second before the sentinels name it: they learn of the promotion from its `INFO`.
 //! - Discoveries are single-flight: callers that fail together wait for one discovery, and one
 //!   that finished after a caller's failure counts for it. While no master is found (the
 //!   sentinels have not promoted anyone yet), failing calls keep asking, at most once per
@@ -177,20 +180,46 @@ impl SentinelConnection {
                     .arg(&name)
                     .query_async(&mut conn)
                     .await?;
-                Ok::<_, RedisError>((i, addr))
+                let replicas: Vec<HashMap<String, String>> = match addr {
+                    Some(_) => redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg(&name)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                Ok::<_, RedisError>((i, addr, replicas))
             });
         }
-        // Candidates by how many sentinels name them, ties in the sentinels' order.
+        // Candidates: the addresses the sentinels name as master, by how many name them (ties
+        // in the sentinels' order), then the replicas they know. A replica is taken only if it
+        // says it is a master: the sentinels promoted it and have not all said so yet (they
+        // learn it from the replica's INFO, up to a second later).
         let mut named: HashMap<(String, u16), (usize, usize)> = HashMap::new();
         let mut last_error = None;
         while let Some(joined) = asks.join_next().await {
             match joined {
-                Ok(Ok((i, Some(addr)))) => {
+                Ok(Ok((i, Some(addr), replicas))) => {
                     let entry = named.entry(addr).or_insert((0, i));
                     entry.0 += 1;
                     entry.1 = entry.1.min(i);
+                    for replica in replicas {
+                        let flags = replica.get("flags").map_or("", String::as_str);
+                        let port = replica.get("port").and_then(|p| p.parse::<u16>().ok());
+                        let (Some(ip), Some(port)) = (replica.get("ip"), port) else {
+                            continue;
+                        };
+                        if flags.contains("s_down") || flags.contains("disconnected") {
+                            continue;
+                        }
+                        // Ranked after every named master (count 0), in the sentinels' order.
+                        named
+                            .entry((ip.clone(), port))
+                            .or_insert((0, inner.sentinels.len() + i));
+                    }
                 }
-                Ok(Ok((_, None))) => {
+                Ok(Ok((_, None, _))) => {
                     last_error = Some(RedisError::from((
                         redis::ErrorKind::Client,
                         "sentinel: a sentinel does not know the master name",
