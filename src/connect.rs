@@ -1,10 +1,12 @@
 //! Opening a Redis connection with explicit timeouts: one piece for every Redis-backed type
 //! ([`RedisStore`](crate::RedisStore), [`RedisLock`](crate::RedisLock)).
 //!
-//! [`Connection`] is what every script call is sent on: either one server through redis-rs's
-//! `ConnectionManager`, or (feature `cluster`) a Redis Cluster through redis-rs's cluster
-//! connection. Both implement redis-rs's `aio::ConnectionLike`, so the script path above
-//! (`RedisStore::eval`, EVALSHA with NOSCRIPT reload) is the same for both; the cluster
+//! [`Connection`] is what every script call is sent on: one server through redis-rs's
+//! `ConnectionManager`, (feature `cluster`) a Redis Cluster through redis-rs's cluster
+//! connection, or the master of a Sentinel-managed group, followed across failovers
+//! ([`SentinelConnection`], `src/store/redis_store/sentinel.rs`). All implement redis-rs's
+//! `aio::ConnectionLike`, so the script path above
+//! (`RedisStore::eval`, EVALSHA with NOSCRIPT reload) is the same for all; the cluster
 //! connection routes each EVALSHA by the slot of its keys, follows MOVED/ASK redirections and
 //! retries TRYAGAIN while a slot migrates, and sends `SCRIPT LOAD` to every primary.
 //!

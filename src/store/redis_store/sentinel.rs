@@ -138,13 +138,19 @@ impl SentinelConnection {
     }
 
     /// Runs a discovery for a failure seen at `failed_at`, unless one finished since then, or
-    /// one finished less than [`REDISCOVER_EVERY`] ago.
+    /// one finished less than [`REDISCOVER_EVERY`] ago: then its outcome stands (a master, or
+    /// none yet).
     async fn rediscover(&self, failed_at: Instant) -> RedisResult<()> {
         let mut last = self.inner.discovery.lock().await;
         if let Some(done) = *last {
-            let have_master = self.inner.current.lock().is_some();
-            if have_master && (done >= failed_at || done.elapsed() < REDISCOVER_EVERY) {
-                return Ok(());
+            if done >= failed_at || done.elapsed() < REDISCOVER_EVERY {
+                if self.inner.current.lock().is_some() {
+                    return Ok(());
+                }
+                return Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "sentinel: no master found (the last discovery failed just now)",
+                )));
             }
         }
         let result = self.discover().await;
