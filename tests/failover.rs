@@ -293,3 +293,83 @@ async fn unknown_master_names_are_reported() {
     assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
     assert!(BucketState::read(&primary, "ratelease:{known}").is_some());
 }
+
+/// A graceful failover (`SENTINEL FAILOVER`, as managed Redis does for maintenance): the
+/// replica is promoted while the old primary keeps answering as a master (the sentinels demote
+/// it seconds later), so no call fails and only the sentinels' `+switch-master` announcement
+/// tells the store to move. Measured: how long after the promotion the store's calls land on
+/// the new primary, and how many calls the old primary served meanwhile (writes the new primary
+/// never sees: the loss RELIABILITY.md bounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_failover_is_followed_on_the_sentinels_announcement() {
+    let group = Group::start();
+    let store = RedisStore::sentinel_builder(group.sentinel_urls(), MASTER)
+        .connect_timeout(Duration::from_millis(100))
+        .response_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    // Nothing refills during the test: the bucket counts every call that reached it.
+    let quota = Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(100_000)
+        .unwrap();
+    let limiter = ratelease::RedisLimiter::new("graceful", quota, store).unwrap();
+    let taken_on = |server: &RedisServer| {
+        BucketState::read(server, "ratelease:{graceful}").map_or(0.0, |b| 100_000.0 - b.v / b.s)
+    };
+
+    let ok: String = group.sentinels[0]
+        .cmd(&["SENTINEL", "FAILOVER", MASTER])
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let started = Instant::now();
+    let (mut served, mut errors) = (0u32, Vec::new());
+    // The promotion and what the new primary had counted then (replication stops there).
+    let mut promoted: Option<(Instant, f64)> = None;
+    let followed = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not followed 10 s after SENTINEL FAILOVER (promoted: {:?}), errors {errors:?}",
+            promoted.map(|p| p.0.elapsed())
+        );
+        match limiter.try_acquire(1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                served += 1;
+            }
+            Err(e) => errors.push(format!("{e:?}")),
+        }
+        match promoted {
+            None if is_master(&group.replica) => {
+                promoted = Some((Instant::now(), taken_on(&group.replica)));
+            }
+            Some((at, counted)) if taken_on(&group.replica) > counted => break at.elapsed(),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let (promoted_at, _) = promoted.unwrap();
+    // The old primary still thinks it is the master.
+    assert!(is_master(&group.primary));
+    // Every served call reached one of the two; the old primary's since the promotion are lost.
+    let taken = taken_on(&group.replica);
+    let lost = f64::from(served) - taken;
+    assert!(
+        (0.0..=f64::from(served)).contains(&lost),
+        "served {served}, the new primary counts {taken}"
+    );
+    println!(
+        "graceful failover: promoted {:?} after SENTINEL FAILOVER; calls reached the new \
+         primary {followed:?} after the promotion; {served} calls served, {} failed ({:?}); the \
+         new primary counts {taken}: {lost} admissions were granted by the old primary after the \
+         promotion",
+        promoted_at - started,
+        errors.len(),
+        errors.first(),
+    );
+    assert!(
+        followed <= Duration::from_secs(2),
+        "calls reached the new primary {followed:?} after the promotion"
+    );
+}

@@ -30,6 +30,12 @@
 //!   sentinels have not promoted anyone yet), failing calls keep asking, at most once per
 //!   [`REDISCOVER_EVERY`].
 //!
+//! - Each sentinel is also watched: the store subscribes to its `+switch-master` channel and
+//!   switches to the announced master as soon as it says `ROLE` master. In a graceful failover
+//!   the old primary keeps answering, as a master, until the sentinels demote it — seconds
+//!   later — so no call fails and only the announcement tells the store to move; every lease
+//!   the old primary grants meanwhile is lost to the new one.
+//!
 //! A hybrid limiter's background task probes a failing store every 10–500 ms, so leasing
 //! resumes within one probe of the promotion; see RELIABILITY.md ("Failover") for the measured
 //! figures and for what asynchronous replication can lose.
@@ -71,6 +77,8 @@ struct Inner {
     current: Mutex<Option<Master>>,
     /// Single flight: held by the discovery under way; the time the last one finished.
     discovery: tokio::sync::Mutex<Option<Instant>>,
+    /// Dropped with the last clone: stops the `+switch-master` watchers.
+    _stop: tokio::sync::watch::Sender<()>,
 }
 
 #[derive(Clone)]
@@ -109,7 +117,8 @@ impl SentinelConnection {
             .iter()
             .map(|url| settings.client(url))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(SentinelConnection {
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let conn = SentinelConnection {
             inner: Arc::new(Inner {
                 sentinels,
                 master_name: master_name.to_owned(),
@@ -117,8 +126,51 @@ impl SentinelConnection {
                 settings: settings.clone(),
                 current: Mutex::new(None),
                 discovery: tokio::sync::Mutex::new(None),
+                _stop: stop,
             }),
-        })
+        };
+        for sentinel in &conn.inner.sentinels {
+            tokio::spawn(watch_switches(
+                Arc::downgrade(&conn.inner),
+                sentinel.clone(),
+                stopped.clone(),
+            ));
+        }
+        Ok(conn)
+    }
+
+    /// Switches to the master a sentinel announced at `host:port`, if it says it is one.
+    async fn follow(&self, host: &str, port: u16) -> RedisResult<()> {
+        let addr = format!("{host}:{port}");
+        let mut last = self.inner.discovery.lock().await;
+        if self.inner.current.lock().as_ref().map(|m| &m.addr) == Some(&addr) {
+            return Ok(());
+        }
+        let client = self.client_at(host, port)?;
+        if !is_master(&self.inner.settings, &client).await? {
+            return Ok(());
+        }
+        let conn = crate::connect::manager_on(client, &self.inner.settings);
+        self.switch(Master { addr, conn });
+        *last = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Makes `master` the current one (logged if it replaces another).
+    fn switch(&self, master: Master) {
+        let mut current = self.inner.current.lock();
+        if current.as_ref().map(|m| &m.addr) == Some(&master.addr) {
+            return;
+        }
+        if let Some(old) = current.as_ref() {
+            tracing::warn!(
+                master = %self.inner.master_name,
+                from = %old.addr,
+                to = %master.addr,
+                "sentinel: following the master to its new address"
+            );
+        }
+        *current = Some(master);
     }
 
     /// Finds the master now (for a store that connects eagerly).
@@ -155,19 +207,7 @@ impl SentinelConnection {
         }
         let result = self.discover().await;
         *last = Some(Instant::now());
-        let master = result?;
-        let mut current = self.inner.current.lock();
-        if current.as_ref().map(|m| &m.addr) != Some(&master.addr) {
-            if let Some(old) = current.as_ref() {
-                tracing::warn!(
-                    master = %self.inner.master_name,
-                    from = %old.addr,
-                    to = %master.addr,
-                    "sentinel: following the master to its new address"
-                );
-            }
-            *current = Some(master);
-        }
+        self.switch(result?);
         Ok(())
     }
 
@@ -365,6 +405,74 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         SentinelConnection::get_db(self)
+    }
+}
+
+/// How long a `+switch-master` watcher waits before subscribing again after its sentinel
+/// could not be reached or closed the subscription.
+const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Subscribes to `+switch-master` on `sentinel` and follows each switch of the group's master
+/// it announces (`<name> <old ip> <old port> <new ip> <new port>`), until the connection
+/// `inner` belongs to is dropped (`stop` closes).
+///
+/// This is what follows a *graceful* failover (`SENTINEL FAILOVER`, or a replica promoted while
+/// the old primary still answers): the old primary keeps accepting writes until the sentinels
+/// get round to demoting it, which can take seconds, and every lease it grants meanwhile is
+/// lost to the new one. A failed call cannot tell; the announcement can.
+async fn watch_switches(
+    inner: std::sync::Weak<Inner>,
+    sentinel: redis::Client,
+    mut stop: tokio::sync::watch::Receiver<()>,
+) {
+    use futures_core::Stream;
+    use std::pin::Pin;
+
+    loop {
+        let Some((timeout, name)) = inner
+            .upgrade()
+            .map(|i| (i.settings.connect_timeout, i.master_name.clone()))
+        else {
+            return;
+        };
+        let subscribed = tokio::time::timeout(timeout, async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            Ok::<_, RedisError>(pubsub.split())
+        })
+        .await;
+        // Keep the sink: the stream alone would outlive its subscription's writer.
+        if let Ok(Ok((_sink, mut stream))) = subscribed {
+            loop {
+                let next = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
+                let message = tokio::select! {
+                    _ = stop.changed() => return,
+                    message = next => message,
+                };
+                // `None`: the sentinel closed the connection.
+                let Some(message) = message else { break };
+                let payload: String = message.get_payload().unwrap_or_default();
+                let fields: Vec<&str> = payload.split(' ').collect();
+                let [announced, _, _, host, port] = fields[..] else {
+                    continue;
+                };
+                let Ok(port) = port.parse::<u16>() else {
+                    continue;
+                };
+                if announced != name {
+                    continue;
+                }
+                let Some(inner) = inner.upgrade() else { return };
+                let conn = SentinelConnection { inner };
+                if let Err(error) = conn.follow(host, port).await {
+                    tracing::debug!(master = %name, %error, "sentinel: cannot follow the switch yet");
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(RESUBSCRIBE_EVERY) => {}
+        }
     }
 }
 
