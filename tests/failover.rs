@@ -296,8 +296,8 @@ async fn unknown_master_names_are_reported() {
 
 /// A graceful failover (`SENTINEL FAILOVER`, as managed Redis does for maintenance): the
 /// replica is promoted while the old primary keeps answering as a master (the sentinels demote
-/// it seconds later), so no call fails and only the sentinels' `+switch-master` announcement
-/// tells the store to move. Measured: how long after the promotion the store's calls land on
+/// it seconds later), so no call fails and only the sentinels' announcements
+/// (`+failover-state-wait-promotion`, `+switch-master`) tell the store to move. Measured: how long after the promotion the store's calls land on
 /// the new primary, and how many calls the old primary served meanwhile (writes the new primary
 /// never sees: the loss RELIABILITY.md bounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,8 +362,8 @@ async fn a_graceful_failover_is_followed_on_the_sentinels_announcement() {
     println!(
         "graceful failover: promoted {:?} after SENTINEL FAILOVER; calls reached the new \
          primary {followed:?} after the promotion; {served} calls served, {} failed ({:?}); the \
-         new primary counts {taken}: {lost} admissions were granted by the old primary after the \
-         promotion",
+         new primary counts {taken:.0}: {lost:.0} admissions were granted by the old primary \
+         after the promotion",
         promoted_at - started,
         errors.len(),
         errors.first(),

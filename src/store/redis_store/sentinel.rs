@@ -30,8 +30,9 @@
 //!   sentinels have not promoted anyone yet), failing calls keep asking, at most once per
 //!   [`REDISCOVER_EVERY`].
 //!
-//! - Each sentinel is also watched: the store subscribes to its `+switch-master` channel and
-//!   switches to the announced master as soon as it says `ROLE` master. In a graceful failover
+//! - Each sentinel is also watched: the store subscribes to its `+failover-state-wait-promotion`
+//!   and `+switch-master` channels and switches to the replica being promoted, or the announced
+//!   master, as soon as it says `ROLE` master (see [`watch_switches`]). In a graceful failover
 //!   the old primary keeps answering, as a master, until the sentinels demote it — seconds
 //!   later — so no call fails and only the announcement tells the store to move; every lease
 //!   the old primary grants meanwhile is lost to the new one.
@@ -139,21 +140,35 @@ impl SentinelConnection {
         Ok(conn)
     }
 
-    /// Switches to the master a sentinel announced at `host:port`, if it says it is one.
-    async fn follow(&self, host: &str, port: u16) -> RedisResult<()> {
+    /// Switches to the server at `host:port` if it says it is a master; whether it is now the
+    /// current one.
+    async fn follow(&self, host: &str, port: u16) -> RedisResult<bool> {
         let addr = format!("{host}:{port}");
         let mut last = self.inner.discovery.lock().await;
         if self.inner.current.lock().as_ref().map(|m| &m.addr) == Some(&addr) {
-            return Ok(());
+            return Ok(true);
         }
         let client = self.client_at(host, port)?;
         if !is_master(&self.inner.settings, &client).await? {
-            return Ok(());
+            return Ok(false);
         }
         let conn = crate::connect::manager_on(client, &self.inner.settings);
         self.switch(Master { addr, conn });
         *last = Some(Instant::now());
-        Ok(())
+        Ok(true)
+    }
+
+    /// Follows the replica at `host:port` once it says it is a master: a sentinel has just
+    /// sent it `REPLICAOF NO ONE`. Gives up after [`PROMOTION_WAIT`] (the failover was aborted,
+    /// or the announcement will come by `+switch-master`).
+    async fn follow_promotion(self, host: String, port: u16) {
+        let deadline = Instant::now() + PROMOTION_WAIT;
+        while Instant::now() < deadline {
+            match self.follow(&host, port).await {
+                Ok(true) => return,
+                Ok(false) | Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
     }
 
     /// Makes `master` the current one (logged if it replaces another).
@@ -408,18 +423,29 @@ impl ConnectionLike for SentinelConnection {
     }
 }
 
-/// How long a `+switch-master` watcher waits before subscribing again after its sentinel
-/// could not be reached or closed the subscription.
+/// How long a watcher waits before subscribing again after its sentinel could not be reached
+/// or closed the subscription.
 const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(1);
 
-/// Subscribes to `+switch-master` on `sentinel` and follows each switch of the group's master
-/// it announces (`<name> <old ip> <old port> <new ip> <new port>`), until the connection
-/// `inner` belongs to is dropped (`stop` closes).
+/// How long a watcher polls a replica a sentinel is promoting before leaving it to
+/// `+switch-master`.
+const PROMOTION_WAIT: Duration = Duration::from_secs(2);
+
+/// Subscribes to two of `sentinel`'s event channels and follows the group's master as they
+/// announce it, until the connection `inner` belongs to is dropped (`stop` closes):
+///
+/// - `+failover-state-wait-promotion` (`slave <ip:port> <ip> <port> @ <name> <ip> <port>`):
+///   the failover's leader has just sent the chosen replica `REPLICAOF NO ONE`. The replica is
+///   polled with `ROLE` and followed once it says `master` — the earliest moment a client can
+///   know.
+/// - `+switch-master` (`<name> <old ip> <old port> <new ip> <new port>`): the sentinels' new
+///   configuration, about a second after the promotion (they learn of it from the replica's
+///   `INFO`); it covers a promotion whose first announcement was missed.
 ///
 /// This is what follows a *graceful* failover (`SENTINEL FAILOVER`, or a replica promoted while
 /// the old primary still answers): the old primary keeps accepting writes until the sentinels
 /// get round to demoting it, which can take seconds, and every lease it grants meanwhile is
-/// lost to the new one. A failed call cannot tell; the announcement can.
+/// lost to the new one. A failed call cannot tell; the announcements can.
 async fn watch_switches(
     inner: std::sync::Weak<Inner>,
     sentinel: redis::Client,
@@ -437,7 +463,9 @@ async fn watch_switches(
         };
         let subscribed = tokio::time::timeout(timeout, async {
             let mut pubsub = sentinel.get_async_pubsub().await?;
-            pubsub.subscribe("+switch-master").await?;
+            pubsub
+                .subscribe(&["+switch-master", "+failover-state-wait-promotion"])
+                .await?;
             Ok::<_, RedisError>(pubsub.split())
         })
         .await;
@@ -452,19 +480,15 @@ async fn watch_switches(
                 // `None`: the sentinel closed the connection.
                 let Some(message) = message else { break };
                 let payload: String = message.get_payload().unwrap_or_default();
-                let fields: Vec<&str> = payload.split(' ').collect();
-                let [announced, _, _, host, port] = fields[..] else {
+                let Some(event) = Announcement::parse(&payload, &name) else {
                     continue;
                 };
-                let Ok(port) = port.parse::<u16>() else {
-                    continue;
-                };
-                if announced != name {
-                    continue;
-                }
                 let Some(inner) = inner.upgrade() else { return };
                 let conn = SentinelConnection { inner };
-                if let Err(error) = conn.follow(host, port).await {
+                if event.promoting {
+                    // Polled on a task of its own, so this watcher keeps reading.
+                    tokio::spawn(conn.follow_promotion(event.host, event.port));
+                } else if let Err(error) = conn.follow(&event.host, event.port).await {
                     tracing::debug!(master = %name, %error, "sentinel: cannot follow the switch yet");
                 }
             }
@@ -473,6 +497,35 @@ async fn watch_switches(
             _ = stop.changed() => return,
             () = tokio::time::sleep(RESUBSCRIBE_EVERY) => {}
         }
+    }
+}
+
+/// A sentinel event about the group's master.
+#[derive(Debug, PartialEq, Eq)]
+struct Announcement {
+    /// Where the master is, or is being promoted.
+    host: String,
+    port: u16,
+    /// `+failover-state-wait-promotion` (the replica is being promoted) rather than
+    /// `+switch-master` (it has been).
+    promoting: bool,
+}
+
+impl Announcement {
+    /// Parses either event's payload; `None` for another group's, or anything else.
+    fn parse(payload: &str, name: &str) -> Option<Self> {
+        let fields: Vec<&str> = payload.split(' ').collect();
+        let (announced, host, port, promoting) = match fields[..] {
+            [announced, _, _, host, port] => (announced, host, port, false),
+            ["slave", _, host, port, "@", announced, _, _] => (announced, host, port, true),
+            _ => return None,
+        };
+        (announced == name).then_some(())?;
+        Some(Announcement {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+            promoting,
+        })
     }
 }
 
@@ -501,4 +554,49 @@ async fn is_master(settings: &ConnectSettings, client: &redis::Client) -> RedisR
         Some(redis::Value::SimpleString(s)) => s == "master",
         _ => false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_of_this_group_are_parsed_and_others_ignored() {
+        let switch = "mymaster 10.0.0.1 6379 10.0.0.2 6380";
+        assert_eq!(
+            Announcement::parse(switch, "mymaster"),
+            Some(Announcement {
+                host: "10.0.0.2".into(),
+                port: 6380,
+                promoting: false
+            })
+        );
+        let promotion = "slave 10.0.0.2:6380 10.0.0.2 6380 @ mymaster 10.0.0.1 6379";
+        assert_eq!(
+            Announcement::parse(promotion, "mymaster"),
+            Some(Announcement {
+                host: "10.0.0.2".into(),
+                port: 6380,
+                promoting: true
+            })
+        );
+        assert_eq!(Announcement::parse(switch, "other"), None);
+        assert_eq!(Announcement::parse(promotion, "other"), None);
+        assert_eq!(
+            Announcement::parse("mymaster a 1 b notaport", "mymaster"),
+            None
+        );
+        assert_eq!(Announcement::parse("", "mymaster"), None);
+        assert_eq!(Announcement::parse("mymaster 1 2 3", "mymaster"), None);
+    }
+
+    #[test]
+    fn errors_that_send_the_store_back_to_the_sentinels() {
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(master_may_have_moved(&refused));
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(master_may_have_moved(&timeout));
+        let script = RedisError::from((redis::ErrorKind::Client, "RATELEASE invalid argument"));
+        assert!(!master_may_have_moved(&script));
+    }
 }
