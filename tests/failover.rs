@@ -375,3 +375,56 @@ async fn a_graceful_failover_is_followed_on_the_sentinels_announcement() {
         "calls reached the new primary {followed:?} after the promotion"
     );
 }
+
+/// Sentinels without a password in front of a master that needs one (the common layout):
+/// `sentinel_master_url` gives the master's credentials, the sentinel URLs stay bare.
+#[tokio::test]
+async fn the_master_is_reached_with_its_own_credentials() {
+    let primary = RedisServer::start();
+    let _: () = primary.cmd(&[
+        "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all",
+    ]);
+    let sentinel = RedisSentinel::start(MASTER, &primary, 1, Duration::from_millis(500));
+    let store = RedisStore::sentinel_builder([sentinel.url()], MASTER)
+        .sentinel_master_url("redis://app:secret@ignored.invalid:1/")
+        .connect()
+        .await
+        .unwrap();
+    let limiter =
+        ratelease::RedisLimiter::new("creds", Quota::per_second(5).unwrap(), store).unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(BucketState::read(&primary, "ratelease:{creds}").is_some());
+    // The script ran as `app`.
+    let clients: String = primary.cmd(&["CLIENT", "LIST"]);
+    assert!(clients.contains("user=app"), "{clients}");
+
+    // A wrong password is the master's refusal, reported by connect.
+    let err = RedisStore::sentinel_builder([sentinel.url()], MASTER)
+        .sentinel_master_url("redis://app:wrong@master/")
+        .connect()
+        .await
+        .unwrap_err();
+    let text = format!("{err:?}");
+    assert!(
+        matches!(err, Error::Store(_)) && text.to_lowercase().contains("pass"),
+        "{text}"
+    );
+    // The master's credentials in the sentinel URL would be sent to the sentinel, which has
+    // no such user: that is what the option is for.
+    let with_creds = sentinel.url().replace("redis://", "redis://app:secret@");
+    let err = RedisStore::sentinel_builder([with_creds], MASTER)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    // Only a sentinel store takes it.
+    let err = RedisStore::builder(primary.url())
+        .sentinel_master_url("redis://app:secret@x/")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("sentinel_builder")),
+        "{err:?}"
+    );
+}

@@ -87,6 +87,8 @@ pub struct RedisStoreBuilder {
     prefix: String,
     settings: ConnectSettings,
     clock: Option<Arc<dyn Clock>>,
+    /// A setting that does not apply to this kind of store, reported by `connect`.
+    misplaced: Option<&'static str>,
 }
 
 /// What a builder connects to.
@@ -100,6 +102,8 @@ enum Target {
     Sentinel {
         sentinels: Vec<String>,
         master: String,
+        /// How to reach the master, if not as the first sentinel URL says.
+        master_url: Option<String>,
     },
 }
 
@@ -110,6 +114,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             settings: ConnectSettings::new(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
             clock: None,
+            misplaced: None,
         }
     }
 
@@ -171,6 +176,35 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// For a [`sentinel_builder`](RedisStore::sentinel_builder) store: reach the master with
+    /// the scheme, username, password and database of `url` (its host and port are ignored:
+    /// the sentinels give the address). By default the first sentinel URL's are used, which
+    /// suits sentinels that share the master's password; set this when they do not, e.g.
+    /// `redis://:master-password@master/0` with `redis://sentinel-1:26379/` as sentinel URLs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// let store = ratelease::RedisStore::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "mymaster",
+    /// )
+    /// .sentinel_master_url("redis://ratelease:secret@master/0")
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// On a store that is not a `sentinel_builder` one, [`connect`](Self::connect) fails with
+    /// [`Error::Config`].
+    pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        match &mut self.target {
+            Target::Sentinel { master_url, .. } => *master_url = Some(url),
+            _ => self.misplaced = Some("sentinel_master_url needs RedisStore::sentinel_builder"),
+        }
+        self
+    }
+
     /// Makes [`connect`](Self::connect) return without contacting Redis: the connection is
     /// opened by the first call and reopened in the background after a failure, as always.
     ///
@@ -217,10 +251,14 @@ impl RedisStoreBuilder {
     /// only checks the configuration.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad URL, prefix or TLS PEM; [`Error::Store`] if Redis cannot be
-    /// reached (never with `lazy_connect`).
+    /// [`Error::Config`] for a bad URL, prefix or TLS PEM, a setting that does not apply to
+    /// this kind of store, or a TLS client certificate the server refuses (or requires);
+    /// [`Error::Store`] if Redis cannot be reached (never with `lazy_connect`).
     pub async fn connect(self) -> Result<RedisStore, Error> {
         key::validate_prefix(&self.prefix)?;
+        if let Some(msg) = self.misplaced {
+            return Err(Error::Config(msg.into()));
+        }
         self.settings.validate().map_err(|e| match e {
             ConnectError::Url(msg) => Error::Config(msg),
             ConnectError::Redis(e) => Error::Store(e.into()),
@@ -233,8 +271,18 @@ impl RedisStoreBuilder {
             Target::Cluster(nodes) => {
                 crate::connect::cluster_connection(nodes, &self.settings).await
             }
-            Target::Sentinel { sentinels, master } => {
-                match sentinel::SentinelConnection::new(sentinels, master, &self.settings) {
+            Target::Sentinel {
+                sentinels,
+                master,
+                master_url,
+            } => {
+                let master_url = master_url.as_deref();
+                match sentinel::SentinelConnection::new(
+                    sentinels,
+                    master,
+                    master_url,
+                    &self.settings,
+                ) {
                     Ok(conn) if self.settings.lazy => Ok(Connection::Sentinel(conn)),
                     Ok(conn) => conn
                         .connect()
@@ -268,9 +316,9 @@ impl RedisStoreBuilder {
                 Target::Url(url) => url.clone(),
                 #[cfg(feature = "cluster")]
                 Target::Cluster(nodes) => nodes.join(", "),
-                Target::Sentinel { sentinels, master } => {
-                    format!("{master} (sentinels {})", sentinels.join(", "))
-                }
+                Target::Sentinel {
+                    sentinels, master, ..
+                } => format!("{master} (sentinels {})", sentinels.join(", ")),
             };
             if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
             {
@@ -316,7 +364,8 @@ impl RedisStore {
     /// to the replica they promoted.
     ///
     /// The master is reached with the first sentinel URL's scheme, username, password and
-    /// database, and the builder's timeouts and TLS settings. What a failover can cost
+    /// database unless [`sentinel_master_url`](RedisStoreBuilder::sentinel_master_url) says
+    /// otherwise, and the builder's timeouts and TLS settings. What a failover can cost
     /// (writes the replica had not received yet) and how to bound it is in RELIABILITY.md,
     /// "Failover".
     ///
@@ -338,6 +387,7 @@ impl RedisStore {
         RedisStoreBuilder::new(Target::Sentinel {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             master: master_name.into(),
+            master_url: None,
         })
     }
 

@@ -41,9 +41,10 @@
 //! resumes within one probe of the promotion; see RELIABILITY.md ("Failover") for the measured
 //! figures and for what asynchronous replication can lose.
 //!
-//! The master is reached with the first sentinel URL's scheme (`redis://` or `rediss://`, with
-//! the store's TLS settings), username, password and database, at the address the sentinels
-//! give.
+//! The master is reached at the address the sentinels give, with the scheme (`redis://` or
+//! `rediss://`, with the store's TLS settings), username, password and database of
+//! [`sentinel_master_url`](crate::RedisStoreBuilder::sentinel_master_url), or by default of the
+//! first sentinel URL.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -89,10 +90,13 @@ struct Master {
 }
 
 impl SentinelConnection {
-    /// Checks the URLs and the master name; contacts nothing.
+    /// Checks the URLs and the master name; contacts nothing. The master is reached as
+    /// `master_url` says (scheme, credentials, database; its host and port are ignored), or
+    /// without it as the first sentinel URL says.
     pub(crate) fn new(
         sentinels: &[String],
         master_name: &str,
+        master_url: Option<&str>,
         settings: &ConnectSettings,
     ) -> Result<Self, ConnectError> {
         let Some(first) = sentinels.first() else {
@@ -105,13 +109,27 @@ impl SentinelConnection {
                 "sentinel: the master name is empty".into(),
             ));
         }
-        let template = first
-            .as_str()
+        for url in sentinels {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| ConnectError::Url(format!("invalid sentinel url {url:?}: {e}")))?;
+            if matches!(info.addr(), ConnectionAddr::Unix(_)) {
+                return Err(ConnectError::Url(format!(
+                    "sentinel url {url:?}: sentinels are reached over TCP"
+                )));
+            }
+        }
+        let (what, url) = match master_url {
+            Some(url) => ("master url", url),
+            None => ("sentinel url", first.as_str()),
+        };
+        let template = url
             .into_connection_info()
-            .map_err(|e| ConnectError::Url(format!("invalid sentinel url {first:?}: {e}")))?;
+            .map_err(|e| ConnectError::Url(format!("invalid {what} {url:?}: {e}")))?;
         if matches!(template.addr(), ConnectionAddr::Unix(_)) {
             return Err(ConnectError::Url(format!(
-                "sentinel url {first:?}: sentinels are reached over TCP"
+                "{what} {url:?}: a sentinel-managed master is reached over TCP"
             )));
         }
         let sentinels = sentinels
