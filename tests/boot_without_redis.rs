@@ -130,3 +130,52 @@ async fn connect_without_lazy_still_fails_and_lazy_still_checks_the_configuratio
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
 }
+
+/// A lazy cluster store (feature `cluster`): it builds with no node reachable and its calls
+/// fail promptly with the store error; on a running cluster the first call connects, and
+/// concurrent first calls share that connection.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_cluster_store_builds_without_nodes_and_connects_on_first_use() {
+    use support::RedisCluster;
+
+    let nobody = RedisServer::reserve(&[]);
+    let store = RedisStore::cluster_builder([nobody.url()])
+        .lazy_connect()
+        .connect_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let limiter = RedisLimiter::new("lazy-cluster", Quota::per_second(5).unwrap(), store).unwrap();
+    let t = Instant::now();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .lazy_connect()
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    // Ten names, burst 3 each, all asked at once before any connection exists.
+    let quota = Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(3)
+        .unwrap();
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let limiter = RedisLimiter::new(format!("lazy-{i}"), quota, store.clone()).unwrap();
+        calls.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..4 {
+                allowed += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+            }
+            allowed
+        }));
+    }
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 3);
+    }
+}
