@@ -23,8 +23,8 @@
 //! A *lazy* connection ([`ConnectSettings::lazy`]) is created without contacting Redis: the
 //! `ConnectionManager` is built with `new_lazy_with_config`, its first command opens the
 //! connection, and while Redis is unreachable each command fails with the connect error after
-//! at most two attempts (one retry, so at most two connect timeouts and a back-off of up to
-//! 100 ms) instead of waiting. This is what lets a service start while Redis is down: the store
+//! at most two attempts (one retry: at most two connect timeouts and a back-off of 100–200 ms;
+//! 150 ms for a refused connection in `tests/boot_without_redis.rs`) instead of waiting. This is what lets a service start while Redis is down: the store
 //! exists, the limiters' failure policy answers, and the first command after Redis appears
 //! connects.
 
@@ -231,8 +231,8 @@ impl ConnectSettings {
     }
 }
 
-/// The connection script calls are sent on: one server or a cluster. Cheap to clone; clones
-/// share the underlying connection(s).
+/// The connection script calls are sent on: one server, a cluster, or a Sentinel-managed
+/// master. Cheap to clone; clones share the underlying connection(s).
 #[derive(Clone)]
 pub(crate) enum Connection {
     /// One Redis server.
@@ -324,11 +324,13 @@ fn manager_config(settings: &ConnectSettings) -> ConnectionManagerConfig {
         .set_number_of_retries(1)
 }
 
-/// A connection manager on `client` that connects on first use (infallible: the settings
-/// set no push sender).
-pub(crate) fn manager_on(client: redis::Client, settings: &ConnectSettings) -> ConnectionManager {
+/// A connection manager on `client` that connects on first use. (redis-rs refuses only
+/// settings this crate never makes, such as resubscription without a push sender.)
+pub(crate) fn manager_on(
+    client: redis::Client,
+    settings: &ConnectSettings,
+) -> redis::RedisResult<ConnectionManager> {
     ConnectionManager::new_lazy_with_config(client, manager_config(settings))
-        .expect("a connection manager without a push sender builds")
 }
 
 /// A client for `url` and a connection manager on it.

@@ -136,6 +136,10 @@ impl SentinelConnection {
             .iter()
             .map(|url| settings.client(url))
             .collect::<Result<Vec<_>, _>>()?;
+        // The watchers below, like redis-rs's connections, run on the caller's tokio runtime.
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            ConnectError::Url("a sentinel store must be connected inside a tokio runtime".into())
+        })?;
         let (stop, stopped) = tokio::sync::watch::channel(());
         let conn = SentinelConnection {
             inner: Arc::new(Inner {
@@ -149,7 +153,7 @@ impl SentinelConnection {
             }),
         };
         for sentinel in &conn.inner.sentinels {
-            tokio::spawn(watch_switches(
+            runtime.spawn(watch_switches(
                 Arc::downgrade(&conn.inner),
                 sentinel.clone(),
                 stopped.clone(),
@@ -170,7 +174,7 @@ impl SentinelConnection {
         if !is_master(&self.inner.settings, &client).await? {
             return Ok(false);
         }
-        let conn = crate::connect::manager_on(client, &self.inner.settings);
+        let conn = crate::connect::manager_on(client, &self.inner.settings)?;
         self.switch(Master { addr, conn });
         *last = Some(Instant::now());
         Ok(true)
@@ -323,7 +327,7 @@ impl SentinelConnection {
                     return match current {
                         Some(current) => Ok(current),
                         None => {
-                            let conn = crate::connect::manager_on(client, &inner.settings);
+                            let conn = crate::connect::manager_on(client, &inner.settings)?;
                             Ok(Master { addr, conn })
                         }
                     };
