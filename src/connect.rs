@@ -1,10 +1,12 @@
 //! Opening a Redis connection with explicit timeouts: one piece for every Redis-backed type
 //! ([`RedisStore`](crate::RedisStore), [`RedisLock`](crate::RedisLock)).
 //!
-//! [`Connection`] is what every script call is sent on: either one server through redis-rs's
-//! `ConnectionManager`, or (feature `cluster`) a Redis Cluster through redis-rs's cluster
-//! connection. Both implement redis-rs's `aio::ConnectionLike`, so the script path above
-//! (`RedisStore::eval`, EVALSHA with NOSCRIPT reload) is the same for both; the cluster
+//! [`Connection`] is what every script call is sent on: one server through redis-rs's
+//! `ConnectionManager`, (feature `cluster`) a Redis Cluster through redis-rs's cluster
+//! connection, or the master of a Sentinel-managed group, followed across failovers
+//! ([`SentinelConnection`], `src/store/redis_store/sentinel.rs`). All implement redis-rs's
+//! `aio::ConnectionLike`, so the script path above
+//! (`RedisStore::eval`, EVALSHA with NOSCRIPT reload) is the same for all; the cluster
 //! connection routes each EVALSHA by the slot of its keys, follows MOVED/ASK redirections and
 //! retries TRYAGAIN while a slot migrates, and sends `SCRIPT LOAD` to every primary.
 //!
@@ -14,11 +16,23 @@
 //! cluster the response timeout bounds a whole request, redirections and retries included.
 //!
 //! With feature `tls`, `rediss://` URLs are served by rustls; [`ConnectSettings::tls_root`]
-//! trusts a private CA instead of the system's roots.
+//! trusts a private CA instead of the system's roots, and [`ConnectSettings::tls_client`] is the
+//! client's own certificate and key for a server that requires one (mutual TLS,
+//! `tls-auth-clients yes`).
+//!
+//! A *lazy* connection ([`ConnectSettings::lazy`]) is created without contacting Redis: the
+//! `ConnectionManager` is built with `new_lazy_with_config`, its first command opens the
+//! connection, and while Redis is unreachable each command fails with the connect error after
+//! at most two attempts (one retry: at most two connect timeouts and a back-off of 100–200 ms;
+//! 150 ms for a refused connection in `tests/boot_without_redis.rs`) instead of waiting. This is what lets a service start while Redis is down: the store
+//! exists, the limiters' failure policy answers, and the first command after Redis appears
+//! connects.
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+pub(crate) use crate::store::sentinel::SentinelConnection;
 
 /// Why a connection could not be opened.
 pub(crate) enum ConnectError {
@@ -35,9 +49,15 @@ pub(crate) struct ConnectSettings {
     pub(crate) connect_timeout: Duration,
     /// Time allowed for one reply (one whole request on a cluster).
     pub(crate) response_timeout: Duration,
+    /// Create the connection without contacting Redis; the first command opens it.
+    pub(crate) lazy: bool,
     /// PEM root certificate(s) trusted for `rediss://` instead of the system's roots.
     #[cfg(feature = "tls")]
     pub(crate) tls_root: Option<Vec<u8>>,
+    /// The client's PEM certificate chain and PEM private key, presented to a server that
+    /// asks for one (mutual TLS).
+    #[cfg(feature = "tls")]
+    pub(crate) tls_client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ConnectSettings {
@@ -46,17 +66,65 @@ impl ConnectSettings {
         ConnectSettings {
             connect_timeout,
             response_timeout,
+            lazy: false,
             #[cfg(feature = "tls")]
             tls_root: None,
+            #[cfg(feature = "tls")]
+            tls_client: None,
         }
     }
 
+    /// The TLS material redis-rs needs, or `None` for the system's roots and no client identity.
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Option<redis::TlsCertificates> {
-        self.tls_root.as_ref().map(|pem| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
+        if self.tls_root.is_none() && self.tls_client.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .tls_client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.tls_root.clone(),
         })
+    }
+
+    /// Checks the TLS material before any connection is tried, so that a bad PEM is a
+    /// configuration error that names the culprit rather than a connect error.
+    pub(crate) fn validate(&self) -> Result<(), ConnectError> {
+        #[cfg(feature = "tls")]
+        {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+            let certs = |what: &str, pem: &[u8]| {
+                let parsed: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem).collect();
+                match parsed {
+                    Ok(certs) if !certs.is_empty() => Ok(()),
+                    Ok(_) => Err(ConnectError::Url(format!(
+                        "{what}: no PEM certificate (-----BEGIN CERTIFICATE-----) found"
+                    ))),
+                    Err(e) => Err(ConnectError::Url(format!("{what}: invalid PEM: {e}"))),
+                }
+            };
+            if let Some(root) = &self.tls_root {
+                certs("tls root certificate", root)?;
+            }
+            if let Some((cert, key)) = &self.tls_client {
+                certs("tls client certificate", cert)?;
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                    ConnectError::Url(format!("tls client key: no PEM private key found ({e})"))
+                })?;
+                // The PEM framing can hold anything: load the key as the handshake would.
+                rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| {
+                    ConnectError::Url(format!("tls client key: unusable private key ({e})"))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// A client for `url`, trusting [`tls_root`](Self::tls_root) if set.
@@ -72,8 +140,99 @@ impl ConnectSettings {
     }
 }
 
-/// The connection script calls are sent on: one server or a cluster. Cheap to clone; clones
-/// share the underlying connection(s).
+/// If `e` is a TLS server refusing this client's certificate (or its lack of one), a message
+/// that says so and what to do: the server was started with `tls-auth-clients yes` (or
+/// `optional` and a bad certificate was presented) and sent a fatal alert.
+#[cfg(feature = "tls")]
+pub(crate) fn client_certificate_refused(
+    e: &redis::RedisError,
+    url: &str,
+    settings: &ConnectSettings,
+) -> Option<String> {
+    use rustls::AlertDescription as A;
+
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    // redis-rs keeps the io::Error from tokio-rustls in an `Arc<dyn Error>` (its `source`),
+    // and the io::Error wraps the rustls error.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let alert = loop {
+        let current = source?;
+        let io = current.downcast_ref::<std::io::Error>().or_else(|| {
+            current
+                .downcast_ref::<Shared>()
+                .and_then(|shared| shared.downcast_ref::<std::io::Error>())
+        });
+        let tls = current
+            .downcast_ref::<rustls::Error>()
+            .or_else(|| io?.get_ref()?.downcast_ref::<rustls::Error>());
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            break *alert;
+        }
+        source = current.source();
+    };
+    let refused = matches!(
+        alert,
+        A::CertificateRequired
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired
+            | A::CertificateRevoked
+            | A::UnsupportedCertificate
+            | A::AccessDenied
+    );
+    if !refused {
+        return None;
+    }
+    Some(if settings.tls_client.is_some() {
+        format!(
+            "redis at {url} refused this client's TLS certificate (TLS alert {alert:?}): \
+             it must be signed by a CA the server trusts (tls-ca-cert-file) and be valid now"
+        )
+    } else {
+        format!(
+            "redis at {url} requires a TLS client certificate (mutual TLS, TLS alert \
+             {alert:?}) and none is set: see RedisStoreBuilder::tls_client_certificate"
+        )
+    })
+}
+
+impl ConnectSettings {
+    /// A client for the server `info` describes (TLS settings as for [`client`](Self::client)).
+    pub(crate) fn client_at(
+        &self,
+        info: redis::ConnectionInfo,
+    ) -> Result<redis::Client, ConnectError> {
+        let addr = info.addr().to_string();
+        #[cfg(feature = "tls")]
+        let client = match self.certificates() {
+            Some(certs) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
+                redis::Client::build_with_tls(info, certs)
+            }
+            _ => redis::Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(info);
+        client.map_err(|e| ConnectError::Url(format!("invalid redis address {addr}: {e}")))
+    }
+
+    /// A one-off multiplexed connection on `client` with both timeouts: for the few commands
+    /// that are not script calls (asking a Sentinel, checking a server's role).
+    pub(crate) async fn short_connection(
+        &self,
+        client: &redis::Client,
+    ) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
+/// The connection script calls are sent on: one server, a cluster, or a Sentinel-managed
+/// master. Cheap to clone; clones share the underlying connection(s).
 #[derive(Clone)]
 pub(crate) enum Connection {
     /// One Redis server.
@@ -81,6 +240,30 @@ pub(crate) enum Connection {
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+    /// A Redis Cluster connected on first use ([`ConnectSettings::lazy`]).
+    #[cfg(feature = "cluster")]
+    LazyCluster(std::sync::Arc<LazyCluster>),
+    /// The master of a Sentinel-managed group, followed across failovers.
+    Sentinel(SentinelConnection),
+}
+
+/// A cluster connection opened by the first command that needs it. Concurrent commands share
+/// one attempt; a failed attempt is returned to the commands that waited for it, and the next
+/// command tries again.
+#[cfg(feature = "cluster")]
+pub(crate) struct LazyCluster {
+    client: redis::cluster::ClusterClient,
+    conn: tokio::sync::OnceCell<redis::cluster_async::ClusterConnection>,
+}
+
+#[cfg(feature = "cluster")]
+impl LazyCluster {
+    async fn get(&self) -> redis::RedisResult<redis::cluster_async::ClusterConnection> {
+        self.conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
 }
 
 impl redis::aio::ConnectionLike for Connection {
@@ -92,6 +275,12 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_command(cmd).await
+            }),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -105,6 +294,12 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(lazy) => Box::pin(async move {
+                let mut conn = lazy.get().await?;
+                conn.req_packed_commands(pipeline, offset, count).await
+            }),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -113,8 +308,29 @@ impl redis::aio::ConnectionLike for Connection {
             Connection::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
             Connection::Cluster(c) => c.get_db(),
+            // A cluster has database 0 only.
+            #[cfg(feature = "cluster")]
+            Connection::LazyCluster(_) => 0,
+            Connection::Sentinel(c) => c.get_db(),
         }
     }
+}
+
+/// The connection manager settings: both timeouts, and one retry of a failed connect.
+fn manager_config(settings: &ConnectSettings) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.connect_timeout))
+        .set_response_timeout(Some(settings.response_timeout))
+        .set_number_of_retries(1)
+}
+
+/// A connection manager on `client` that connects on first use. (redis-rs refuses only
+/// settings this crate never makes, such as resubscription without a push sender.)
+pub(crate) fn manager_on(
+    client: redis::Client,
+    settings: &ConnectSettings,
+) -> redis::RedisResult<ConnectionManager> {
+    ConnectionManager::new_lazy_with_config(client, manager_config(settings))
 }
 
 /// A client for `url` and a connection manager on it.
@@ -123,13 +339,16 @@ pub(crate) async fn connection_manager(
     settings: &ConnectSettings,
 ) -> Result<(redis::Client, ConnectionManager), ConnectError> {
     let client = settings.client(url)?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(settings.connect_timeout))
-        .set_response_timeout(Some(settings.response_timeout))
-        .set_number_of_retries(1);
-    let conn = ConnectionManager::new_with_config(client.clone(), config)
-        .await
-        .map_err(ConnectError::Redis)?;
+    let config = manager_config(settings);
+    let conn = if settings.lazy {
+        // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
+        ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(|e| ConnectError::Url(format!("cannot connect to {url:?}: {e}")))?
+    } else {
+        ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(ConnectError::Redis)?
+    };
     Ok((client, conn))
 }
 
@@ -157,6 +376,12 @@ pub(crate) async fn cluster_connection(
     let client = builder
         .build()
         .map_err(|e| ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}")))?;
+    if settings.lazy {
+        return Ok(Connection::LazyCluster(std::sync::Arc::new(LazyCluster {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+        })));
+    }
     let conn = client
         .get_async_connection()
         .await

@@ -16,6 +16,8 @@
 mod memory;
 mod redis_store;
 
+pub(crate) use redis_store::sentinel;
+
 use std::future::Future;
 
 pub use memory::MemoryStore;

@@ -12,6 +12,7 @@
 //! scripts ([`crate::algorithm`]) go through the same path (`redis_store/algorithms.rs`).
 
 mod algorithms;
+pub(crate) mod sentinel;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -83,6 +84,8 @@ pub struct RedisStoreBuilder {
     prefix: String,
     settings: ConnectSettings,
     clock: Option<Arc<dyn Clock>>,
+    /// A setting that does not apply to this kind of store, reported by `connect`.
+    misplaced: Option<&'static str>,
 }
 
 /// What a builder connects to.
@@ -92,6 +95,13 @@ enum Target {
     /// Some nodes of a cluster.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// The master the sentinels name.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        /// How to reach the master, if not as the first sentinel URL says.
+        master_url: Option<String>,
+    },
 }
 
 impl RedisStoreBuilder {
@@ -101,6 +111,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             settings: ConnectSettings::new(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
             clock: None,
+            misplaced: None,
         }
     }
 
@@ -132,6 +143,98 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Presents the PEM certificate chain `cert` and PEM private key `key` to a `rediss://`
+    /// server that requires client certificates (mutual TLS, `tls-auth-clients yes`). Combine
+    /// with [`tls_root_certificate`](Self::tls_root_certificate) for a private CA.
+    ///
+    /// A PEM that holds no certificate or no private key makes [`connect`](Self::connect) fail
+    /// with [`Error::Config`]. So does a server that refuses the certificate, or requires one
+    /// and none is set: the message says which, with the server's TLS alert
+    /// (`CertificateRequired`, `UnknownCA`, …). With [`lazy_connect`](Self::lazy_connect) the
+    /// refusal comes from each call instead, as [`StoreError::Redis`] with the alert
+    /// (`received fatal alert: CertificateRequired`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = ratelease::RedisStore::builder("rediss://redis.internal:6380/")
+    ///     .tls_root_certificate(std::fs::read("ca.crt")?)
+    ///     .tls_client_certificate(std::fs::read("client.crt")?, std::fs::read("client.key")?)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.settings.tls_client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// For a [`sentinel_builder`](RedisStore::sentinel_builder) store: reach the master with
+    /// the scheme, username, password and database of `url` (its host and port are ignored:
+    /// the sentinels give the address). By default the first sentinel URL's are used, which
+    /// suits sentinels that share the master's password; set this when they do not, e.g.
+    /// `redis://:master-password@master/0` with `redis://sentinel-1:26379/` as sentinel URLs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// let store = ratelease::RedisStore::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "mymaster",
+    /// )
+    /// .sentinel_master_url("redis://ratelease:secret@master/0")
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// On a store that is not a `sentinel_builder` one, [`connect`](Self::connect) fails with
+    /// [`Error::Config`].
+    pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        match &mut self.target {
+            Target::Sentinel { master_url, .. } => *master_url = Some(url),
+            _ => self.misplaced = Some("sentinel_master_url needs RedisStore::sentinel_builder"),
+        }
+        self
+    }
+
+    /// Makes [`connect`](Self::connect) return without contacting Redis: the connection is
+    /// opened by the first call and reopened in the background after a failure, as always.
+    ///
+    /// For a service that must start while Redis is unreachable. Limiters on the store build
+    /// at once; until Redis answers, each store call fails within about two connect timeouts
+    /// with [`StoreError::Redis`] (connection refused, or the timeout), so a
+    /// [`HybridLimiter`](crate::HybridLimiter)'s [`FailurePolicy`](crate::FailurePolicy)
+    /// answers from its first failed lease and a [`RedisLimiter`](crate::RedisLimiter) call
+    /// returns the error. Once Redis is up the next call connects and leasing resumes.
+    /// Configuration errors (a bad URL, prefix or PEM) are still reported by `connect`.
+    ///
+    /// Without it, `connect` fails if Redis cannot be reached, which suits a service that
+    /// would rather not start without its limits.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// use ratelease::{FailurePolicy, HybridLimiter, Quota, RedisStore};
+    ///
+    /// // Succeeds even if nothing listens on 6379 yet.
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+    ///     .lazy_connect()
+    ///     .connect()
+    ///     .await?;
+    /// let limiter = HybridLimiter::builder("api", Quota::per_second(100)?, store)
+    ///     .on_store_failure(FailurePolicy::local_fallback(4))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lazy_connect(mut self) -> Self {
+        self.settings.lazy = true;
+        self
+    }
+
     /// Sends `now` from `clock` to the script instead of using the Redis server's clock.
     ///
     /// For deterministic tests and replays only: in production, client clocks differ and the
@@ -141,12 +244,22 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects (within the connect timeout).
+    /// Connects (within the connect timeout), or with [`lazy_connect`](Self::lazy_connect)
+    /// only checks the configuration.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad URL or prefix, [`Error::Store`] if Redis cannot be reached.
+    /// [`Error::Config`] for a bad URL, prefix or TLS PEM, a setting that does not apply to
+    /// this kind of store, or a TLS client certificate the server refuses (or requires);
+    /// [`Error::Store`] if Redis cannot be reached (never with `lazy_connect`).
     pub async fn connect(self) -> Result<RedisStore, Error> {
         key::validate_prefix(&self.prefix)?;
+        if let Some(msg) = self.misplaced {
+            return Err(Error::Config(msg.into()));
+        }
+        self.settings.validate().map_err(|e| match e {
+            ConnectError::Url(msg) => Error::Config(msg),
+            ConnectError::Redis(e) => Error::Store(e.into()),
+        })?;
         let conn = match &self.target {
             Target::Url(url) => connection_manager(url, &self.settings)
                 .await
@@ -155,10 +268,31 @@ impl RedisStoreBuilder {
             Target::Cluster(nodes) => {
                 crate::connect::cluster_connection(nodes, &self.settings).await
             }
+            Target::Sentinel {
+                sentinels,
+                master,
+                master_url,
+            } => {
+                let master_url = master_url.as_deref();
+                match sentinel::SentinelConnection::new(
+                    sentinels,
+                    master,
+                    master_url,
+                    &self.settings,
+                ) {
+                    Ok(conn) if self.settings.lazy => Ok(Connection::Sentinel(conn)),
+                    Ok(conn) => conn
+                        .connect()
+                        .await
+                        .map(|()| Connection::Sentinel(conn))
+                        .map_err(ConnectError::Redis),
+                    Err(e) => Err(e),
+                }
+            }
         }
         .map_err(|e| match e {
             ConnectError::Url(msg) => Error::Config(msg),
-            ConnectError::Redis(e) => Error::Store(e.into()),
+            ConnectError::Redis(e) => self.connect_error(e),
         })?;
         Ok(RedisStore {
             conn,
@@ -166,6 +300,29 @@ impl RedisStoreBuilder {
             response_timeout: self.settings.response_timeout,
             clock: self.clock,
         })
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The error for a failed connect: a TLS server refusing the client certificate (or its
+    /// absence) is a configuration error that says so; anything else is the store's.
+    fn connect_error(&self, e: redis::RedisError) -> Error {
+        #[cfg(feature = "tls")]
+        {
+            let url = match &self.target {
+                Target::Url(url) => url.clone(),
+                #[cfg(feature = "cluster")]
+                Target::Cluster(nodes) => nodes.join(", "),
+                Target::Sentinel {
+                    sentinels, master, ..
+                } => format!("{master} (sentinels {})", sentinels.join(", ")),
+            };
+            if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
+            {
+                return Error::Config(msg);
+            }
+        }
+        Error::Store(e.into())
     }
 }
 
@@ -195,6 +352,40 @@ impl RedisStore {
         nodes: impl IntoIterator<Item = impl Into<String>>,
     ) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    }
+
+    /// A builder for a store on the master of the Sentinel-managed group `master_name`, found
+    /// by asking the Sentinels at `sentinels` (`redis://host:26379/` or `rediss://…`; one
+    /// reachable sentinel is enough) and followed across failovers: a call that finds the
+    /// master gone or demoted makes the store ask the sentinels again, so the next call goes
+    /// to the replica they promoted.
+    ///
+    /// The master is reached with the first sentinel URL's scheme, username, password and
+    /// database unless [`sentinel_master_url`](RedisStoreBuilder::sentinel_master_url) says
+    /// otherwise, and the builder's timeouts and TLS settings. What a failover can cost
+    /// (writes the replica had not received yet) and how to bound it is in RELIABILITY.md,
+    /// "Failover".
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ratelease::Error> {
+    /// let store = ratelease::RedisStore::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "mymaster",
+    /// )
+    /// .lazy_connect()
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master: master_name.into(),
+            master_url: None,
+        })
     }
 
     /// Connects to `url` with default settings.

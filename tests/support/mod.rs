@@ -94,6 +94,8 @@ pub struct RedisServer {
     extra_args: Vec<String>,
     /// The PEM root certificate the harness's own clients trust (TLS only).
     tls_ca: Option<Vec<u8>>,
+    /// The PEM certificate and key the harness's own clients present (mutual TLS only).
+    tls_client: Option<(Vec<u8>, Vec<u8>)>,
     /// The server's `--dir`; holds the log file and, for the unix variant,
     /// the socket. Declared last so it is removed after the process is gone.
     dir: TempDir,
@@ -189,6 +191,7 @@ impl RedisServer {
             addr,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             tls_ca: None,
+            tls_client: None,
             dir,
         }
     }
@@ -230,7 +233,13 @@ impl RedisServer {
         #[cfg(feature = "tls")]
         if let Some(ca) = &self.tls_ca {
             let certs = redis::TlsCertificates {
-                client_tls: None,
+                client_tls: self
+                    .tls_client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
                 root_cert: Some(ca.clone()),
             };
             return redis::Client::build_with_tls(self.url(), certs)
@@ -864,4 +873,185 @@ pub fn decode_leaser_record(raw: &[u8]) -> Option<[f64; 6]> {
         *x = f64::from_le_bytes(c.try_into().unwrap());
     }
     Some(f)
+}
+
+impl RedisServer {
+    /// A server on a free loopback TCP port that is **not started yet**: its
+    /// [`url`](RedisServer::url) is known, and [`RedisServer::restart`] starts
+    /// it. For a client that must start before Redis does. The port is free
+    /// when chosen; `restart` retries if something took it meanwhile.
+    pub fn reserve(extra: &[&str]) -> RedisServer {
+        RedisServer::new(Addr::Tcp(free_port()), extra)
+    }
+
+    /// [`RedisServer::start_tls`] that also requires client certificates
+    /// signed by `ca_pem` (`--tls-auth-clients yes`, mutual TLS); the
+    /// harness's own clients present `client_cert_pem` / `client_key_pem`.
+    #[cfg(feature = "tls")]
+    pub fn start_mutual_tls(
+        cert_pem: &str,
+        key_pem: &str,
+        ca_pem: &str,
+        client_cert_pem: &str,
+        client_key_pem: &str,
+    ) -> RedisServer {
+        let mut server = RedisServer::new(Addr::Tls(0), &["--tls-auth-clients", "yes"]);
+        for (file, pem) in [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            ("ca.crt", ca_pem),
+        ] {
+            fs::write(server.dir.path().join(file), pem).expect("cannot write a TLS file");
+        }
+        server.tls_ca = Some(ca_pem.as_bytes().to_vec());
+        server.tls_client = Some((
+            client_cert_pem.as_bytes().to_vec(),
+            client_key_pem.as_bytes().to_vec(),
+        ));
+        server.start_on_free_port(Addr::Tls)
+    }
+}
+
+/// A Redis Sentinel (`redis-server <config> --sentinel`, as a user runs it)
+/// on a free loopback port, watching one master, with its config file and
+/// log in its own temporary directory. Killed when dropped.
+pub struct RedisSentinel {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+}
+
+impl RedisSentinel {
+    /// Starts a sentinel that monitors `master` as `name` with `quorum`,
+    /// judging it down after `down_after` without a reply. Sentinels
+    /// monitoring the same master find each other through it (hello messages
+    /// every 2 s); see [`RedisSentinel::wait_until_aware`].
+    pub fn start(name: &str, master: &RedisServer, quorum: u32, down_after: Duration) -> Self {
+        let master_port = master.port().expect("a sentinel watches a TCP master");
+        let mut dir = tempfile::Builder::new()
+            .prefix("ratelease-sentinel-")
+            .tempdir()
+            .expect("cannot create a temporary directory for a sentinel");
+        let mut failures = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port();
+            let config = format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\nlogfile \"{log}\"\ndir \"{dir}\"\n\
+                 sentinel resolve-hostnames no\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} {down}\n\
+                 sentinel failover-timeout {name} 10000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                log = dir.path().join("sentinel.log").display(),
+                dir = dir.path().display(),
+                down = down_after.as_millis(),
+            );
+            let config_path = dir.path().join("sentinel.conf");
+            fs::write(&config_path, config).expect("cannot write sentinel.conf");
+            let output = File::create(dir.path().join("sentinel.out"))
+                .expect("cannot create the sentinel output file");
+            let mut cmd = Command::new(redis_server_bin());
+            cmd.arg(&config_path)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(output.try_clone().expect("cannot clone output file"))
+                .stderr(output);
+            let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start a sentinel: {e}"));
+            let mut sentinel = RedisSentinel {
+                child: Some(child),
+                port,
+                dir,
+            };
+            let deadline = Instant::now() + STARTUP_TIMEOUT;
+            loop {
+                let exited = sentinel
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                if let Some(status) = exited {
+                    let log = sentinel.log();
+                    if !log.contains("Address already in use") {
+                        panic!("sentinel exited with {status}\n{log}");
+                    }
+                    failures.push(log);
+                    break;
+                }
+                let pong = redis::Client::open(sentinel.url())
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+                if pong.is_ok() {
+                    return sentinel;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel on port {port} did not answer PING within {STARTUP_TIMEOUT:?}\n{}",
+                    sentinel.log()
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            dir = std::mem::replace(
+                &mut sentinel.dir,
+                tempfile::tempdir().expect("cannot create a temporary directory"),
+            );
+        }
+        panic!(
+            "no free port for a sentinel in {PORT_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The sentinel's log.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("sentinel.log")).unwrap_or_default()
+    }
+
+    /// Runs one command, e.g. `&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"]`.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let client = redis::Client::open(self.url())?;
+        let mut con = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+        con.set_read_timeout(Some(IO_TIMEOUT))?;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query(&mut con)
+    }
+
+    /// Waits until this sentinel knows `sentinels` other sentinels and
+    /// `replicas` replicas of `name` (they are discovered through hello
+    /// messages, every 2 s), so that a failover can be agreed on.
+    pub fn wait_until_aware(&self, name: &str, sentinels: usize, replicas: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let known = |what: &str| {
+                self.cmd::<Vec<redis::Value>>(&["SENTINEL", what, name])
+                    .map_or(0, |v| v.len())
+            };
+            let (s, r) = (known("SENTINELS"), known("REPLICAS"));
+            if s >= sentinels && r >= replicas {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sentinel {} knows {s} sentinels and {r} replicas of {name} after 20 s\n{}",
+                self.url(),
+                self.log()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

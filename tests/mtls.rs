@@ -1,0 +1,206 @@
+//! Mutual TLS (feature `tls`, issue 16 item 4): a real redis-server started with
+//! `--tls-auth-clients yes` serves a store that presents a client certificate signed by the CA
+//! it trusts, and refuses one without a certificate, or with one from another CA, with an error
+//! that says so. Bad PEM input is a configuration error, not a panic or a connect error.
+#![cfg(feature = "tls")]
+
+mod support;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use ratelease::{Error, Quota, RedisLimiter, RedisStore};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use support::{BucketState, RedisServer};
+
+/// A fresh CA.
+fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A PEM certificate for `names` signed by `ca`, and its PEM key.
+fn cert(ca: &CertifiedIssuer<'static, KeyPair>, names: &[&str]) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, ca)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// `err` and its sources, joined: what a log line with the whole chain shows.
+fn chain(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// A CA, a TLS-only server requiring client certificates from it, and a client certificate
+/// from it.
+struct Setup {
+    ca: CertifiedIssuer<'static, KeyPair>,
+    server: RedisServer,
+    client_cert: String,
+    client_key: String,
+}
+
+fn setup() -> Setup {
+    let ca = ca("ratelease test CA");
+    let (server_cert, server_key) = cert(&ca, &["127.0.0.1"]);
+    let (client_cert, client_key) = cert(&ca, &["ratelease client"]);
+    let server = RedisServer::start_mutual_tls(
+        &server_cert,
+        &server_key,
+        &ca.pem(),
+        &client_cert,
+        &client_key,
+    );
+    // The server really requires client certificates.
+    let auth: Vec<String> = server.cmd(&["CONFIG", "GET", "tls-auth-clients"]);
+    assert_eq!(auth, ["tls-auth-clients", "yes"]);
+    Setup {
+        ca,
+        server,
+        client_cert,
+        client_key,
+    }
+}
+
+fn builder(s: &Setup) -> ratelease::RedisStoreBuilder {
+    RedisStore::builder(s.server.url())
+        .tls_root_certificate(s.ca.pem())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+}
+
+/// A rate so slow that nothing refills during a test.
+fn slow(burst: u64) -> Quota {
+    Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_store_with_a_client_certificate_is_served() {
+    let s = setup();
+    for (name, lazy) in [("mtls", false), ("mtls-lazy", true)] {
+        let mut b = builder(&s).tls_client_certificate(s.client_cert.clone(), s.client_key.clone());
+        if lazy {
+            b = b.lazy_connect();
+        }
+        let store = b.connect().await.unwrap();
+        let limiter = RedisLimiter::new(name, slow(3), store).unwrap();
+        let mut allowed = Vec::new();
+        for _ in 0..4 {
+            allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+        }
+        assert_eq!(allowed, [true, true, true, false], "{name}");
+        let state = BucketState::read(&s.server, &format!("ratelease:{{{name}}}"));
+        assert!(state.is_some(), "{name}: no bucket on the server");
+    }
+}
+
+#[tokio::test]
+async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error() {
+    let s = setup();
+    // No client certificate.
+    let err = builder(&s).connect().await.unwrap_err();
+    let Error::Config(msg) = &err else {
+        panic!("expected a configuration error, got {err:?}")
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("requires a TLS client certificate")
+            && msg.contains("CertificateRequired")
+            && msg.contains("tls_client_certificate"),
+        "{text}"
+    );
+    println!("without a certificate: {text}");
+
+    // A certificate from a CA the server does not trust.
+    let other = self::ca("some other CA");
+    let (cert, key) = cert(&other, &["intruder"]);
+    let err = builder(&s)
+        .tls_client_certificate(cert, key)
+        .connect()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::Config(_))
+            && text.contains("refused this client's TLS certificate")
+            && text.contains("UnknownCA"),
+        "{err:?}"
+    );
+    println!("with another CA's certificate: {text}");
+
+    // A lazy store builds, and each call reports the refusal as a store error.
+    let store = builder(&s).lazy_connect().connect().await.unwrap();
+    let limiter = RedisLimiter::new("refused", slow(3), store).unwrap();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    let text = chain(&err);
+    assert!(
+        matches!(err, Error::Store(_)) && text.contains("CertificateRequired"),
+        "{text}"
+    );
+    // Nothing was written.
+    assert!(BucketState::read(&s.server, "ratelease:{refused}").is_none());
+}
+
+#[tokio::test]
+async fn bad_pem_is_a_configuration_error() {
+    let s = setup();
+    let key = s.client_key.clone();
+    let cases = [
+        (
+            "not a pem".to_owned(),
+            key.clone(),
+            "tls client certificate",
+        ),
+        (key.clone(), key.clone(), "tls client certificate"),
+        (
+            s.client_cert.clone(),
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".to_owned(),
+            "tls client key",
+        ),
+        (
+            s.client_cert.clone(),
+            s.client_cert.clone(),
+            "tls client key",
+        ),
+    ];
+    for (cert, key, culprit) in cases {
+        let err = builder(&s)
+            .tls_client_certificate(cert, key)
+            .lazy_connect()
+            .connect()
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Config(_)) && text.contains(culprit),
+            "{culprit}: {err:?}"
+        );
+    }
+    let err = builder(&s)
+        .tls_root_certificate("garbage")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("tls root certificate")),
+        "{err:?}"
+    );
+}
