@@ -101,9 +101,8 @@ end
 -- A record: count (≥ 1), largest granting aseq, last applied rseq; nil if not valid.
 local function parse(raw)
   if not raw then return nil end
-  local f = {}
-  for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
-  if #f ~= 3 then return nil end
+  local f = text_fields(raw, 3)
+  if not f then return nil end
   local r = { c = int_val(f[1], 1, MAX), a = int_val(f[2], 0, MAX), s = int_val(f[3], 0, MAX) }
   if not (r.c and r.a and r.s) then return nil end
   return r

@@ -25,6 +25,14 @@ local MAX = 4503599627370496 -- 2^52
 local MAX_TIME = 9007199254740992 -- 2^53
 local SLACK_MS = 10000
 
+-- The whitespace-separated fields of a text record, or nil unless there are exactly n.
+local function text_fields(raw, n)
+  local f = {}
+  for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
+  if #f ~= n then return nil end
+  return f
+end
+
 -- An integer in [lo, hi], or nil. `+ 0` turns -0 (which "-0" parses to) into 0, so it is
 -- never stored as "-0", which strict integer parsers in other clients reject.
 local function int_val(x, lo, hi)

@@ -277,12 +277,12 @@ end
 local RECORD, RECORD_LEN = '<Bdddddd', 49
 local function parse(raw)
   if type(raw) ~= 'string' then return nil end
-  local f = {}
+  local f
   if #raw == RECORD_LEN and string.byte(raw, 1) == 1 then
-    f[1], f[2], f[3], f[4], f[5], f[6] = select(2, struct.unpack(RECORD, raw))
+    f = { select(2, struct.unpack(RECORD, raw)) }
   else
-    for x in string.gmatch(raw, '%S+') do f[#f + 1] = x end
-    if #f ~= 6 then return nil end
+    f = text_fields(raw, 6)
+    if not f then return nil end
   end
   local r = {
     o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),

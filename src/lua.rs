@@ -44,7 +44,7 @@ mod tests {
             Some(rest.split([' ', '=', '(']).next()?.to_string())
         };
         let defined: Vec<String> = HELPERS.lines().filter_map(defines).collect();
-        assert_eq!(defined.len(), 11, "{defined:?}");
+        assert_eq!(defined.len(), 12, "{defined:?}");
         for (name, script, prelude) in scripts {
             assert!(script.starts_with(HELPERS), "{name}");
             assert_eq!(
