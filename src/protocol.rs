@@ -218,6 +218,16 @@ pub(crate) fn budget_suffix(client: Option<u64>) -> String {
     client.map_or_else(String::new, |c| format!(":client:{c:016x}"))
 }
 
+/// The key of `algorithm`'s state for the budget of `client` (or the fleet-wide one) of the
+/// name whose bucket key is `bucket`: the algorithm's suffix, then the client's.
+pub(crate) fn algorithm_key(bucket: &str, algorithm: Algorithm, client: Option<u64>) -> String {
+    format!(
+        "{bucket}{}{}",
+        algorithm.key_suffix(),
+        budget_suffix(client)
+    )
+}
+
 /// Formats a node id as stored (16 hex digits).
 pub(crate) fn node_key(id: u64) -> String {
     format!("{id:016x}")

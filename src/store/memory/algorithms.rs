@@ -13,7 +13,7 @@ use dashmap::mapref::entry::Entry as Slot;
 use super::{MemoryStore, SWEEP_EVERY};
 use crate::algorithm::{self, Algorithm, Op, Persist, State};
 use crate::error::StoreError;
-use crate::protocol::{budget_suffix, LeaseReply};
+use crate::protocol::{algorithm_key, LeaseReply};
 use crate::quota::Quota;
 
 /// One key's state and when it expires (µs on the store's clock).
@@ -32,12 +32,7 @@ impl MemoryStore {
         algorithm: Algorithm,
         op: Op,
     ) -> Result<LeaseReply, StoreError> {
-        let key = format!(
-            "{}:{name}{}{}",
-            name.len(),
-            algorithm.key_suffix(),
-            budget_suffix(client)
-        );
+        let key = algorithm_key(&format!("{}:{name}", name.len()), algorithm, client);
         let now = self.now_us();
         let map = &self.inner.algorithms;
         let calls = self.inner.calls.fetch_add(1, Ordering::Relaxed) + 1;

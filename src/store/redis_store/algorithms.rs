@@ -8,7 +8,7 @@ use crate::algorithm::{
     Algorithm, Op, Reply, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA,
 };
 use crate::error::StoreError;
-use crate::protocol::{budget_suffix, LeaseReply};
+use crate::protocol::{algorithm_key, LeaseReply};
 use crate::quota::Quota;
 
 static FIXED_WINDOW: LazyLock<redis::Script> =
@@ -28,12 +28,7 @@ impl RedisStore {
         algorithm: Algorithm,
         client: Option<u64>,
     ) -> Vec<String> {
-        let key = format!(
-            "{}{}{}",
-            self.key(name),
-            algorithm.key_suffix(),
-            budget_suffix(client)
-        );
+        let key = algorithm_key(&self.key(name), algorithm, client);
         match algorithm {
             Algorithm::TokenBucket => self.keys(name, client).to_vec(),
             Algorithm::SlidingWindow => vec![key.clone(), format!("{key}:n")],
