@@ -11,6 +11,22 @@
 //! The same script called once per request is **pure-Redis mode**, the exact reference every
 //! other mode is compared against.
 //!
+//! ## Start here
+//!
+//! | you want | use |
+//! | --- | --- |
+//! | one limit for the whole fleet, checked in nanoseconds | [`HybridLimiter`] on a [`RedisStore`], with a [`Quota`]; answers are [`Decision`]s |
+//! | the exact reference: one Redis call per decision | [`RedisLimiter`] (its [`check`](RedisLimiter::check) returns a [`Verdict`] for `RateLimit` headers) |
+//! | a limit per user, API key or IP | [`KeyedHybridLimiter`], [`KeyedRedisLimiter`] |
+//! | at most N things in flight across the fleet | [`ConcurrencyLimiter`]; mutual exclusion: [`RedisLock`] |
+//! | limiters defined in a file (feature `toml`) | `LimitersConfig` |
+//! | tower / HTTP middleware (feature `tower`) | `middleware` |
+//! | to choose what happens when Redis fails | [`FailurePolicy`] |
+//! | to change a limit at run time, fleet-wide | [`ConfigStore`] |
+//! | metrics and traces | [`telemetry`] |
+//! | tests and simulations without Redis | [`MemoryStore`] (with a [`FakeClock`] or [`TokioClock`]) |
+//! | your own store or lease sizing | [`LeaseStore`] (requests and replies: [`LeaseRequest`], [`LeaseReply`]), [`LeasePolicy`] ([`AdaptiveLease`], [`FixedLease`]) |
+//!
 //! ## Modes
 //!
 //! - [`HybridLimiter`]: leases batches through a [`LeasePolicy`]; `try_acquire` is synchronous.
