@@ -10,7 +10,7 @@ use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::failure::FailurePolicy;
-use crate::lease::demand::DemandEstimator;
+use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
@@ -33,6 +33,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         rng,
         backoff: Backoff::for_errors(),
         demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
+        recent: RecentRate::new(),
         share: None,
         release_seq: 0,
         expires: None,
@@ -67,6 +68,9 @@ pub(super) async fn refill_loop<S: LeaseStore>(
 
 /// Time constant of the demand estimate.
 const DEMAND_TAU: Duration = Duration::from_millis(300);
+/// The last interval's demand counts for sizing for two horizons after it was measured, and
+/// at least this long.
+const RECENT_MAX_AGE: Duration = Duration::from_millis(20);
 
 /// The background task's own state.
 struct Task {
@@ -77,6 +81,9 @@ struct Task {
     rng: fastrand::Rng,
     backoff: Backoff,
     demand: DemandEstimator,
+    /// Demand between the last two leases: follows a ramp within a lease, where `demand` lags
+    /// by its time constant (see `sizing_demand`).
+    recent: RecentRate,
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
     release_seq: u64,
@@ -230,7 +237,13 @@ impl Task {
         if self.node_terms(s).is_none() {
             return;
         }
-        let ctx = self.context(s, 0);
+        // Judged by the demand since the last lease too: a review early in a ramp (the first
+        // one, say, after a warm start) must not give back what the next round trip needs.
+        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let ctx = LeaseContext {
+            demand: self.sizing_demand(Some(demanded)),
+            ..self.context(s, 0)
+        };
         let Some(most) = s.policy.most_worth_holding(&ctx) else {
             return;
         };
@@ -288,12 +301,34 @@ impl Task {
         s.finished.notify_waiters();
     }
 
+    /// The demand leases and the low-water mark are sized for: the larger of the estimate and
+    /// the last interval's rate, so that while demand ramps up (or steps up after a quiet
+    /// spell) the next batch still lands before the local bucket runs dry — the estimate alone
+    /// lags by its time constant, and sized a node at 145 000/s for a few thousand a second.
+    /// Sizing only: the store is told the estimate (fair shares stay unbiased), and the share
+    /// it reports still caps the lease.
+    /// `demanded`: the running total, to count the interval under way too (see `trim`).
+    fn sizing_demand(&self, demanded: Option<u64>) -> f64 {
+        let now = Instant::now();
+        let max_age = self
+            .terms
+            .map_or(DEMAND_TAU, |t| (t.horizon * 2).max(RECENT_MAX_AGE));
+        let recent = self.recent.rate(now, max_age);
+        let under_way = demanded.map_or(0.0, |count| self.recent.peek(now, count));
+        self.demand.rate().max(recent).max(under_way)
+    }
+
     fn context<S: LeaseStore>(&self, s: &Shared<S>, denied: u64) -> LeaseContext {
         LeaseContext {
             quota: self.quota,
             local: s.local.available(),
             denied,
-            demand: self.demand.rate(),
+            // Fixed windows: the smoothed estimate alone. Tokens left at a window's end are
+            // lost to the fleet, so a lease sized up for a ramp wastes the window's budget.
+            demand: match self.node_terms(s) {
+                Some(_) => self.sizing_demand(None),
+                None => self.demand.rate(),
+            },
             share: self.share,
             rtt: s.rtt(),
         }
@@ -323,6 +358,8 @@ impl Task {
     /// One lease, and the pause after an empty or failed one. Returns false if the limiter
     /// closed meanwhile.
     async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
+        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        self.recent.look(Instant::now(), demanded);
         let ctx = self.context(s, s.signal.take_denied());
         let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
         let terms = self.node_terms(s);

@@ -75,6 +75,79 @@ impl DemandEstimator {
     }
 }
 
+/// Shortest interval [`RecentRate`] measures over; shorter ones are merged into the next.
+const MIN_RECENT: Duration = Duration::from_millis(1);
+/// Fewest tokens [`RecentRate`] measures over (sparse traffic: a longer interval, less noise).
+const MIN_RECENT_TOKENS: u64 = 8;
+
+/// Demand over the last interval between two looks (the hybrid task looks at each lease): no
+/// smoothing, so it follows a ramp or a step within one round trip where the EWMA above takes
+/// its time constant. It is noisy on sparse traffic, so it only ever *raises* what a node holds
+/// (its lease size and low-water mark, `max(estimate, recent)`); the demand a node reports to
+/// the store, which decides fair shares, stays the unbiased EWMA. A measurement older than
+/// `max_age` counts for nothing, so a node that went quiet does not keep a stale high rate.
+#[derive(Debug, Clone)]
+pub(crate) struct RecentRate {
+    rate: f64,
+    /// When `rate` was measured.
+    measured_at: Option<Instant>,
+    /// Start of the current interval and the running total then.
+    since: Option<(Instant, u64)>,
+}
+
+impl RecentRate {
+    /// Nothing measured yet.
+    pub(crate) fn new() -> Self {
+        RecentRate {
+            rate: 0.0,
+            measured_at: None,
+            since: None,
+        }
+    }
+
+    /// Feeds the running total of demanded tokens: measures the interval since the last look,
+    /// unless it is shorter than 1 ms or holds fewer than 8 tokens (then it runs on to the next
+    /// look; a count that went backwards starts a new interval).
+    pub(crate) fn look(&mut self, now: Instant, count: u64) {
+        match self.since {
+            Some((_, before)) if count < before => self.since = Some((now, count)),
+            Some((at, before))
+                if now.saturating_duration_since(at) < MIN_RECENT
+                    || count - before < MIN_RECENT_TOKENS => {}
+            Some((at, before)) => {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                self.rate = count.saturating_sub(before) as f64 / dt;
+                self.measured_at = Some(now);
+                self.since = Some((now, count));
+            }
+            None => self.since = Some((now, count)),
+        }
+    }
+
+    /// The rate since the last look (the interval under way), without ending the interval: 0
+    /// while it is shorter than 1 ms or holds fewer than 8 tokens.
+    pub(crate) fn peek(&self, now: Instant, count: u64) -> f64 {
+        match self.since {
+            Some((at, before))
+                if now.saturating_duration_since(at) >= MIN_RECENT
+                    && count.saturating_sub(before) >= MIN_RECENT_TOKENS =>
+            {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                (count - before) as f64 / dt
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The last interval's rate, tokens per second; 0 if none was measured within `max_age`.
+    pub(crate) fn rate(&self, now: Instant, max_age: Duration) -> f64 {
+        match self.measured_at {
+            Some(at) if now.saturating_duration_since(at) <= max_age => self.rate,
+            _ => 0.0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +211,35 @@ mod tests {
             "{before} -> {after}"
         );
         assert_eq!(e.last_change(), t0 + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn recent_rate_follows_a_step_at_once_and_expires() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = RecentRate::new();
+        assert_eq!(r.rate(t0, ms(100)), 0.0);
+        r.look(t0, 0);
+        assert_eq!(r.rate(t0, ms(100)), 0.0, "one look is no interval");
+        assert_eq!(r.peek(t0 + ms(10), 7), 0.0, "fewer than 8 tokens");
+        assert_eq!(r.peek(t0 + ms(10), 10), 1_000.0, "the interval under way");
+        r.look(t0 + ms(10), 10); // 1 000/s
+        assert_eq!(r.rate(t0 + ms(10), ms(100)), 1_000.0);
+        // Shorter than 1 ms: merged into the next interval.
+        r.look(t0 + ms(10) + Duration::from_micros(500), 1_000);
+        assert_eq!(r.rate(t0 + ms(11), ms(100)), 1_000.0);
+        r.look(t0 + ms(12), 300); // 290 in 2 ms
+        assert_eq!(r.rate(t0 + ms(12), ms(100)), 145_000.0);
+        assert_eq!(r.rate(t0 + ms(200), ms(100)), 0.0, "stale");
+        // Sparse traffic: an interval runs on until it holds 8 tokens.
+        r.look(t0 + ms(300), 304);
+        assert_eq!(r.rate(t0 + ms(300), ms(100)), 0.0, "still stale: 4 tokens");
+        r.look(t0 + ms(400), 308); // 8 tokens in 388 ms
+        let rate = r.rate(t0 + ms(400), ms(100));
+        assert!((rate - 8.0 / 0.388).abs() < 1e-6, "{rate}");
+        // A count that went backwards (never, but) starts over instead of panicking.
+        r.look(t0 + ms(401), 0);
+        r.look(t0 + ms(411), 10);
+        assert_eq!(r.rate(t0 + ms(411), ms(100)), 1_000.0);
     }
 }

@@ -79,6 +79,11 @@ pub trait LeasePolicy: Send + Sync + 'static {
     }
 }
 
+/// Shortest lead of [`AdaptiveLease`]'s low-water mark: a refill also waits for the background
+/// task to be scheduled, which a busy runtime can delay by a millisecond or two whatever the
+/// store's round trip.
+const MIN_LEAD: Duration = Duration::from_millis(2);
+
 /// Shortest automatic horizon of [`AdaptiveLease`].
 pub const MIN_AUTO_HORIZON: Duration = Duration::from_millis(10);
 /// Longest automatic horizon of [`AdaptiveLease`].
@@ -89,8 +94,11 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 /// Each node measures its demand `d` (admitted and denied tokens per second, see
 /// `demand.rs`). It asks for `rate × horizon × headroom − held` tokens, where `rate` is `d`, or
 /// the store's fair share if that is smaller (asking beyond the share is pointless: the store
-/// caps grants at it). It refills below `rate × max(2 × rtt, horizon / 4)`, so the next batch
-/// lands before the bucket runs dry. Leases are made on [`LeaseTerms`], so the store counts held
+/// caps grants at it). It refills below `rate × max(3 × rtt, horizon / 4, 2 ms)`, so the next
+/// batch lands before the bucket runs dry: the refill takes a round trip plus the time the
+/// background task takes to wake (which a busy runtime stretches), and demand may still be
+/// growing meanwhile. (`d` here is the limiter's sizing demand: the larger of its smoothed
+/// estimate and the rate between its last two leases, so a ramp is followed within a lease.) Leases are made on [`LeaseTerms`], so the store counts held
 /// tokens as outstanding and splits the rate in proportion to demand — which gives every node
 /// the acceptance ratio of one shared bucket, as pure-Redis mode does.
 ///
@@ -186,7 +194,9 @@ impl LeasePolicy for AdaptiveLease {
         let target = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
         let want = (target.ceil() as u64).saturating_sub(ctx.local);
         let want = want.max(ctx.denied).clamp(1, burst);
-        let lead = (2.0 * ctx.rtt.as_secs_f64()).max(horizon / 4.0);
+        let lead = (3.0 * ctx.rtt.as_secs_f64())
+            .max(horizon / 4.0)
+            .max(MIN_LEAD.as_secs_f64());
         LeaseAsk {
             want,
             min: ctx.denied.clamp(1, want),
