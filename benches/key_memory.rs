@@ -1,0 +1,189 @@
+//! Bytes per live key of a keyed limiter, measured with a byte-counting global allocator (not
+//! estimated): ratelease's `KeyedHybridLimiter` next to governor's keyed limiter (its default
+//! `DashMap` state store), for `u64` and `IpAddr` keys, at 100 000 and 1 000 000 keys.
+//!
+//! ```sh
+//! cargo bench --bench key_memory
+//! ```
+//!
+//! Not criterion: memory is a count, not a time, and one pass gives it exactly. The store is a
+//! test store that grants every lease and keeps nothing, so only the process's own map is
+//! counted (with Redis the buckets live in Redis). Keys are created the way a server meets
+//! them: the first `try_acquire` of each key; the count is taken once every key holds a lease.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+use ratelease::{
+    KeyedHybridLimiter, LeaseReply, LeaseRequest, LeaseStore, Quota, QuotaSource, ReleaseRequest,
+    StoreError,
+};
+
+/// Live heap bytes of the whole process.
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+struct Counting;
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counting is one
+// relaxed atomic add, which neither allocates nor re-enters the allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Grants every lease in full and stores nothing: the limiter's own memory is all there is.
+#[derive(Clone, Copy)]
+struct GrantAll;
+
+impl LeaseStore for GrantAll {
+    async fn lease(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        Ok(reply(quota, req.want))
+    }
+
+    async fn release(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        _req: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        Ok(reply(quota, 0))
+    }
+}
+
+fn reply(quota: &Quota, granted: u64) -> LeaseReply {
+    LeaseReply {
+        granted,
+        remaining: quota.burst(),
+        retry_after: Duration::ZERO,
+        reset_after: Duration::ZERO,
+        share_mtps: 0,
+        quota: *quota,
+        source: QuotaSource::Caller,
+        at: None,
+    }
+}
+
+fn quota() -> Quota {
+    Quota::per_second(1_000)
+        .and_then(|q| q.with_burst(1_000))
+        .expect("valid quota")
+}
+
+/// Bytes per key of ratelease's keyed hybrid limiter holding `keys` live keys.
+fn ratelease_bytes<K>(rt: &tokio::runtime::Runtime, keys: &[K]) -> f64
+where
+    K: Hash + Eq + Clone + std::fmt::Display + Send + Sync + 'static,
+{
+    let before = live();
+    let limiter = KeyedHybridLimiter::<K, GrantAll>::builder("memory", quota(), GrantAll)
+        .max_keys(keys.len())
+        .idle_ttl(Duration::from_secs(3_600))
+        .give_back_after(Duration::from_secs(3_600))
+        .runtime(rt.handle().clone())
+        .build()
+        .expect("keyed limiter");
+    rt.block_on(async {
+        // A new key whose lease cannot be queued (the worker's queue is bounded) is refused
+        // and not kept: ask again until every key is live.
+        for _ in 0..1_000 {
+            for chunk in keys.chunks(1_024) {
+                for key in chunk {
+                    let _ = limiter.try_acquire(key, 1);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if limiter.stats().live_keys >= keys.len() as u64 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    let stats = limiter.stats();
+    assert_eq!(stats.live_keys, keys.len() as u64, "{stats:?}");
+    let bytes = (live() - before) as f64 / keys.len() as f64;
+    // Gone before the next count starts: the worker holds the map until it ends.
+    rt.block_on(async {
+        limiter.shutdown().await;
+        drop(limiter);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    bytes
+}
+
+/// Bytes per key of governor's keyed limiter (default `DashMap` store) holding `keys` keys.
+fn governor_bytes<K: Hash + Eq + Clone>(keys: &[K]) -> f64 {
+    let before = live();
+    let limiter = governor::RateLimiter::<K, _, _>::keyed(governor::Quota::per_second(
+        NonZeroU32::new(1_000).expect("non-zero"),
+    ));
+    for key in keys {
+        let _ = limiter.check_key(key);
+    }
+    assert_eq!(limiter.len(), keys.len());
+    let bytes = (live() - before) as f64 / keys.len() as f64;
+    drop(limiter);
+    bytes
+}
+
+fn main() {
+    // `cargo test --benches` runs this with `--test` (or `--bench` filters): a quick pass.
+    let quick = std::env::args().any(|a| a == "--test");
+    let sizes: &[usize] = if quick {
+        &[10_000]
+    } else {
+        &[100_000, 1_000_000]
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("| keys | key type | ratelease keyed hybrid, bytes/key | governor keyed, bytes/key | ratio |");
+    println!("| ---: | --- | ---: | ---: | ---: |");
+    for &n in sizes {
+        let ints: Vec<u64> = (0..n as u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let ips: Vec<IpAddr> = (0..n as u32)
+            .map(|i| IpAddr::V4(Ipv4Addr::from(i.wrapping_mul(2_654_435_761))))
+            .collect();
+        let (r, g) = (ratelease_bytes(&rt, &ints), governor_bytes(&ints));
+        println!("| {n} | u64 | {r:.1} | {g:.1} | {:.2}× |", r / g);
+        drop(ints);
+        let (r, g) = (ratelease_bytes(&rt, &ips), governor_bytes(&ips));
+        println!("| {n} | IpAddr | {r:.1} | {g:.1} | {:.2}× |", r / g);
+    }
+}
