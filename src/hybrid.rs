@@ -58,7 +58,7 @@ use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::key;
-use crate::limiter::{check_tokens, Decision, Limiter};
+use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer};
 use crate::local::LocalBucket;
 use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::quota::{Quota, MAX_VALUE};
@@ -563,6 +563,63 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 Duration::ZERO => denied,
                 retry_after => Decision::Denied { retry_after },
             }),
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire) that tells a refusal by the store (or the failure
+    /// policy), [`LocalAnswer::Denied`], from an empty local bucket with no word from the store
+    /// yet, [`LocalAnswer::NeedsLease`] (the first lease, or the first after an idle spell gave
+    /// the tokens back). Never waits; starts a lease as `try_acquire` does.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub fn try_acquire_local(&self, n: u64) -> Result<LocalAnswer, Error> {
+        let retry_after = match self.try_acquire(n)? {
+            Decision::Allowed => return Ok(LocalAnswer::Allowed),
+            Decision::Denied { retry_after } => retry_after,
+        };
+        let s = &*self.handle.shared;
+        Ok(if s.blocked_for().is_zero() && !s.circuit.is_open() {
+            LocalAnswer::NeedsLease { retry_after }
+        } else {
+            LocalAnswer::Denied { retry_after }
+        })
+    }
+
+    /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the
+    /// store has not said no (a lease in flight), but never for tokens the store said are not
+    /// there: that is `Denied` at once. What a server that sheds load wants.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let s = &*self.handle.shared;
+        let deadline = crate::deadline::from_now(lease_wait);
+        let errors_seen = s.circuit.failures();
+        loop {
+            let finished = s.finished.notified();
+            let mut finished = std::pin::pin!(finished);
+            finished.as_mut().enable();
+            let retry_after = match self.try_acquire_local(n)? {
+                LocalAnswer::Allowed => return Ok(Decision::Allowed),
+                LocalAnswer::Denied { retry_after } => {
+                    if s.failure == FailurePolicy::FailClosed {
+                        if let Some(e) = s.circuit.error_since(errors_seen) {
+                            return Err(Error::Store(e));
+                        }
+                    }
+                    return Ok(Decision::Denied { retry_after });
+                }
+                LocalAnswer::NeedsLease { retry_after } => retry_after,
+            };
+            // Woken by the outcome of the lease the check asked for.
+            if tokio::time::timeout_at(deadline, finished).await.is_err() {
+                return Ok(Decision::Denied { retry_after });
+            }
         }
     }
 
@@ -1263,5 +1320,13 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
 
     fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
         Some(HybridLimiter::try_acquire(self, n))
+    }
+
+    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+        Some(HybridLimiter::try_acquire_local(self, n))
+    }
+
+    async fn try_acquire_or_lease(&self, n: u64, lease_wait: Duration) -> Result<Decision, Error> {
+        HybridLimiter::try_acquire_or_lease(self, n, lease_wait).await
     }
 }

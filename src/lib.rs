@@ -68,6 +68,8 @@ mod deadline;
 mod demand;
 mod error;
 pub mod failure;
+#[cfg(feature = "http")]
+pub mod http;
 mod hybrid;
 mod key;
 pub mod keyed;
@@ -105,7 +107,7 @@ pub use keyed::{
     KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
 };
-pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
+pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,

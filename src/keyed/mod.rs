@@ -99,6 +99,7 @@
 //! that key alone; there is no name-wide config, since one script call can only read keys of
 //! one cluster slot and every key has a slot of its own.
 
+mod lease_wait;
 mod name;
 mod pure;
 mod state;
@@ -123,7 +124,7 @@ use crate::deadline;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::hybrid::DEFAULT_RTT;
-use crate::limiter::{check_tokens, Decision, KeyRef, KeyedLimiter};
+use crate::limiter::{check_tokens, Decision, KeyRef, KeyedLimiter, LocalAnswer};
 use crate::policy::{AdaptiveLease, FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
@@ -1133,5 +1134,26 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         Some(KeyedHybridLimiter::try_acquire(self, key, n))
+    }
+
+    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        Some(KeyedHybridLimiter::try_acquire_local(self, key, n))
+    }
+
+    async fn try_acquire_or_lease<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        KeyedHybridLimiter::try_acquire_or_lease(self, key, n, lease_wait).await
     }
 }
