@@ -3,13 +3,15 @@
 //! A [`KeyedHybridLimiter`] denies a request for one of two reasons, and a server that sheds
 //! load must treat them differently:
 //!
-//! - **no answer yet** (`Why::Pending`): the key holds no tokens here and the store has not
-//!   said no — a key new to this process, or one whose refill is in flight. One lease round
-//!   trip decides; refusing would turn every new user's first request into a 429.
+//! - **no answer yet** (`Why::Pending` on a key never granted tokens): a key new to this
+//!   process (or evicted while idle). One lease round trip decides; refusing would turn every
+//!   new user's first request into a 429.
 //! - **the store's answer** (`Why::Blocked`, or the failure policy's): the key's budget is
 //!   spent until `retry_after`. Waiting for it is queueing, which a shedding server must not
 //!   do (at 1 000/s for one key, waiting requests pile up and throughput collapses to the
-//!   limit).
+//!   limit). A key served before whose refill is late is treated the same way: its refill
+//!   comes ahead of need (the low-water mark), so a miss on it means demand above its share,
+//!   and polling for refills of a hot key is queueing by another name.
 //!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::state::GRANTED;
 use super::worker::Answer;
 use super::{KeyedHybridLimiter, Outcome, Shared, Why};
 use crate::error::Error;
@@ -43,9 +46,12 @@ where
     /// ([`LocalAnswer::Denied`]) from a key this process has no answer for yet
     /// ([`LocalAnswer::NeedsLease`]). Never waits.
     ///
-    /// A key with local state gets its lease queued, as by `try_acquire`; a key without
-    /// (a new one) gets none: [`try_acquire_or_lease`](Self::try_acquire_or_lease) asks the
-    /// store for it directly (and `try_acquire` queues one).
+    /// `NeedsLease` is only for a key this process was never granted tokens for (a new key,
+    /// or one evicted after `idle_ttl`): no lease is queued for it, since
+    /// [`try_acquire_or_lease`](Self::try_acquire_or_lease) asks the store directly (and
+    /// `try_acquire` queues one). A key served before is refilled ahead of need; a miss on it
+    /// queues its refill, as `try_acquire` does, and is `Denied` for a round trip — waiting for
+    /// refills is how an over-limit key's requests would queue.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -57,19 +63,23 @@ where
     {
         let s = &*self.handle.shared;
         check_tokens(n, s.quota.burst())?;
-        let outcome = match s.map.get(key) {
+        match s.map.get(key) {
             Some(state) => match s.take_held(&state, n) {
                 Some(left) => {
                     if state.below_low_water(left) {
                         s.request(key, &state, 0);
                     }
-                    return Ok(LocalAnswer::Allowed);
+                    Ok(LocalAnswer::Allowed)
                 }
-                None => s.miss(key, Some(&state), n, true)?,
+                // Served before: its refill is queued as by `try_acquire`, and a miss until it
+                // lands is a refusal (waiting for it would queue on an over-limit key).
+                None if state.flags() & GRANTED != 0 => {
+                    Ok(s.miss(key, Some(&state), n, true)?.into_decision().into())
+                }
+                None => Ok(local_answer(s.miss(key, Some(&state), n, false)?)),
             },
-            None => s.miss(key, None, n, false)?,
-        };
-        Ok(local_answer(outcome))
+            None => Ok(local_answer(s.miss(key, None, n, false)?)),
+        }
     }
 
     /// Takes `n` tokens of `key`, waiting at most `lease_wait` while this process has no
@@ -100,7 +110,17 @@ where
     }
 }
 
-/// The public form of a local check's outcome.
+impl Outcome {
+    fn into_decision(self) -> Decision {
+        match self {
+            Outcome::Allowed => Decision::Allowed,
+            Outcome::Denied { retry_after, .. } => Decision::Denied { retry_after },
+        }
+    }
+}
+
+/// The public form of a local check's outcome for a key never granted tokens: a miss still
+/// waiting for the store is [`LocalAnswer::NeedsLease`].
 fn local_answer(outcome: Outcome) -> LocalAnswer {
     match outcome {
         Outcome::Allowed => LocalAnswer::Allowed,

@@ -1,6 +1,8 @@
 //! A minimal HTTP/1.1 client over a real TCP connection, for tests that drive a server the
 //! way a client would (one request per connection, `Connection: close`). Not part of
 //! `support/mod.rs`: included by path where needed (`#[path = …] mod http_client;`).
+// Each includer reads the fields it needs.
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 
