@@ -1,0 +1,268 @@
+//! HTTP throughput under `wrk`: ratelease's `LimitLayer` beside tower_governor and beside no
+//! limiter at all, in one run, on one axum server process.
+//!
+//! ```text
+//! apt-get install -y wrk redis-server
+//! cargo bench --bench http --features axum
+//! HTTP_BENCH_SECS=10 HTTP_BENCH_ROUNDS=5 HTTP_BENCH_CONNECTIONS=64 cargo bench --bench http --features axum
+//! ```
+//!
+//! One process serves four routers on four loopback ports, on a one-worker tokio runtime
+//! (`wrk` gets the other core of a two-core machine):
+//!
+//! - **baseline**: the handler alone;
+//! - **ratelease keyed**: `LimitLayer::keyed(KeyedHybridLimiter, PeerIp)` leasing from a
+//!   `redis-server` started for the run — a fleet-wide limit per client address;
+//! - **ratelease global**: `LimitLayer::global(HybridLimiter)` on the same Redis;
+//! - **tower_governor**: `GovernorLayer` keyed by peer IP (`PeerIpKeyExtractor`), a limit
+//!   of this process only.
+//!
+//! Two scenarios, each target measured `HTTP_BENCH_ROUNDS` times in turn (round-robin, so
+//! drifting load on a shared machine hits them alike); the median round is reported:
+//!
+//! - **under the limit** (10 M/s): what the layer costs an admitted request;
+//! - **over the limit** (1 000/s for the one client `wrk` is): what shedding costs, and that
+//!   the limit holds (admitted/s from `wrk`'s non-2xx count).
+//!
+//! Under `cargo test --all-targets` (no `--bench` argument) it starts the servers, checks one
+//! 200 and one 429 from each limiter over HTTP, and skips `wrk`. Without `redis-server` it
+//! says so and exits successfully: benchmarks are optional tooling.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use ratelease::http::{LimitLayer, PeerIp};
+use ratelease::{HybridLimiter, KeyedHybridLimiter, Quota, RedisStore};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+#[path = "../tests/support/http_client.rs"]
+mod http_client;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A limit: `rate` per second with a burst of `burst`.
+#[derive(Clone, Copy)]
+struct Limit {
+    name: &'static str,
+    rate: u64,
+    burst: u64,
+}
+
+const UNDER: Limit = Limit {
+    name: "under the limit (10 M/s)",
+    rate: 10_000_000,
+    burst: 1_000_000,
+};
+const OVER: Limit = Limit {
+    name: "over the limit (1 000/s, one client)",
+    rate: 1_000,
+    burst: 1_000,
+};
+
+async fn hello() -> &'static str {
+    "hello\n"
+}
+
+/// The four routers for `limit`, named.
+async fn routers(
+    limit: Limit,
+    redis: &str,
+    tag: &str,
+) -> Result<Vec<(&'static str, Router)>, BoxError> {
+    let quota = Quota::per_second(limit.rate)?.with_burst(limit.burst)?;
+    let store = RedisStore::builder(redis).connect().await?;
+    let keyed = KeyedHybridLimiter::new(format!("bench-keyed-{tag}"), quota, store.clone())?;
+    let global = HybridLimiter::new(format!("bench-global-{tag}"), quota, store)?;
+    global.ready().await?;
+    let period = Duration::from_nanos(1_000_000_000 / limit.rate);
+    let governor = GovernorConfigBuilder::default()
+        .period(period)
+        .burst_size(u32::try_from(limit.burst)?)
+        .finish()
+        .ok_or("tower_governor config")?;
+    let base = || Router::new().route("/", get(hello));
+    Ok(vec![
+        ("baseline (no limiter)", base()),
+        (
+            "ratelease keyed (PeerIp, Redis)",
+            base().layer(LimitLayer::keyed(keyed, PeerIp::new())),
+        ),
+        (
+            "ratelease global (Redis)",
+            base().layer(LimitLayer::global(global)),
+        ),
+        (
+            "tower_governor keyed (peer IP)",
+            base().layer(GovernorLayer::new(governor)),
+        ),
+    ])
+}
+
+/// Serves `router` on a free loopback port (with the peer address in `ConnectInfo`).
+async fn serve(router: Router) -> Result<SocketAddr, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let app = router.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(addr)
+}
+
+/// One `wrk` run's numbers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    rps: f64,
+    admitted_rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// `1.23ms`, `456.00us`, `1.10s` in milliseconds.
+fn millis(s: &str) -> Option<f64> {
+    let (num, scale) = if let Some(n) = s.strip_suffix("us") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e3)
+    } else {
+        return None;
+    };
+    num.parse::<f64>().ok().map(|v| v * scale)
+}
+
+fn wrk(addr: SocketAddr, secs: u64, connections: u32) -> Result<Run, BoxError> {
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{secs}s"),
+            "--latency",
+        ])
+        .arg(format!("http://{addr}/"))
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("wrk failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut run = Run::default();
+    let mut total = 0.0;
+    let mut non_2xx = 0.0;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["Requests/sec:", n] => run.rps = n.parse()?,
+            ["50%", t] => run.p50_ms = millis(t).unwrap_or(f64::NAN),
+            ["99%", t] => run.p99_ms = millis(t).unwrap_or(f64::NAN),
+            ["Non-2xx", "or", "3xx", "responses:", n] => non_2xx = n.parse()?,
+            [n, "requests", "in", ..] => total = n.parse()?,
+            _ => {}
+        }
+    }
+    run.admitted_rps = run.rps * (total - non_2xx) / total.max(1.0);
+    Ok(run)
+}
+
+fn median(mut runs: Vec<Run>) -> Run {
+    runs.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    runs[runs.len() / 2]
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The smoke run: every limiter admits, then (over the limit) refuses, over real HTTP.
+async fn smoke(redis: &str) -> Result<(), BoxError> {
+    let tiny = Limit {
+        name: "smoke",
+        rate: 1,
+        burst: 1,
+    };
+    for (name, router) in routers(tiny, redis, "smoke").await? {
+        let addr = serve(router).await?;
+        let first = http_client::get(addr, "/", &[]).await?.status;
+        let second = http_client::get(addr, "/", &[]).await?.status;
+        let expected = if name.starts_with("baseline") {
+            200
+        } else {
+            429
+        };
+        assert_eq!((first, second), (200, expected), "{name}");
+    }
+    println!("http bench smoke run: ok (run with `cargo bench --bench http --features axum`)");
+    Ok(())
+}
+
+fn main() -> Result<(), BoxError> {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("redis-server not found: skipping the HTTP benchmark");
+        return Ok(());
+    }
+    let redis = support::RedisServer::start();
+    let url = redis.url();
+    // The servers: one worker thread, so `wrk` has the other core.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    if !std::env::args().any(|a| a == "--bench") {
+        return runtime.block_on(smoke(&url));
+    }
+    if Command::new("wrk").arg("--version").output().is_err() {
+        println!("wrk not found (apt-get install -y wrk): skipping the HTTP benchmark");
+        return Ok(());
+    }
+    let secs = env("HTTP_BENCH_SECS", 5);
+    let rounds = env("HTTP_BENCH_ROUNDS", 3).max(1);
+    let connections = env("HTTP_BENCH_CONNECTIONS", 64) as u32;
+    println!(
+        "wrk -t1 -c{connections} -d{secs}s, median of {rounds} rounds; server: one tokio worker"
+    );
+    for limit in [UNDER, OVER] {
+        let servers = runtime.block_on(async {
+            let mut servers = Vec::new();
+            for (name, router) in routers(limit, &url, &limit.rate.to_string()).await? {
+                servers.push((name, serve(router).await?));
+            }
+            Ok::<_, BoxError>(servers)
+        })?;
+        let mut runs = vec![Vec::new(); servers.len()];
+        for _ in 0..rounds {
+            for (i, (_, addr)) in servers.iter().enumerate() {
+                runs[i].push(wrk(*addr, secs, connections)?);
+            }
+        }
+        println!("\n{}:\n", limit.name);
+        println!("| server | req/s | 2xx/s | p50 | p99 | vs baseline |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        let medians: Vec<Run> = runs.into_iter().map(median).collect();
+        let base = medians[0].rps;
+        for ((name, _), run) in servers.iter().zip(&medians) {
+            println!(
+                "| {name} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {:.2}x |",
+                run.rps,
+                run.admitted_rps,
+                run.p50_ms,
+                run.p99_ms,
+                run.rps / base
+            );
+        }
+    }
+    Ok(())
+}
