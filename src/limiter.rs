@@ -204,10 +204,8 @@ pub trait KeyedLimiter<K>: Send + Sync {
 
     /// [`try_acquire_now`](KeyedLimiter::try_acquire_now) that also says when a denial only
     /// means "no answer from the store yet" ([`LocalAnswer::NeedsLease`]: a key new to this
-    /// process); `None` if this limiter must await. A `NeedsLease` key without local state
-    /// gets no lease from this call: [`try_acquire_or_lease`](KeyedLimiter::try_acquire_or_lease)
-    /// (or `try_acquire`) asks the store. The default has no such case: it forwards to
-    /// `try_acquire_now`.
+    /// process, a refill in flight); `None` if this limiter must await. The default has no
+    /// such case: it forwards to `try_acquire_now`.
     fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
     where
         K: Borrow<Q>,

@@ -3,20 +3,22 @@
 //! A [`KeyedHybridLimiter`] denies a request for one of two reasons, and a server that sheds
 //! load must treat them differently:
 //!
-//! - **no answer yet** (`Why::Pending` on a key never granted tokens): a key new to this
-//!   process (or evicted while idle). One lease round trip decides; refusing would turn every
-//!   new user's first request into a 429.
+//! - **no answer yet** (`Why::Pending`): the key holds no tokens here and the store has not
+//!   refused it — a key new to this process (or evicted while idle), or a refill still in
+//!   flight. One lease round trip decides; refusing would turn every new user's first request
+//!   (and a hot key's late refill) into a 429.
 //! - **the store's answer** (`Why::Blocked`, or the failure policy's): the key's budget is
 //!   spent until `retry_after`. Waiting for it is queueing, which a shedding server must not
 //!   do (at 1 000/s for one key, waiting requests pile up and throughput collapses to the
-//!   limit). A key served before whose refill is late is treated the same way: its refill
-//!   comes ahead of need (the low-water mark), so a miss on it means demand above its share,
-//!   and polling for refills of a hot key is queueing by another name.
+//!   limit).
 //!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
-//! for the first kind only. This is [`Shared::wait`](super::Shared) with every wait for a
-//! known refusal replaced by the refusal itself.
+//! for the first kind only. It is `Shared::wait` with every wait for a known refusal replaced
+//! by the refusal itself, and with the wait for someone else's lease woken by the worker
+//! (`Shared::leased`, notified whenever a lease is answered) rather than by a timer: an
+//! over-limit key's requests that land between two of its leases wait one round trip, not
+//! a timer tick.
 
 use std::borrow::Borrow;
 use std::fmt::Display;
@@ -25,16 +27,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::state::GRANTED;
 use super::worker::Answer;
 use super::{KeyedHybridLimiter, Outcome, Shared, Why};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
-use crate::limiter::{check_tokens, Decision, KeyRef, LocalAnswer};
+use crate::limiter::{Decision, KeyRef, LocalAnswer};
 use crate::store::LeaseStore;
-
-/// Shortest pause between two looks for a lease in flight.
-const MIN_POLL: Duration = Duration::from_micros(100);
 
 impl<K, S, H> KeyedHybridLimiter<K, S, H>
 where
@@ -43,15 +41,9 @@ where
     H: BuildHasher + Clone + Send + Sync + 'static,
 {
     /// [`try_acquire`](Self::try_acquire) that tells a refusal by the store
-    /// ([`LocalAnswer::Denied`]) from a key this process has no answer for yet
-    /// ([`LocalAnswer::NeedsLease`]). Never waits.
-    ///
-    /// `NeedsLease` is only for a key this process was never granted tokens for (a new key,
-    /// or one evicted after `idle_ttl`): no lease is queued for it, since
-    /// [`try_acquire_or_lease`](Self::try_acquire_or_lease) asks the store directly (and
-    /// `try_acquire` queues one). A key served before is refilled ahead of need; a miss on it
-    /// queues its refill, as `try_acquire` does, and is `Denied` for a round trip — waiting for
-    /// refills is how an over-limit key's requests would queue.
+    /// ([`LocalAnswer::Denied`]: the key's budget is spent until `retry_after`) from a key
+    /// that holds no tokens here and was not refused ([`LocalAnswer::NeedsLease`]: a new key,
+    /// or a refill in flight). Never waits; queues the key's lease as `try_acquire` does.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -61,25 +53,14 @@ where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        let s = &*self.handle.shared;
-        check_tokens(n, s.quota.burst())?;
-        match s.map.get(key) {
-            Some(state) => match s.take_held(&state, n) {
-                Some(left) => {
-                    if state.below_low_water(left) {
-                        s.request(key, &state, 0);
-                    }
-                    Ok(LocalAnswer::Allowed)
-                }
-                // Served before: its refill is queued as by `try_acquire`, and a miss until it
-                // lands is a refusal (waiting for it would queue on an over-limit key).
-                None if state.flags() & GRANTED != 0 => {
-                    Ok(s.miss(key, Some(&state), n, true)?.into_decision().into())
-                }
-                None => Ok(local_answer(s.miss(key, Some(&state), n, false)?)),
-            },
-            None => Ok(local_answer(s.miss(key, None, n, false)?)),
-        }
+        Ok(match self.handle.shared.take(key, n, true)? {
+            Outcome::Allowed => LocalAnswer::Allowed,
+            Outcome::Denied {
+                retry_after,
+                why: Why::Pending,
+            } => LocalAnswer::NeedsLease { retry_after },
+            Outcome::Denied { retry_after, .. } => LocalAnswer::Denied { retry_after },
+        })
     }
 
     /// Takes `n` tokens of `key`, waiting at most `lease_wait` while this process has no
@@ -110,28 +91,6 @@ where
     }
 }
 
-impl Outcome {
-    fn into_decision(self) -> Decision {
-        match self {
-            Outcome::Allowed => Decision::Allowed,
-            Outcome::Denied { retry_after, .. } => Decision::Denied { retry_after },
-        }
-    }
-}
-
-/// The public form of a local check's outcome for a key never granted tokens: a miss still
-/// waiting for the store is [`LocalAnswer::NeedsLease`].
-fn local_answer(outcome: Outcome) -> LocalAnswer {
-    match outcome {
-        Outcome::Allowed => LocalAnswer::Allowed,
-        Outcome::Denied {
-            retry_after,
-            why: Why::Pending,
-        } => LocalAnswer::NeedsLease { retry_after },
-        Outcome::Denied { retry_after, .. } => LocalAnswer::Denied { retry_after },
-    }
-}
-
 impl<K, S, H> Shared<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
@@ -150,6 +109,10 @@ where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
+        // Enabled before each look, so an answer landing between the look and the wait is
+        // not missed.
+        let mut leased = std::pin::pin!(self.leased.notified());
+        leased.as_mut().enable();
         loop {
             // As in `wait`: under an open circuit a miss queues the probe that closes it.
             let probe = self.circuit.is_open();
@@ -165,11 +128,14 @@ where
                         None => Ok(Decision::Denied { retry_after }),
                     }
                 }
-                // A lease of this key is on its way (a refill, or the one a sync check
-                // queued): poll for its tokens, a round trip at a time, until the deadline.
+                // A lease of this key is on its way (a refill, or the one the sync check
+                // queued): wait until the worker answers a lease, then look again.
                 Why::Pending if self.lease_queued(key) => {
-                    let wake = Instant::now() + retry_after.max(MIN_POLL);
-                    tokio::time::sleep_until(wake.min(deadline)).await;
+                    tokio::time::timeout_at(deadline, leased.as_mut())
+                        .await
+                        .ok();
+                    leased.set(self.leased.notified());
+                    leased.as_mut().enable();
                 }
                 Why::Pending => {
                     self.ensure_state(key);

@@ -413,6 +413,7 @@ where
             closed: AtomicBool::new(false),
             pressure: AtomicBool::new(false),
             wake: Notify::new(),
+            leased: Notify::new(),
             counters: Counters::default(),
             metrics: KeyedMetrics::new(&self.name, self.failure.name()),
             name: self.name,
@@ -543,6 +544,9 @@ struct Shared<K, S, H> {
     pressure: AtomicBool,
     /// Wakes the worker for `closed` and `pressure`.
     wake: Notify,
+    /// Woken by the worker whenever a key's lease is answered (granted, refused, failed):
+    /// callers waiting for a lease queued by someone else (`lease_wait.rs`).
+    leased: Notify,
     counters: Counters,
     /// Metric handles, published by the worker's task ([`publisher`]).
     metrics: KeyedMetrics,

@@ -187,6 +187,7 @@ where
                     if let Some(state) = state {
                         state.unqueue();
                     }
+                    self.s.leased.notify_waiters();
                     return;
                 }
             }
@@ -262,6 +263,7 @@ where
                 state.unqueue();
             }
         }
+        self.s.leased.notify_waiters();
         if let Some(reply) = request.reply {
             let answer = match self.s.circuit.last_error() {
                 Some(e) => Answer::Failed(e),
@@ -389,6 +391,7 @@ where
                 state.unqueue();
             }
         }
+        s.leased.notify_waiters();
         if let (Some(answer), Some(waiter)) = (answer, request.reply) {
             let _ = waiter.send(answer);
         }
