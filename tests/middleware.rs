@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::middleware::{
-    BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer, DEFAULT_MAX_WAIT,
+    BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer, DEFAULT_LEASE_WAIT,
 };
 use ratelease::{
     Error, HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota, RedisLimiter,
@@ -179,11 +179,11 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
         .build()
         .unwrap();
     let calls = Arc::new(AtomicU64::new(0));
-    let layer = |max_wait| {
+    let layer = |lease_wait| {
         ServiceBuilder::new()
             .layer(
                 KeyedRateLimitLayer::new(keyed.clone(), |req: &(String, u32)| req.0.clone())
-                    .max_wait(max_wait),
+                    .lease_wait(lease_wait),
             )
             .service(keyed_inner(calls.clone()))
     };
@@ -198,7 +198,7 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
     );
     // The default waits that round trip: a's first request is served, and so is its whole
     // budget; then requests are shed at once with a hint of a token's refill time.
-    let mut svc = layer(DEFAULT_MAX_WAIT);
+    let mut svc = layer(DEFAULT_LEASE_WAIT);
     let (served, limited) = send(&mut svc, "a", 6).await;
     assert_eq!((served, limited.len()), (4, 2));
     assert!(limited
