@@ -58,7 +58,7 @@ use crate::demand::DemandEstimator;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::key;
-use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer};
+use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer, RECENTLY_REFUSED};
 use crate::local::LocalBucket;
 use crate::policy::{AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::quota::{Quota, MAX_VALUE};
@@ -568,8 +568,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// [`try_acquire`](Self::try_acquire) that tells a refusal by the store (or the failure
     /// policy), [`LocalAnswer::Denied`], from an empty local bucket with no word from the store
-    /// yet, [`LocalAnswer::NeedsLease`] (the first lease, or the first after an idle spell gave
-    /// the tokens back). Never waits; starts a lease as `try_acquire` does.
+    /// yet, [`LocalAnswer::NeedsLease`] (the first lease, the first after an idle spell gave
+    /// the tokens back, a refill late while demand grows). A limiter the store refused within
+    /// the last second is at its limit: a miss then is `Denied`. Never waits; starts a lease
+    /// as `try_acquire` does.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -579,7 +581,12 @@ impl<S: LeaseStore> HybridLimiter<S> {
             Decision::Denied { retry_after } => retry_after,
         };
         let s = &*self.handle.shared;
-        Ok(if s.blocked_for().is_zero() && !s.circuit.is_open() {
+        // Relaxed: a hint, as in `blocked_for`.
+        let refused_until = s.blocked_until_ns.load(Ordering::Relaxed);
+        let window = u64::try_from(RECENTLY_REFUSED.as_nanos()).unwrap_or(u64::MAX);
+        let refused_lately =
+            refused_until != 0 && refused_until.saturating_add(window) > s.now_ns();
+        Ok(if !refused_lately && !s.circuit.is_open() {
             LocalAnswer::NeedsLease { retry_after }
         } else {
             LocalAnswer::Denied { retry_after }
@@ -1229,7 +1236,9 @@ impl Task {
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
-                s.blocked_until_ns.store(0, Ordering::Relaxed);
+                // Not blocked from now on; a block ended early reads as ending now (a refusal
+                // stays recent for `try_acquire_local`).
+                s.blocked_until_ns.fetch_min(s.now_ns(), Ordering::Relaxed);
                 self.backoff = ERROR_BACKOFF_MIN;
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.

@@ -125,7 +125,7 @@ pub use store::{
 };
 pub use verdict::Verdict;
 
-/// The README's examples, compiled as doctests (they use the `tower` and `toml` features).
-#[cfg(all(doctest, feature = "tower", feature = "toml"))]
+/// The README's examples, compiled as doctests (they use the `axum` and `toml` features).
+#[cfg(all(doctest, feature = "axum", feature = "toml"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

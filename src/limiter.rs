@@ -56,6 +56,12 @@ pub enum LocalAnswer {
     },
 }
 
+/// How long after the store last refused a limiter (or a key) a miss still counts as a
+/// refusal ([`LocalAnswer::Denied`]) rather than as "no answer yet": a limiter at its limit
+/// runs dry between two small grants, and waiting for each of those refills would queue
+/// its requests one round trip at a time.
+pub(crate) const RECENTLY_REFUSED: Duration = Duration::from_secs(1);
+
 impl From<Decision> for LocalAnswer {
     fn from(decision: Decision) -> Self {
         match decision {

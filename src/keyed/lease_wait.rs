@@ -4,13 +4,14 @@
 //! load must treat them differently:
 //!
 //! - **no answer yet** (`Why::Pending`): the key holds no tokens here and the store has not
-//!   refused it — a key new to this process (or evicted while idle), or a refill still in
-//!   flight. One lease round trip decides; refusing would turn every new user's first request
-//!   (and a hot key's late refill) into a 429.
+//!   refused it lately — a key new to this process (or evicted while idle), or a refill still
+//!   in flight while the key ramps up. One lease round trip decides; refusing would turn every
+//!   new user's first request (and a growing key's late refill) into a 429.
 //! - **the store's answer** (`Why::Blocked`, or the failure policy's): the key's budget is
 //!   spent until `retry_after`. Waiting for it is queueing, which a shedding server must not
 //!   do (at 1 000/s for one key, waiting requests pile up and throughput collapses to the
-//!   limit).
+//!   limit). A key the store refused within the last second (`RECENTLY_REFUSED`) is at its
+//!   limit: it runs dry between two small grants, and a miss on it is a refusal too.
 //!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
@@ -31,7 +32,7 @@ use super::worker::Answer;
 use super::{KeyedHybridLimiter, Outcome, Shared, Why};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
-use crate::limiter::{Decision, KeyRef, LocalAnswer};
+use crate::limiter::{Decision, KeyRef, LocalAnswer, RECENTLY_REFUSED};
 use crate::store::LeaseStore;
 
 impl<K, S, H> KeyedHybridLimiter<K, S, H>
@@ -53,12 +54,13 @@ where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        Ok(match self.handle.shared.take(key, n, true)? {
+        let s = &*self.handle.shared;
+        Ok(match s.take(key, n, true)? {
             Outcome::Allowed => LocalAnswer::Allowed,
             Outcome::Denied {
                 retry_after,
                 why: Why::Pending,
-            } => LocalAnswer::NeedsLease { retry_after },
+            } if !s.refused_recently(key) => LocalAnswer::NeedsLease { retry_after },
             Outcome::Denied { retry_after, .. } => LocalAnswer::Denied { retry_after },
         })
     }
@@ -88,6 +90,26 @@ where
                 retry_after: s.rtt(),
             }),
         }
+    }
+}
+
+impl<K, S, H> Shared<K, S, H>
+where
+    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
+    S: LeaseStore,
+    H: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// Whether the store refused `key` within [`RECENTLY_REFUSED`]: a key at its limit, whose
+    /// misses between two small grants are refusals, not "no answer yet".
+    fn refused_recently<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.now_ns();
+        self.map
+            .get(key)
+            .is_some_and(|state| state.refused_within(RECENTLY_REFUSED, now))
     }
 }
 

@@ -344,7 +344,10 @@ where
                 };
                 let rest = reply.granted - to_waiter;
                 match &state {
-                    Some(state) => state.grant(rest, to_waiter, ask.low_water, self.now_ms()),
+                    Some(state) => {
+                        let now_ns = self.ns_at(now);
+                        state.grant(rest, to_waiter, ask.low_water, self.now_ms(), now_ns)
+                    }
                     None if rest > 0 => self.give_back(bucket_name(&s.name, &request.key), rest),
                     None => {}
                 }
