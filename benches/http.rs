@@ -4,7 +4,7 @@
 //! ```text
 //! apt-get install -y wrk redis-server
 //! cargo bench --bench http --features axum
-//! HTTP_BENCH_SECS=10 HTTP_BENCH_ROUNDS=5 HTTP_BENCH_CONNECTIONS=64 cargo bench --bench http --features axum
+//! HTTP_BENCH_SECS=5 HTTP_BENCH_ROUNDS=15 HTTP_BENCH_CONNECTIONS=64 cargo bench --bench http --features axum
 //! ```
 //!
 //! One process serves four routers on four loopback ports, on a one-worker tokio runtime
@@ -17,8 +17,10 @@
 //! - **tower_governor**: `GovernorLayer` keyed by peer IP (`PeerIpKeyExtractor`), a limit
 //!   of this process only.
 //!
-//! Two scenarios, each target measured `HTTP_BENCH_ROUNDS` times in turn (round-robin, so
-//! drifting load on a shared machine hits them alike); the median round is reported:
+//! Two scenarios, each target measured once per round for `HTTP_BENCH_ROUNDS` rounds (each
+//! round starting with the next server, so none always runs first). Reported: each server's
+//! median round, and its median ratio to the baseline *within a round* (with the lowest and
+//! highest), which cancels load that drifts between rounds on a shared machine:
 //!
 //! - **under the limit** (10 M/s): what the layer costs an admitted request;
 //! - **over the limit** (1 000/s for the one client `wrk` is): what shedding costs, and that
@@ -176,6 +178,16 @@ fn median(mut runs: Vec<Run>) -> Run {
     runs[runs.len() / 2]
 }
 
+/// The median of `values`, and their smallest and largest.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -228,11 +240,11 @@ fn main() -> Result<(), BoxError> {
         println!("wrk not found (apt-get install -y wrk): skipping the HTTP benchmark");
         return Ok(());
     }
-    let secs = env("HTTP_BENCH_SECS", 5);
-    let rounds = env("HTTP_BENCH_ROUNDS", 3).max(1);
+    let secs = env("HTTP_BENCH_SECS", 2);
+    let rounds = env("HTTP_BENCH_ROUNDS", 9).max(1);
     let connections = env("HTTP_BENCH_CONNECTIONS", 64) as u32;
     println!(
-        "wrk -t1 -c{connections} -d{secs}s, median of {rounds} rounds; server: one tokio worker"
+        "wrk -t1 -c{connections} -d{secs}s per server and round, {rounds} rounds; server: one tokio worker"
     );
     for limit in [UNDER, OVER] {
         let servers = runtime.block_on(async {
@@ -242,25 +254,32 @@ fn main() -> Result<(), BoxError> {
             }
             Ok::<_, BoxError>(servers)
         })?;
-        let mut runs = vec![Vec::new(); servers.len()];
-        for _ in 0..rounds {
-            for (i, (_, addr)) in servers.iter().enumerate() {
-                runs[i].push(wrk(*addr, secs, connections)?);
+        // Each round measures every server once, starting from a different one each round;
+        // a server's ratio to the baseline is taken within the round, so load that drifts
+        // between rounds (a shared machine) cancels out of it.
+        let n = servers.len();
+        let mut runs = vec![Vec::new(); n];
+        let mut ratios = vec![Vec::new(); n];
+        for round in 0..rounds as usize {
+            let mut this = vec![Run::default(); n];
+            for k in 0..n {
+                let i = (round + k) % n;
+                this[i] = wrk(servers[i].1, secs, connections)?;
+            }
+            for i in 0..n {
+                ratios[i].push(this[i].rps / this[0].rps);
+                runs[i].push(this[i]);
             }
         }
         println!("\n{}:\n", limit.name);
-        println!("| server | req/s | 2xx/s | p50 | p99 | vs baseline |");
+        println!("| server | req/s | 2xx/s | p50 | p99 | vs baseline (paired) |");
         println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-        let medians: Vec<Run> = runs.into_iter().map(median).collect();
-        let base = medians[0].rps;
-        for ((name, _), run) in servers.iter().zip(&medians) {
+        for (((name, _), runs), ratios) in servers.iter().zip(runs).zip(ratios) {
+            let run = median(runs);
+            let (ratio, low, high) = spread(ratios);
             println!(
-                "| {name} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {:.2}x |",
-                run.rps,
-                run.admitted_rps,
-                run.p50_ms,
-                run.p99_ms,
-                run.rps / base
+                "| {name} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {ratio:.2}x ({low:.2}-{high:.2}) |",
+                run.rps, run.admitted_rps, run.p50_ms, run.p99_ms
             );
         }
     }
