@@ -36,8 +36,15 @@ pub enum ForwardedHeader {
     Forwarded,
 }
 
-/// Keys requests by the client address found behind [`TrustedProxies`]: see the
-/// [module docs](self). Without trusted proxies it is [`PeerIp`].
+/// Keys requests by the client address found behind [`TrustedProxies`]. Without trusted
+/// proxies it is [`PeerIp`].
+///
+/// Each proxy appends the address it received the request from, so the header reads
+/// `client, proxy1, proxy2` and the peer is the last proxy; anyone can write the left part.
+/// The header is therefore read **from the right**: starting at the peer, each trusted hop
+/// vouches for the address it appended, and the first address not vouched for is the client.
+/// An entry that does not parse (`unknown`, an obfuscated name) ends the walk at the hop that
+/// wrote it. Only the one header the proxies write is read ([`ForwardedHeader`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardedIp {
     trusted: TrustedProxies,

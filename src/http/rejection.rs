@@ -20,7 +20,17 @@ use super::key::KeyError;
 use crate::error::Error;
 
 /// Why the layer answered a request instead of the inner service; found in the response's
-/// extensions.
+/// extensions, so a later layer can write a body of its own (the layer's is empty).
+///
+/// | rejection | status | headers |
+/// | --- | --- | --- |
+/// | [`Limited`](Rejection::Limited) | 429 Too Many Requests | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
+/// | [`NoKey`](Rejection::NoKey) | [`KeyError::status`]: 400, or 500 for a server without peer addresses | |
+/// | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable; 500 for a request the quota can never admit | |
+///
+/// `Retry-After` is in whole seconds, rounded up (at least 1). `RateLimit` is
+/// `"<policy>";r=0;t=<Retry-After>`; `RateLimit-Policy` is `"<policy>";q=<rate>;w=<period in
+/// seconds>` (a quota whose period is not whole seconds is stated per second).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {

@@ -98,8 +98,9 @@ pub enum InvalidProxy {
     },
 }
 
-/// The reverse proxies whose forwarding headers are believed: see the [module docs](self).
-/// Empty by default: nobody is trusted, and the peer address is the client.
+/// The reverse proxies whose forwarding headers are believed, as address ranges. Empty by
+/// default: nobody is trusted, and the peer address is the client. List only your own proxies
+/// and load balancers: a trusted hop's claim about the client is taken as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
     ranges: Vec<IpRange>,
