@@ -7,20 +7,25 @@
 //! HTTP_BENCH_SECS=5 HTTP_BENCH_ROUNDS=15 HTTP_BENCH_CONNECTIONS=64 cargo bench --bench http --features axum
 //! ```
 //!
-//! One process serves four routers on four loopback ports, on a one-worker tokio runtime
+//! One process serves five routers on five loopback ports, on a one-worker tokio runtime
 //! (`wrk` gets the other core of a two-core machine):
 //!
 //! - **baseline**: the handler alone;
 //! - **ratelease keyed**: `LimitLayer::keyed(KeyedHybridLimiter, PeerIp)` leasing from a
 //!   `redis-server` started for the run — a fleet-wide limit per client address;
 //! - **ratelease global**: `LimitLayer::global(HybridLimiter)` on the same Redis;
+//! - **ratelease keyed, queue 50 ms**: the same with `.queue(50 ms)`, which is what
+//!   `KeyedRateLimitLayer`'s single `max_wait` (default 50 ms) used to do: over-limit requests
+//!   wait for the next token (issue 14, item 1);
 //! - **tower_governor**: `GovernorLayer` keyed by peer IP (`PeerIpKeyExtractor`), a limit
 //!   of this process only.
 //!
 //! Two scenarios, each target measured once per round for `HTTP_BENCH_ROUNDS` rounds (each
 //! round starting with the next server, so none always runs first). Reported: each server's
 //! median round, and its median ratio to the baseline *within a round* (with the lowest and
-//! highest), which cancels load that drifts between rounds on a shared machine:
+//! highest), which cancels load that drifts between rounds on a shared machine; and the
+//! server process's median CPU time per request (with its difference to the baseline's),
+//! which competing load hardly moves:
 //!
 //! - **under the limit** (10 M/s): what the layer costs an admitted request;
 //! - **over the limit** (1 000/s for the one client `wrk` is): what shedding costs, and that
@@ -72,7 +77,7 @@ async fn hello() -> &'static str {
     "hello\n"
 }
 
-/// The four routers for `limit`, named.
+/// The routers for `limit`, named; the baseline first.
 async fn routers(
     limit: Limit,
     redis: &str,
@@ -81,6 +86,7 @@ async fn routers(
     let quota = Quota::per_second(limit.rate)?.with_burst(limit.burst)?;
     let store = RedisStore::builder(redis).connect().await?;
     let keyed = KeyedHybridLimiter::new(format!("bench-keyed-{tag}"), quota, store.clone())?;
+    let queued = KeyedHybridLimiter::new(format!("bench-queued-{tag}"), quota, store.clone())?;
     let global = HybridLimiter::new(format!("bench-global-{tag}"), quota, store)?;
     global.ready().await?;
     let period = Duration::from_nanos(1_000_000_000 / limit.rate);
@@ -99,6 +105,10 @@ async fn routers(
         (
             "ratelease global (Redis)",
             base().layer(LimitLayer::global(global)),
+        ),
+        (
+            "ratelease keyed, queue 50 ms (the old max_wait)",
+            base().layer(LimitLayer::keyed(queued, PeerIp::new()).queue(Duration::from_millis(50))),
         ),
         (
             "tower_governor keyed (peer IP)",
@@ -125,6 +135,21 @@ struct Run {
     admitted_rps: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// This process's CPU time per request (all threads: the server's worker, the limiters'
+    /// tasks, the Redis client; not `redis-server`), µs. Unlike req/s, it hardly moves when
+    /// other processes compete for the cores.
+    cpu_us: f64,
+}
+
+/// CPU time of this process so far, ns: the sum over its threads (`/proc/self/task/*/
+/// schedstat`, Linux); `None` elsewhere.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 /// `1.23ms`, `456.00us`, `1.10s` in milliseconds.
@@ -142,6 +167,7 @@ fn millis(s: &str) -> Option<f64> {
 }
 
 fn wrk(addr: SocketAddr, secs: u64, connections: u32) -> Result<Run, BoxError> {
+    let cpu_before = cpu_ns();
     let out = Command::new("wrk")
         .args([
             "-t1",
@@ -170,6 +196,10 @@ fn wrk(addr: SocketAddr, secs: u64, connections: u32) -> Result<Run, BoxError> {
         }
     }
     run.admitted_rps = run.rps * (total - non_2xx) / total.max(1.0);
+    run.cpu_us = match (cpu_before, cpu_ns()) {
+        (Some(before), Some(after)) => (after - before) as f64 / 1e3 / total.max(1.0),
+        _ => f64::NAN,
+    };
     Ok(run)
 }
 
@@ -260,6 +290,7 @@ fn main() -> Result<(), BoxError> {
         let n = servers.len();
         let mut runs = vec![Vec::new(); n];
         let mut ratios = vec![Vec::new(); n];
+        let mut cpu = vec![Vec::new(); n];
         for round in 0..rounds as usize {
             let mut this = vec![Run::default(); n];
             for k in 0..n {
@@ -268,18 +299,27 @@ fn main() -> Result<(), BoxError> {
             }
             for i in 0..n {
                 ratios[i].push(this[i].rps / this[0].rps);
+                cpu[i].push(this[i].cpu_us);
                 runs[i].push(this[i]);
             }
         }
         println!("\n{}:\n", limit.name);
-        println!("| server | req/s | 2xx/s | p50 | p99 | vs baseline (paired) |");
-        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-        for (((name, _), runs), ratios) in servers.iter().zip(runs).zip(ratios) {
+        println!(
+            "| server | req/s | 2xx/s | p50 | p99 | req/s vs baseline, paired (range) | CPU µs/request |"
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        let base_cpu = spread(cpu[0].clone()).0;
+        for ((((name, _), runs), ratios), cpu) in servers.iter().zip(runs).zip(ratios).zip(cpu) {
             let run = median(runs);
             let (ratio, low, high) = spread(ratios);
+            let (cpu, _, _) = spread(cpu);
             println!(
-                "| {name} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {ratio:.2}x ({low:.2}-{high:.2}) |",
-                run.rps, run.admitted_rps, run.p50_ms, run.p99_ms
+                "| {name} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {ratio:.2}x ({low:.2}-{high:.2}) | {cpu:.1} ({:+.1}) |",
+                run.rps,
+                run.admitted_rps,
+                run.p50_ms,
+                run.p99_ms,
+                cpu - base_cpu
             );
         }
     }
