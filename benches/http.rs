@@ -31,6 +31,10 @@
 //! - **over the limit** (1 000/s for the one client `wrk` is): what shedding costs, and that
 //!   the limit holds (admitted/s from `wrk`'s non-2xx count).
 //!
+//! First, in process (no network): each layer's cost per admitted request, by difference
+//! with the bare handler, called and polled in place — the number the HTTP runs below are too
+//! noisy to resolve on a shared machine.
+//!
 //! Under `cargo test --all-targets` (no `--bench` argument) it starts the servers, checks one
 //! 200 and one 429 from each limiter over HTTP, and skips `wrk`. Without `redis-server` it
 //! says so and exits successfully: benchmarks are optional tooling.
@@ -225,6 +229,110 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Requests as the server hands them to the layers: from 127.0.0.1, with axum's `ConnectInfo`.
+fn requests(n: usize) -> Vec<axum::extract::Request> {
+    let peer: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
+    (0..n)
+        .map(|_| {
+            let mut request = axum::extract::Request::new(axum::body::Body::empty());
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            request
+        })
+        .collect()
+}
+
+/// Nanoseconds per request through `svc`, called and polled in place on this thread (no
+/// network, no scheduler): the layer's own cost, by difference with the bare handler; and the
+/// share of requests answered 2xx on the first poll (the rest waited for a lease: calls
+/// made this fast outrun a keyed limiter's refills now and then).
+fn ns_per_call<S>(mut svc: S, n: usize) -> (f64, f64)
+where
+    S: tower::Service<axum::extract::Request, Response = axum::response::Response>,
+{
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut cx = Context::from_waker(Waker::noop());
+    let batch = requests(n);
+    let start = std::time::Instant::now();
+    let mut ok = 0usize;
+    for request in batch {
+        if let Poll::Ready(Ok(())) = svc.poll_ready(&mut cx) {
+            let mut response = std::pin::pin!(svc.call(request));
+            if let Poll::Ready(Ok(r)) = response.as_mut().poll(&mut cx) {
+                ok += usize::from(r.status().is_success());
+            }
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / n as f64;
+    assert!(ok > 0, "nothing was admitted");
+    (ns, ok as f64 / n as f64)
+}
+
+/// The layers' cost per admitted request, in process: the median of `rounds` runs of
+/// 200 000 requests each, per layer, under the 10 M/s limit.
+async fn layer_costs(redis: &str, rounds: usize) -> Result<(), BoxError> {
+    use tower::Layer;
+    let quota = Quota::per_second(UNDER.rate)?.with_burst(UNDER.burst)?;
+    let store = RedisStore::builder(redis).connect().await?;
+    let keyed = KeyedHybridLimiter::new("bench-cost-keyed", quota, store.clone())?;
+    let global = HybridLimiter::new("bench-cost-global", quota, store)?;
+    global.ready().await?;
+    let governor = GovernorConfigBuilder::default()
+        .period(Duration::from_nanos(1_000_000_000 / UNDER.rate))
+        .burst_size(u32::try_from(UNDER.burst)?)
+        .finish()
+        .ok_or("tower_governor config")?;
+    let handler = || {
+        tower::service_fn(|_: axum::extract::Request| async {
+            Ok::<_, std::convert::Infallible>(axum::response::Response::new(
+                axum::body::Body::empty(),
+            ))
+        })
+    };
+    let keyed_layer = LimitLayer::keyed(keyed.clone(), PeerIp::new());
+    let global_layer = LimitLayer::global(global);
+    let governor_layer = GovernorLayer::new(governor);
+    // A first pass warms the keyed limiter's key up (its first leases are exact).
+    ns_per_call(keyed_layer.layer(handler()), 200_000);
+    let n = 200_000;
+    let mut costs: Vec<(&str, Vec<(f64, f64)>)> = vec![
+        ("bare handler", vec![]),
+        ("ratelease keyed (PeerIp)", vec![]),
+        ("ratelease global", vec![]),
+        ("tower_governor keyed (peer IP)", vec![]),
+    ];
+    for _ in 0..rounds {
+        costs[0].1.push(ns_per_call(handler(), n));
+        costs[1]
+            .1
+            .push(ns_per_call(keyed_layer.layer(handler()), n));
+        costs[2]
+            .1
+            .push(ns_per_call(global_layer.layer(handler()), n));
+        costs[3]
+            .1
+            .push(ns_per_call(governor_layer.layer(handler()), n));
+        // Let the limiters' tasks run their refills between passes.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("\nin process, per request (median of {rounds} x {n}):\n");
+    println!("| layer | ns/request | layer's own cost | admitted on first poll |");
+    println!("| --- | ---: | ---: | ---: |");
+    let bare = spread(costs[0].1.iter().map(|c| c.0).collect()).0;
+    for (name, runs) in costs {
+        let ns = spread(runs.iter().map(|c| c.0).collect()).0;
+        let at_once = spread(runs.iter().map(|c| c.1).collect()).0;
+        println!(
+            "| {name} | {ns:.0} | {:+.0} ns | {:.3} % |",
+            ns - bare,
+            at_once * 100.0
+        );
+    }
+    Ok(())
+}
+
 /// The smoke run: every limiter admits, then (over the limit) refuses, over real HTTP.
 async fn smoke(redis: &str) -> Result<(), BoxError> {
     let tiny = Limit {
@@ -270,6 +378,7 @@ fn main() -> Result<(), BoxError> {
         println!("wrk not found (apt-get install -y wrk): skipping the HTTP benchmark");
         return Ok(());
     }
+    runtime.block_on(layer_costs(&url, 9))?;
     let secs = env("HTTP_BENCH_SECS", 2);
     let rounds = env("HTTP_BENCH_ROUNDS", 9).max(1);
     let connections = env("HTTP_BENCH_CONNECTIONS", 64) as u32;

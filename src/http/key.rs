@@ -72,14 +72,12 @@ impl KeyError {
 /// The peer's address from a request's extensions: a `SocketAddr` inserted by the server, or
 /// (crate feature `axum`) axum's `ConnectInfo<SocketAddr>`.
 pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
-    if let Some(addr) = extensions.get::<SocketAddr>() {
-        return Some(addr.ip());
-    }
+    // With the `axum` feature, axum's is looked up first: it is where an axum server puts it.
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
     }
-    None
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
 
 /// Keys requests by the TCP peer's IP address: one budget per client when clients connect
