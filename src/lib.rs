@@ -22,6 +22,12 @@
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
 //!
+//! ## HTTP
+//!
+//! With the `http` feature, `http::LimitLayer` limits any tower HTTP stack per key (client
+//! address, forwarded address behind trusted proxies, API key) or globally, and sheds the excess
+//! with `429`, `Retry-After` and the IETF `RateLimit` headers.
+
 //! ## Algorithms
 //!
 //! The token bucket is the default; fixed window, sliding window and leaky bucket (GCRA) are
