@@ -6,6 +6,7 @@
 
 #[path = "support/http_client.rs"]
 mod http_client;
+mod wrapped;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,11 +21,16 @@ use ratelease::http::{
     ForwardedIp, HeaderKey, InvalidPolicyName, KeyError, LimitLayer, PeerIp, Rejection,
     TrustedProxies,
 };
-use ratelease::{
-    HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota, TokioClock,
-};
+use ratelease::{HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use wrapped::Wrapped;
+
+/// The store of the virtual-time tests: a 1 ms round trip, so that waiting for a lease takes
+/// (virtual) time and shows.
+fn slow_store() -> Wrapped {
+    Wrapped::new(Duration::from_millis(1))
+}
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -125,18 +131,19 @@ async fn hot_key(layer: LimitLayer<impl ratelease::http::Gate>) -> HotKey {
 async fn an_over_limit_key_is_shed_at_once_not_queued_unless_queueing_is_on() {
     // 100/s, burst 10: the key asks for 50 times its rate.
     let quota = Quota::per_second(100).unwrap().with_burst(10).unwrap();
-    let limiter = || keyed(quota, MemoryStore::with_clock(TokioClock::new()));
+    let limiter = || KeyedHybridLimiter::new("http-hot", quota, slow_store()).unwrap();
     let bound = |run: &HotKey| 10 + run.elapsed.as_millis() as u64 / 10;
 
     let run = hot_key(LimitLayer::keyed(limiter(), HeaderKey::new(API_KEY))).await;
     // The limit is served (burst + rate x elapsed at most) and the rest refused — and no
-    // request waited for a token: time inside requests is lease round trips only (none, on
-    // a store that answers in no virtual time).
+    // request waited for a token, nor for the small refills of a key the store just refused.
+    // Time inside requests is the new key's start: its burst of 10 is leased a token at a
+    // time (exact leases), one 1 ms round trip per request, until the store first says no.
     assert_eq!(run.admitted + run.shed, 5_000);
     assert!(run.admitted <= bound(&run), "admitted {}", run.admitted);
     assert!(run.admitted >= 90, "admitted {}", run.admitted);
     assert!(
-        run.inside < Duration::from_millis(10),
+        run.inside <= Duration::from_millis(15),
         "requests spent {:?} waiting",
         run.inside
     );
@@ -159,12 +166,34 @@ async fn an_over_limit_key_is_shed_at_once_not_queued_unless_queueing_is_on() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_over_limit_global_limit_is_shed_at_once_too() {
+    let quota = Quota::per_second(100).unwrap().with_burst(10).unwrap();
+    let limiter = HybridLimiter::new("http-global-hot", quota, slow_store()).unwrap();
+    limiter.ready().await.unwrap();
+    let run = hot_key(LimitLayer::global(limiter)).await;
+    assert_eq!(run.admitted + run.shed, 5_000);
+    let bound = 10 + run.elapsed.as_millis() as u64 / 10;
+    assert!(
+        (80..=bound).contains(&run.admitted),
+        "admitted {}",
+        run.admitted
+    );
+    // Misses between two small grants of a limiter the store just refused are refusals:
+    // nobody waits for those refills.
+    assert!(
+        run.inside < Duration::from_millis(10),
+        "requests spent {:?} waiting",
+        run.inside
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_key_under_its_limit_is_never_refused_while_its_leases_ramp_up() {
     // 10 000/s, burst 100, for a key asking 5 000/s from a standing start: its first leases
     // are exact (one token), then sized by measured demand. Every miss on the way is a lease
     // in flight, which the request waits for.
     let quota = Quota::per_second(10_000).unwrap().with_burst(100).unwrap();
-    let limiter = keyed(quota, MemoryStore::with_clock(TokioClock::new()));
+    let limiter = KeyedHybridLimiter::new("http-ramp", quota, slow_store()).unwrap();
     let run = hot_key(LimitLayer::keyed(limiter.clone(), HeaderKey::new(API_KEY))).await;
     assert_eq!((run.admitted, run.shed), (5_000, 0));
     assert!(limiter.stats().leases < 500, "{:?}", limiter.stats());
