@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, Request, Response, StatusCode};
 use ratelease::http::{
-    ForwardedIp, HeaderKey, InvalidPolicyName, KeyError, LimitLayer, PeerIp, Rejection,
+    ForwardedIp, HeaderKey, InvalidPolicyName, KeyError, KeyFn, LimitLayer, PeerIp, Rejection,
     TrustedProxies,
 };
 use ratelease::{HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota};
@@ -318,6 +318,30 @@ async fn limiter_failures_and_missing_keys_are_responses() {
         Some(Rejection::NoKey(KeyError::NoPeerAddr))
     ));
     assert_eq!(calls.load(Ordering::Relaxed), 0);
+
+    // A custom extractor's refusal carries its own status.
+    let by_tenant = KeyFn::new(|head| {
+        head.headers
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .ok_or(KeyError::Other {
+                status: StatusCode::UNAUTHORIZED,
+                reason: "no tenant".into(),
+            })
+    });
+    let limiter = KeyedHybridLimiter::new("http-tenant", quota, MemoryStore::new()).unwrap();
+    let by_tenant = ServiceBuilder::new()
+        .layer(LimitLayer::keyed(limiter, by_tenant))
+        .service(counting(calls.clone()));
+    let tenant = Request::get("/").header("x-tenant", "7").body(()).unwrap();
+    let response = by_tenant.clone().oneshot(tenant).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = by_tenant
+        .oneshot(Request::get("/").body(()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
 
     // A policy name that cannot go in a header is a typed error.
     let layer = LimitLayer::keyed(keyed(quota, MemoryStore::new()), HeaderKey::new(API_KEY));

@@ -8,7 +8,8 @@
 //! without peer addresses).
 //!
 //! Here: [`PeerIp`] (the TCP peer), [`HeaderKey`] (an API key or tenant header);
-//! [`ForwardedIp`](super::ForwardedIp) is the client address behind trusted proxies.
+//! [`ForwardedIp`](super::ForwardedIp) is the client address behind trusted proxies, and
+//! [`KeyFn`](super::KeyFn) any key a closure computes.
 
 use std::borrow::{Borrow, Cow};
 use std::fmt::Display;
@@ -55,15 +56,25 @@ pub enum KeyError {
     /// The key header is not visible ASCII, is empty, or is longer than allowed.
     #[error("header {0} is not a valid key (visible ASCII, 1 to {1} bytes)")]
     InvalidHeader(HeaderName, usize),
+    /// A custom extractor ([`KeyFn`](super::KeyFn)) found no key; the request is answered
+    /// with `status`.
+    #[error("no rate-limit key: {reason}")]
+    Other {
+        /// The status to answer with.
+        status: StatusCode,
+        /// Why, for the logs and the `Rejection`.
+        reason: Cow<'static, str>,
+    },
 }
 
 impl KeyError {
     /// The status a request with this error is answered with: 500 for
-    /// [`NoPeerAddr`](Self::NoPeerAddr) (the server is set up wrong), 400 for the rest (the
-    /// client sent no usable key).
+    /// [`NoPeerAddr`](Self::NoPeerAddr) (the server is set up wrong), the given one for
+    /// [`Other`](Self::Other), 400 for the rest (the client sent no usable key).
     pub fn status(&self) -> StatusCode {
         match self {
             KeyError::NoPeerAddr => StatusCode::INTERNAL_SERVER_ERROR,
+            KeyError::Other { status, .. } => *status,
             _ => StatusCode::BAD_REQUEST,
         }
     }

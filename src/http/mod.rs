@@ -27,8 +27,9 @@
 //! **Keys.** A [`KeyExtractor`] names the budget: [`PeerIp`] (the TCP peer, from a
 //! `SocketAddr` in the request extensions or, with feature `axum`, axum's `ConnectInfo`),
 //! [`ForwardedIp`] (the client behind [`TrustedProxies`], from `X-Forwarded-For` or
-//! `Forwarded`, read from the right), [`HeaderKey`] (an API key); [`LimitLayer::global`] needs
-//! none. Keys are borrowed from the request on the fast path.
+//! `Forwarded`, read from the right), [`HeaderKey`] (an API key), [`KeyFn`] (a closure over
+//! the request's head); [`LimitLayer::global`] needs none. Keys are borrowed from the request
+//! on the fast path where they can be.
 //!
 //! **Responses, not errors.** Every refusal is a response (see [`Rejection`]), so the
 //! service's error type is the inner service's and axum takes the layer without a
@@ -42,6 +43,7 @@ mod forwarded;
 pub mod gate;
 mod headers;
 mod key;
+mod key_fn;
 mod layer;
 mod rejection;
 mod trusted;
@@ -52,6 +54,7 @@ pub use headers::{
     retry_after_secs, InvalidPolicyName, MAX_POLICY_NAME, RATELIMIT, RATELIMIT_POLICY,
 };
 pub use key::{HeaderKey, KeyError, KeyExtractor, PeerIp, DEFAULT_MAX_HEADER_KEY};
+pub use key_fn::{KeyFn, RequestHead};
 pub use layer::{Limit, LimitLayer, ResponseFuture, DEFAULT_LEASE_WAIT, DEFAULT_POLICY_NAME};
 pub use rejection::Rejection;
 pub use trusted::{InvalidProxy, IpRange, TrustedProxies};

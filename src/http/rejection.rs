@@ -3,7 +3,7 @@
 //! | rejection | status | headers |
 //! | --- | --- | --- |
 //! | [`Limited`](Rejection::Limited) | 429 Too Many Requests | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
-//! | [`NoKey`](Rejection::NoKey) | [`KeyError::status`] (400, or 500 for a server without peer addresses) | |
+//! | [`NoKey`](Rejection::NoKey) | [`KeyError::status`] (400, 500 for a server without peer addresses, a `KeyFn`'s own) | |
 //! | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable (500 for a request the quota can never admit) | |
 //!
 //! The body is empty (`Default` of the inner service's body type), so the layer works with
@@ -25,7 +25,7 @@ use crate::error::Error;
 /// | rejection | status | headers |
 /// | --- | --- | --- |
 /// | [`Limited`](Rejection::Limited) | 429 Too Many Requests | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
-/// | [`NoKey`](Rejection::NoKey) | [`KeyError::status`]: 400, or 500 for a server without peer addresses | |
+/// | [`NoKey`](Rejection::NoKey) | [`KeyError::status`]: 400, 500 for a server without peer addresses, a [`KeyFn`](super::KeyFn)'s own | |
 /// | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable; 500 for a request the quota can never admit | |
 ///
 /// `Retry-After` is in whole seconds, rounded up (at least 1). `RateLimit` is
