@@ -40,7 +40,10 @@ impl<'r> RequestHead<'r> {
     }
 }
 
-/// Keys requests by what a closure returns: see the [module docs](self).
+/// Keys requests by what a closure of the request's head returns, for keys the built-in
+/// extractors do not cover (a path segment, a claim an authentication layer left in the
+/// extensions). The key is returned by value: best for small `Copy` keys (a `String` key is
+/// allocated per request, where [`HeaderKey`](super::HeaderKey) borrows it).
 ///
 /// ```
 /// use http::StatusCode;
