@@ -38,6 +38,12 @@
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
 //!
+//! ## HTTP
+//!
+//! With the `http` feature, `http::LimitLayer` limits any tower HTTP stack per key (client
+//! address, forwarded address behind trusted proxies, API key) or globally, and sheds the excess
+//! with `429`, `Retry-After` and the IETF `RateLimit` headers.
+
 //! ## Algorithms
 //!
 //! The token bucket is the default; fixed window, sliding window and leaky bucket (GCRA) are
@@ -81,6 +87,8 @@ pub mod config_file;
 mod connect;
 mod error;
 pub mod failure;
+#[cfg(feature = "http")]
+pub mod http;
 mod hybrid;
 mod key;
 pub mod keyed;
@@ -125,7 +133,7 @@ pub use lease::policy::{
     AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
     MIN_AUTO_HORIZON,
 };
-pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
+pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
 pub use lock::{
     LockError, LockGuard, LockOwner, RedisLock, RedisLockBuilder, DEFAULT_LEASE,
     DEFAULT_LOCK_PREFIX, DEFAULT_POLL, LOCK_LUA,
@@ -139,7 +147,7 @@ pub use store::{
 };
 pub use verdict::Verdict;
 
-/// The README's examples, compiled as doctests (they use the `tower` and `toml` features).
-#[cfg(all(doctest, feature = "tower", feature = "toml"))]
+/// The README's examples, compiled as doctests (they use the `axum` and `toml` features).
+#[cfg(all(doctest, feature = "axum", feature = "toml"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

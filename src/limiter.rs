@@ -29,6 +29,48 @@ impl Decision {
     }
 }
 
+/// What a limiter can answer without awaiting anything: see
+/// [`Limiter::try_acquire_local`] and [`KeyedLimiter::try_acquire_local`].
+///
+/// It tells apart the two reasons a hybrid limiter denies: the store said the budget is spent
+/// ([`Denied`](LocalAnswer::Denied): waiting is the answer), and the limiter holds no tokens
+/// and has no answer from the store yet ([`NeedsLease`](LocalAnswer::NeedsLease): a new key,
+/// or tokens given back while idle), where one lease round trip decides. HTTP middleware sheds
+/// the first and waits briefly for the second.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalAnswer {
+    /// The tokens were taken.
+    Allowed,
+    /// Refused by what the store said (or by the failure policy); try again after about
+    /// `retry_after`.
+    Denied {
+        /// Estimated time until the request could succeed.
+        retry_after: Duration,
+    },
+    /// No tokens here and no word from the store yet: a lease decides, about one store round
+    /// trip (`retry_after`) away.
+    NeedsLease {
+        /// The expected time until the lease is answered (the measured round trip).
+        retry_after: Duration,
+    },
+}
+
+/// How long after the store last refused a limiter (or a key) a miss still counts as a
+/// refusal ([`LocalAnswer::Denied`]) rather than as "no answer yet": a limiter at its limit
+/// runs dry between two small grants, and waiting for each of those refills would queue
+/// its requests one round trip at a time.
+pub(crate) const RECENTLY_REFUSED: Duration = Duration::from_secs(1);
+
+impl From<Decision> for LocalAnswer {
+    fn from(decision: Decision) -> Self {
+        match decision {
+            Decision::Allowed => LocalAnswer::Allowed,
+            Decision::Denied { retry_after } => LocalAnswer::Denied { retry_after },
+        }
+    }
+}
+
 /// A rate limiter shared by a fleet, in any mode.
 ///
 /// [`HybridLimiter`](crate::HybridLimiter) answers `try_acquire` without awaiting anything (its
@@ -70,6 +112,29 @@ pub trait Limiter: Send + Sync {
     fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
         let _ = n;
         None
+    }
+
+    /// [`try_acquire_now`](Limiter::try_acquire_now) that also says when a denial only means
+    /// "no answer from the store yet" ([`LocalAnswer::NeedsLease`]); `None` if this limiter
+    /// must await. The default has no such case: it forwards to `try_acquire_now`.
+    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+        self.try_acquire_now(n).map(|r| r.map(LocalAnswer::from))
+    }
+
+    /// Takes `n` tokens now, waiting at most `lease_wait` while the limiter has no answer from
+    /// the store yet (a lease in flight), but never for tokens the store said are not there:
+    /// that is `Denied` at once. Pure modes, whose every decision is a store call, answer as
+    /// [`try_acquire`](Limiter::try_acquire) (the default).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Limiter::try_acquire).
+    fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+        let _ = lease_wait;
+        self.try_acquire(n)
     }
 }
 
@@ -141,6 +206,41 @@ pub trait KeyedLimiter<K>: Send + Sync {
     {
         let _ = (key, n);
         None
+    }
+
+    /// [`try_acquire_now`](KeyedLimiter::try_acquire_now) that also says when a denial only
+    /// means "no answer from the store yet" ([`LocalAnswer::NeedsLease`]: a key new to this
+    /// process, a refill in flight); `None` if this limiter must await. The default has no
+    /// such case: it forwards to `try_acquire_now`.
+    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        self.try_acquire_now(key, n)
+            .map(|r| r.map(LocalAnswer::from))
+    }
+
+    /// Takes `n` tokens of `key` now, waiting at most `lease_wait` while the limiter has no
+    /// answer from the store for the key yet (a new key's first lease, a refill in flight), but
+    /// never for tokens the store said are not there: that is `Denied` at once. Pure modes,
+    /// whose every decision is a store call, answer as
+    /// [`try_acquire`](KeyedLimiter::try_acquire) (the default).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    fn try_acquire_or_lease<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        lease_wait: Duration,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        let _ = lease_wait;
+        self.try_acquire(key, n)
     }
 }
 

@@ -17,13 +17,18 @@
 //!   store call per decision) boxes the decision and the call.
 //! - **Shedding** — [`KeyedRateLimitLayer`] over a [`KeyedLimiter`], keyed by a user-supplied
 //!   extractor (API key, user, client address): the key is only known from the request, so the
-//!   decision is made in `call`. A request the limiter can admit within
-//!   [`max_wait`](KeyedRateLimitLayer::max_wait) (default [`DEFAULT_MAX_WAIT`]) waits for it —
-//!   a [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers a key it holds no tokens for
-//!   (a new user) "after one round trip", which should not be a refusal; any other request
-//!   fails at once with a [`Limited`] error that carries the retry hint. An HTTP server turns
-//!   it into `429 Too Many Requests` with `Retry-After` (`examples/axum.rs` does, with axum's
-//!   `HandleErrorLayer`).
+//!   decision is made in `call`. Two waits are told apart, each with its own setting: a key
+//!   this process has no answer for yet (a new user: a
+//!   [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) holds no tokens for it until its first
+//!   lease, one round trip away) waits up to [`lease_wait`](KeyedRateLimitLayer::lease_wait)
+//!   (default [`DEFAULT_LEASE_WAIT`]) — that is not the limit speaking; a key the store refused
+//!   waits for its next token only up to [`queue`](KeyedRateLimitLayer::queue) (default: not
+//!   at all). Any other request fails at once with a [`Limited`] error that carries the retry
+//!   hint.
+//!
+//! For HTTP servers, [`crate::http`] (feature `http`) is the ready-made form of the shedding
+//! layer: refusals are `429` responses with `Retry-After` and `RateLimit` headers instead of
+//! errors, with key extractors and a global variant.
 //!
 //! Both services' error type is [`BoxError`], as tower's own middleware: the inner service's
 //! error, a limiter error ([`Error`]: a store failure under
@@ -43,11 +48,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::Error;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
 
-/// How long a keyed request may wait for its tokens before it is shed, unless
-/// [`KeyedRateLimitLayer::max_wait`] says otherwise: long enough for a lease round trip.
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(50);
+/// How long a keyed request may wait for a new key's first lease, unless
+/// [`KeyedRateLimitLayer::lease_wait`] says otherwise: a lease round trip with room to spare.
+pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
 
 /// The error type of the services here, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -310,7 +315,7 @@ pub struct KeyedRateLimitLayer<KL, F> {
     limiter: KL,
     key: Arc<F>,
     tokens: u64,
-    max_wait: Duration,
+    waits: Waits,
 }
 
 impl<KL: Clone, F> Clone for KeyedRateLimitLayer<KL, F> {
@@ -319,7 +324,7 @@ impl<KL: Clone, F> Clone for KeyedRateLimitLayer<KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
-            max_wait: self.max_wait,
+            waits: self.waits,
         }
     }
 }
@@ -329,7 +334,7 @@ impl<KL: fmt::Debug, F> fmt::Debug for KeyedRateLimitLayer<KL, F> {
         f.debug_struct("KeyedRateLimitLayer")
             .field("limiter", &self.limiter)
             .field("tokens", &self.tokens)
-            .field("max_wait", &self.max_wait)
+            .field("waits", &self.waits)
             .finish_non_exhaustive()
     }
 }
@@ -341,7 +346,10 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
             limiter,
             key: Arc::new(key),
             tokens: 1,
-            max_wait: DEFAULT_MAX_WAIT,
+            waits: Waits {
+                lease_wait: DEFAULT_LEASE_WAIT,
+                queue: Duration::ZERO,
+            },
         }
     }
 
@@ -351,11 +359,18 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
         self
     }
 
-    /// Lets a request wait up to `max_wait` for tokens the limiter expects to have by then
-    /// (default [`DEFAULT_MAX_WAIT`]); `Duration::ZERO` sheds every request that cannot be
-    /// admitted at once.
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = max_wait;
+    /// How long a request may wait for the lease of a key the limiter has no answer for yet
+    /// (a new key's first request; default [`DEFAULT_LEASE_WAIT`]). `Duration::ZERO` sheds
+    /// such requests too, with a hint of about one round trip.
+    pub fn lease_wait(mut self, lease_wait: Duration) -> Self {
+        self.waits.lease_wait = lease_wait;
+        self
+    }
+
+    /// How long a refused request may wait for its key's next token instead of being shed
+    /// (default: zero, shed at once). Waiting requests pile up on an over-limit key.
+    pub fn queue(mut self, queue: Duration) -> Self {
+        self.waits.queue = queue;
         self
     }
 }
@@ -369,7 +384,7 @@ impl<S, KL: Clone, F> Layer<S> for KeyedRateLimitLayer<KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
-            max_wait: self.max_wait,
+            waits: self.waits,
         }
     }
 }
@@ -380,7 +395,7 @@ pub struct KeyedRateLimit<S, KL, F> {
     limiter: KL,
     key: Arc<F>,
     tokens: u64,
-    max_wait: Duration,
+    waits: Waits,
 }
 
 impl<S: Clone, KL: Clone, F> Clone for KeyedRateLimit<S, KL, F> {
@@ -390,7 +405,7 @@ impl<S: Clone, KL: Clone, F> Clone for KeyedRateLimit<S, KL, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             tokens: self.tokens,
-            max_wait: self.max_wait,
+            waits: self.waits,
         }
     }
 }
@@ -401,7 +416,7 @@ impl<S: fmt::Debug, KL: fmt::Debug, F> fmt::Debug for KeyedRateLimit<S, KL, F> {
             .field("inner", &self.inner)
             .field("limiter", &self.limiter)
             .field("tokens", &self.tokens)
-            .field("max_wait", &self.max_wait)
+            .field("waits", &self.waits)
             .finish_non_exhaustive()
     }
 }
@@ -426,32 +441,63 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key)(&req);
-        match self.limiter.try_acquire_now(&key, self.tokens) {
-            Some(Ok(Decision::Allowed)) => return ResponseFuture::inner(self.inner.call(req)),
-            Some(Ok(Decision::Denied { retry_after })) if retry_after > self.max_wait => {
+        let (tokens, waits) = (self.tokens, self.waits);
+        let answer = if waits.lease_wait.is_zero() {
+            self.limiter
+                .try_acquire_now(&key, tokens)
+                .map(|r| r.map(LocalAnswer::from))
+        } else {
+            self.limiter.try_acquire_local(&key, tokens)
+        };
+        // `None`: ask the limiter (for a lease, or because it must await); `Some`: a refusal
+        // worth queueing for.
+        let first = match answer {
+            Some(Ok(LocalAnswer::Allowed)) => return ResponseFuture::inner(self.inner.call(req)),
+            Some(Err(e)) => return ResponseFuture::failed(e),
+            Some(Ok(LocalAnswer::Denied { retry_after })) if !waits.queues(retry_after) => {
                 return ResponseFuture::failed(Limited { retry_after })
             }
-            Some(Err(e)) => return ResponseFuture::failed(e),
-            // Worth waiting for, or a limiter that must await: decide below.
-            Some(Ok(Decision::Denied { .. })) | None => {}
-        }
+            Some(Ok(LocalAnswer::Denied { retry_after })) => Some(Decision::Denied { retry_after }),
+            Some(Ok(LocalAnswer::NeedsLease { .. })) | None => None,
+        };
         // Decide inside the response future. The inner service that was polled ready goes
         // into it (it is the one allowed to be called); a clone takes its place here, to be
         // polled ready before the next call.
         let limiter = self.limiter.clone();
-        let (tokens, max_wait) = (self.tokens, self.max_wait);
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         ResponseFuture::boxed(Box::pin(async move {
-            let decision = if max_wait.is_zero() {
-                limiter.try_acquire(&key, tokens).await?
-            } else {
-                limiter.try_acquire_for(&key, tokens, max_wait).await?
+            let mut decision = match first {
+                Some(denied) => denied,
+                None => {
+                    limiter
+                        .try_acquire_or_lease(&key, tokens, waits.lease_wait)
+                        .await?
+                }
             };
+            if let Decision::Denied { retry_after } = decision {
+                if waits.queues(retry_after) {
+                    decision = limiter.try_acquire_for(&key, tokens, waits.queue).await?;
+                }
+            }
             match decision {
                 Decision::Allowed => inner.call(req).await.map_err(Into::into),
                 Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
             }
         }))
+    }
+}
+
+/// The two waits of a keyed request.
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    lease_wait: Duration,
+    queue: Duration,
+}
+
+impl Waits {
+    /// Whether a refusal for `retry_after` is worth queueing for.
+    fn queues(&self, retry_after: Duration) -> bool {
+        !self.queue.is_zero() && retry_after <= self.queue
     }
 }

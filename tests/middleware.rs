@@ -3,6 +3,7 @@
 #![cfg(feature = "tower")]
 
 mod support;
+mod wrapped;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::middleware::{
-    BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer, DEFAULT_MAX_WAIT,
+    BoxError, KeyedRateLimitLayer, Limited, NotReady, RateLimitLayer, DEFAULT_LEASE_WAIT,
 };
 use ratelease::{
     Error, HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter, MemoryStore, Quota, RedisLimiter,
@@ -179,11 +180,11 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
         .build()
         .unwrap();
     let calls = Arc::new(AtomicU64::new(0));
-    let layer = |max_wait| {
+    let layer = |lease_wait| {
         ServiceBuilder::new()
             .layer(
                 KeyedRateLimitLayer::new(keyed.clone(), |req: &(String, u32)| req.0.clone())
-                    .max_wait(max_wait),
+                    .lease_wait(lease_wait),
             )
             .service(keyed_inner(calls.clone()))
     };
@@ -198,7 +199,7 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
     );
     // The default waits that round trip: a's first request is served, and so is its whole
     // budget; then requests are shed at once with a hint of a token's refill time.
-    let mut svc = layer(DEFAULT_MAX_WAIT);
+    let mut svc = layer(DEFAULT_LEASE_WAIT);
     let (served, limited) = send(&mut svc, "a", 6).await;
     assert_eq!((served, limited.len()), (4, 2));
     assert!(limited
@@ -216,6 +217,48 @@ async fn keyed_shedding_with_a_synchronous_limiter() {
         .service(keyed_inner(calls.clone()));
     let (served, limited) = send(&mut costly, "c", 3).await;
     assert_eq!((served, limited.len()), (2, 1));
+}
+
+/// An over-limit key is shed at once — no request waits for its next token, nor for the
+/// small refills of a key the store just refused — unless `queue` asks for waiting (the old
+/// single `max_wait` did, and throughput fell to the limit: issue 14, item 1). Virtual time,
+/// a store with a 1 ms round trip; 50 requests every 10 ms against 100/s (burst 10).
+#[tokio::test(start_paused = true)]
+async fn keyed_shedding_does_not_queue_an_over_limit_key_unless_asked() {
+    use tokio::time::Instant;
+
+    let quota = Quota::per_second(100).unwrap().with_burst(10).unwrap();
+    let run = |queue: Duration| async move {
+        let store = wrapped::Wrapped::new(Duration::from_millis(1));
+        let limiter = KeyedHybridLimiter::<String, _>::new("hot", quota, store).unwrap();
+        let mut svc = ServiceBuilder::new()
+            .layer(
+                KeyedRateLimitLayer::new(limiter, |req: &(String, u32)| req.0.clone()).queue(queue),
+            )
+            .service(keyed_inner(Arc::default()));
+        let (mut served, mut inside) = (0u32, Duration::ZERO);
+        for _ in 0..100 {
+            let start = Instant::now();
+            served += send(&mut svc, "hot", 50).await.0;
+            inside += start.elapsed();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (served, inside)
+    };
+    let (served, inside) = run(Duration::ZERO).await;
+    // The burst, then the rate for about a second; the waiting was the new key's start (its
+    // burst leased a token at a time, one 1 ms round trip each).
+    assert!((90..=125).contains(&served), "served {served}");
+    assert!(
+        inside <= Duration::from_millis(15),
+        "requests spent {inside:?} waiting"
+    );
+    let (served, inside) = run(Duration::from_millis(20)).await;
+    assert!(
+        inside > Duration::from_secs(10),
+        "queued requests spent only {inside:?}"
+    );
+    assert!(served > 1_000, "served {served}");
 }
 
 /// `RateLimitLayer` goes straight onto an axum `Router` (which needs a `Sync` service) and

@@ -57,10 +57,11 @@ use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{check_tokens, Decision, Limiter};
+use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer, RECENTLY_REFUSED};
 use crate::quota::Quota;
 use crate::retry::MIN_RETRY;
 use crate::store::{LeaseStore, RedisStore};
+use crate::time;
 
 /// Most jitter after a fixed window's "come back when it ends": a window's start is the
 /// same moment for every node, and a late node would waste the new window.
@@ -289,6 +290,70 @@ impl<S: LeaseStore> HybridLimiter<S> {
         }
     }
 
+    /// [`try_acquire`](Self::try_acquire) that tells a refusal by the store (or the failure
+    /// policy), [`LocalAnswer::Denied`], from an empty local bucket with no word from the store
+    /// yet, [`LocalAnswer::NeedsLease`] (the first lease, the first after an idle spell gave
+    /// the tokens back, a refill late while demand grows). A limiter the store refused within
+    /// the last second is at its limit: a miss then is `Denied`. Never waits; starts a lease
+    /// as `try_acquire` does.
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub fn try_acquire_local(&self, n: u64) -> Result<LocalAnswer, Error> {
+        let retry_after = match self.try_acquire(n)? {
+            Decision::Allowed => return Ok(LocalAnswer::Allowed),
+            Decision::Denied { retry_after } => retry_after,
+        };
+        let s = &*self.handle.shared;
+        // Relaxed: a hint, as in `blocked_for`.
+        let refused_until = s.blocked_until_ns.load(Ordering::Relaxed);
+        let window = time::nanos(RECENTLY_REFUSED);
+        let refused_lately =
+            refused_until != 0 && refused_until.saturating_add(window) > s.now_ns();
+        Ok(if !refused_lately && !s.circuit.is_open() {
+            LocalAnswer::NeedsLease { retry_after }
+        } else {
+            LocalAnswer::Denied { retry_after }
+        })
+    }
+
+    /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the
+    /// store has not said no (a lease in flight), but never for tokens the store said are not
+    /// there: that is `Denied` at once. What a server that sheds load wants.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let s = &*self.handle.shared;
+        let deadline = time::from_now(lease_wait);
+        let errors_seen = s.circuit.failures();
+        loop {
+            let finished = s.finished.notified();
+            let mut finished = std::pin::pin!(finished);
+            finished.as_mut().enable();
+            let retry_after = match self.try_acquire_local(n)? {
+                LocalAnswer::Allowed => return Ok(Decision::Allowed),
+                LocalAnswer::Denied { retry_after } => {
+                    if s.failure == FailurePolicy::FailClosed {
+                        if let Some(e) = s.circuit.error_since(errors_seen) {
+                            return Err(Error::Store(e));
+                        }
+                    }
+                    return Ok(Decision::Denied { retry_after });
+                }
+                LocalAnswer::NeedsLease { retry_after } => retry_after,
+            };
+            // Woken by the outcome of the lease the check asked for.
+            if tokio::time::timeout_at(deadline, finished).await.is_err() {
+                return Ok(Decision::Denied { retry_after });
+            }
+        }
+    }
+
     /// Tokens in the local bucket now.
     pub fn available(&self) -> u64 {
         self.handle.shared.local.available()
@@ -366,5 +431,13 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
 
     fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
         Some(HybridLimiter::try_acquire(self, n))
+    }
+
+    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+        Some(HybridLimiter::try_acquire_local(self, n))
+    }
+
+    async fn try_acquire_or_lease(&self, n: u64, lease_wait: Duration) -> Result<Decision, Error> {
+        HybridLimiter::try_acquire_or_lease(self, n, lease_wait).await
     }
 }

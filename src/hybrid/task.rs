@@ -428,7 +428,9 @@ impl Task {
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
-                s.blocked_until_ns.store(0, Ordering::Relaxed);
+                // Not blocked from now on; a block ended early reads as ending now (a refusal
+                // stays recent for `try_acquire_local`).
+                s.blocked_until_ns.fetch_min(s.now_ns(), Ordering::Relaxed);
                 self.backoff.reset();
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.

@@ -108,6 +108,7 @@
 //! `pure.rs` the pure keyed limiter.
 
 mod builder;
+mod lease_wait;
 mod metrics;
 mod name;
 mod pure;
@@ -127,7 +128,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, LocalAnswer};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
 use crate::time;
@@ -394,5 +395,26 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         Some(KeyedHybridLimiter::try_acquire(self, key, n))
+    }
+
+    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        Some(KeyedHybridLimiter::try_acquire_local(self, key, n))
+    }
+
+    async fn try_acquire_or_lease<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        KeyedHybridLimiter::try_acquire_or_lease(self, key, n, lease_wait).await
     }
 }

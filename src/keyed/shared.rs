@@ -158,6 +158,9 @@ pub(super) struct Shared<K, S, H> {
     pub(super) pressure: AtomicBool,
     /// Wakes the worker for `closed` and `pressure`.
     pub(super) wake: Notify,
+    /// Woken by the worker whenever a key's lease is answered (granted, refused, failed):
+    /// callers waiting for a lease queued by someone else (`lease_wait.rs`).
+    pub(super) leased: Notify,
     pub(super) counters: Counters,
     /// Metric handles, published by the worker's task ([`publisher`]).
     pub(super) metrics: KeyedMetrics,

@@ -167,6 +167,14 @@ impl KeyState {
         )
     }
 
+    /// Whether the store refused this key (a block) that ended less than `window` before
+    /// `now_ns` or has not ended yet.
+    pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {
+        let until = self.blocked_until.load(Ordering::Relaxed);
+        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        until != 0 && until.saturating_add(window) > now_ns
+    }
+
     /// Denies callers locally until `until_ns`.
     pub(crate) fn block_until(&self, until_ns: u64) {
         self.blocked_until.store(until_ns, Ordering::Relaxed);
@@ -177,15 +185,24 @@ impl KeyState {
         self.tokens.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Adds a grant at `now_ms`, of which `to_waiter` went straight to a waiting caller and
-    /// the rest into the key; sets the next low-water mark.
-    pub(crate) fn grant(&self, rest: u64, to_waiter: u64, low_water: u64, now_ms: u32) {
+    /// Adds a grant at `now_ms` (`now_ns`), of which `to_waiter` went straight to a waiting
+    /// caller and the rest into the key; sets the next low-water mark and ends any block
+    /// (remembering when it ended, for [`refused_within`](Self::refused_within)).
+    pub(crate) fn grant(
+        &self,
+        rest: u64,
+        to_waiter: u64,
+        low_water: u64,
+        now_ms: u32,
+        now_ns: u64,
+    ) {
         let held = self.tokens.fetch_add(rest, Ordering::Relaxed) + rest;
         self.after_grant
             .store(saturate(held + to_waiter), Ordering::Relaxed);
         self.granted_at_ms.store(now_ms, Ordering::Relaxed);
         self.low_water.store(saturate(low_water), Ordering::Relaxed);
-        self.blocked_until.store(0, Ordering::Relaxed);
+        // Not blocked from now on; a block that was ended early reads as ending now.
+        self.blocked_until.fetch_min(now_ns, Ordering::Relaxed);
         let used = if to_waiter > 0 { USED } else { 0 };
         self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
     }
@@ -213,7 +230,7 @@ mod tests {
     fn take_grant_and_give_back_conserve_tokens() {
         let s = KeyState::new(7, QUEUED);
         assert_eq!(s.take(1), None);
-        s.grant(5, 0, 2, 1_000);
+        s.grant(5, 0, 2, 1_000, 1_000_000_000);
         assert_eq!(s.take(3), Some(2));
         assert!(!s.below_low_water(2));
         assert!(s.below_low_water(1));
@@ -226,13 +243,13 @@ mod tests {
     fn demand_is_what_was_spent_since_the_grant() {
         let s = KeyState::new(0, 0);
         assert_eq!(s.demand(5_000), 0.0, "never granted: no demand");
-        s.grant(10, 2, 0, 1_000);
+        s.grant(10, 2, 0, 1_000, 1_000_000_000);
         s.take(4).unwrap();
         // 2 handed to a waiter + 4 taken, over 500 ms.
         assert_eq!(s.demand(1_500), 12.0);
         // The millisecond clock wraps.
         let w = KeyState::new(0, 0);
-        w.grant(1, 0, 0, u32::MAX - 99);
+        w.grant(1, 0, 0, u32::MAX - 99, 1);
         w.take(1).unwrap();
         assert_eq!(w.demand(100), 5.0);
     }
@@ -258,5 +275,19 @@ mod tests {
         s.block_until(1_000);
         assert_eq!(s.blocked_for(400), Duration::from_nanos(600));
         assert_eq!(s.blocked_for(2_000), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_block_ended_by_a_grant_stays_recent_for_the_window() {
+        let s = KeyState::new(0, 0);
+        let second = Duration::from_secs(1);
+        assert!(!s.refused_within(second, 5_000_000_000), "never refused");
+        s.block_until(9_000_000_000);
+        assert!(s.refused_within(second, 1_000_000_000), "blocked now");
+        // Granted at 2 s: the block ends early, and reads as ending then.
+        s.grant(1, 0, 0, 2_000, 2_000_000_000);
+        assert_eq!(s.blocked_for(2_000_000_000), Duration::ZERO);
+        assert!(s.refused_within(second, 2_999_999_999));
+        assert!(!s.refused_within(second, 3_000_000_000));
     }
 }

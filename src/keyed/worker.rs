@@ -188,6 +188,7 @@ where
                     if let Some(state) = state {
                         state.unqueue();
                     }
+                    self.s.leased.notify_waiters();
                     return;
                 }
             }
@@ -263,6 +264,7 @@ where
                 state.unqueue();
             }
         }
+        self.s.leased.notify_waiters();
         if let Some(reply) = request.reply {
             let answer = match self.s.circuit.last_error() {
                 Some(e) => Answer::Failed(e),
@@ -343,7 +345,10 @@ where
                 };
                 let rest = reply.granted - to_waiter;
                 match &state {
-                    Some(state) => state.grant(rest, to_waiter, ask.low_water, self.now_ms()),
+                    Some(state) => {
+                        let now_ns = self.ns_at(now);
+                        state.grant(rest, to_waiter, ask.low_water, self.now_ms(), now_ns)
+                    }
                     None if rest > 0 => self.give_back(bucket_name(&s.name, &request.key), rest),
                     None => {}
                 }
@@ -389,6 +394,7 @@ where
                 state.unqueue();
             }
         }
+        s.leased.notify_waiters();
         if let (Some(answer), Some(waiter)) = (answer, request.reply) {
             let _ = waiter.send(answer);
         }

@@ -1,0 +1,219 @@
+//! How the layer asks its limiter: [`Global`] (one budget) and [`Keyed`] (one per key).
+//!
+//! A [`Gate`] turns a request into a [`Step`]. The decision is synchronous whenever the
+//! limiter can answer without awaiting (a hybrid limiter always can): admitted, or shed with
+//! the limiter's `retry_after`, with no allocation either way. Only two cases wait, each
+//! bounded by its own setting of [`Waits`]:
+//!
+//! - **a lease** ([`LocalAnswer::NeedsLease`]: a key new to this process, tokens given back
+//!   while idle) — up to `lease_wait`, on by default: one round trip to the store decides, and
+//!   refusing would answer every new key's first request with a 429;
+//! - **the next token** (a refusal whose `retry_after` fits in `queue`) — off by default: a
+//!   server that waits for tokens of an over-limit key queues its requests instead of
+//!   shedding them.
+//!
+//! A limiter that cannot answer without awaiting (pure mode) is awaited: its store call is the
+//! decision, not a wait.
+
+use std::borrow::{Borrow, Cow};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::Request;
+
+use super::key::{KeyError, KeyExtractor};
+use crate::error::Error;
+use crate::limiter::{Decision, KeyedLimiter, Limiter, LocalAnswer};
+use crate::quota::Quota;
+
+/// A boxed, sendable future: only requests that wait pay for one.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The two waits a limited request may make; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// Longest wait for a lease when the limiter has no answer yet.
+    pub lease_wait: Duration,
+    /// Longest wait for the next token after a refusal (zero: shed at once).
+    pub queue: Duration,
+}
+
+/// What to do with a request, as a [`Gate`] decided.
+#[must_use]
+#[non_exhaustive]
+pub enum Step {
+    /// Serve it.
+    Admit,
+    /// Refuse it: limited for about `retry_after`.
+    Shed {
+        /// The limiter's estimate of when a retry could succeed.
+        retry_after: Duration,
+    },
+    /// The limiter failed (a store failure under `FailClosed`, a request above the burst).
+    Fail(Error),
+    /// The request has no usable key.
+    NoKey(KeyError),
+    /// Wait for the decision (a lease, the next token, or a limiter that must await).
+    Wait(BoxFuture<Result<Decision, Error>>),
+}
+
+/// How a [`Limit`](super::Limit) service asks its limiter. Implemented by [`Global`] and
+/// [`Keyed`].
+pub trait Gate: Send + Sync + 'static {
+    /// The quota the headers advertise.
+    fn quota(&self) -> Quota;
+
+    /// The step for `request`, charging `tokens`.
+    fn check<B>(&self, request: &Request<B>, tokens: u64, waits: Waits) -> Step;
+}
+
+/// One budget for every request: a [`Limiter`], such as a fleet-wide
+/// [`HybridLimiter`](crate::HybridLimiter).
+#[derive(Debug, Clone)]
+pub struct Global<L> {
+    limiter: L,
+}
+
+impl<L> Global<L> {
+    /// Every request spends from `limiter`.
+    pub fn new(limiter: L) -> Self {
+        Global { limiter }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+}
+
+impl<L> Gate for Global<L>
+where
+    L: Limiter + Clone + 'static,
+{
+    fn quota(&self) -> Quota {
+        self.limiter.quota()
+    }
+
+    fn check<B>(&self, _request: &Request<B>, tokens: u64, waits: Waits) -> Step {
+        let answer = if waits.lease_wait.is_zero() {
+            self.limiter
+                .try_acquire_now(tokens)
+                .map(|r| r.map(LocalAnswer::from))
+        } else {
+            self.limiter.try_acquire_local(tokens)
+        };
+        step(answer, waits, |first| {
+            let limiter = self.limiter.clone();
+            Box::pin(async move {
+                let decision = match first {
+                    Some(denied) => denied,
+                    None => {
+                        limiter
+                            .try_acquire_or_lease(tokens, waits.lease_wait)
+                            .await?
+                    }
+                };
+                match decision {
+                    Decision::Denied { retry_after } if fits(retry_after, waits.queue) => {
+                        limiter.try_acquire_for(tokens, waits.queue).await
+                    }
+                    decision => Ok(decision),
+                }
+            })
+        })
+    }
+}
+
+/// One budget per key: a [`KeyedLimiter`], such as a
+/// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter), keyed by a [`KeyExtractor`].
+#[derive(Debug, Clone)]
+pub struct Keyed<KL, X> {
+    limiter: KL,
+    key: X,
+}
+
+impl<KL, X> Keyed<KL, X> {
+    /// Requests spend the budget of the key `key` extracts, from `limiter`.
+    pub fn new(limiter: KL, key: X) -> Self {
+        Keyed { limiter, key }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &KL {
+        &self.limiter
+    }
+}
+
+impl<KL, X> Gate for Keyed<KL, X>
+where
+    KL: KeyedLimiter<X::Key> + Clone + 'static,
+    X: KeyExtractor,
+{
+    fn quota(&self) -> Quota {
+        self.limiter.quota()
+    }
+
+    fn check<B>(&self, request: &Request<B>, tokens: u64, waits: Waits) -> Step {
+        let key = match self.key.extract(request) {
+            Ok(key) => key,
+            Err(e) => return Step::NoKey(e),
+        };
+        let answer = if waits.lease_wait.is_zero() {
+            self.limiter
+                .try_acquire_now(&*key, tokens)
+                .map(|r| r.map(LocalAnswer::from))
+        } else {
+            self.limiter.try_acquire_local(&*key, tokens)
+        };
+        step(answer, waits, |first| {
+            let limiter = self.limiter.clone();
+            // The slow path owns its key: the request moves on to the inner service.
+            let key: X::Key = Cow::into_owned(key);
+            Box::pin(async move {
+                let key: &X::Borrowed = key.borrow();
+                let decision = match first {
+                    Some(denied) => denied,
+                    None => {
+                        limiter
+                            .try_acquire_or_lease(key, tokens, waits.lease_wait)
+                            .await?
+                    }
+                };
+                match decision {
+                    Decision::Denied { retry_after } if fits(retry_after, waits.queue) => {
+                        limiter.try_acquire_for(key, tokens, waits.queue).await
+                    }
+                    decision => Ok(decision),
+                }
+            })
+        })
+    }
+}
+
+/// Whether a refusal for `retry_after` is worth queueing for, given `queue`.
+fn fits(retry_after: Duration, queue: Duration) -> bool {
+    !queue.is_zero() && retry_after <= queue
+}
+
+/// The step for a limiter's immediate `answer`. `wait(first)` makes the waiting future:
+/// `first` is a refusal to queue after, or `None` to ask the limiter (for a lease, or because
+/// it must await).
+fn step<F>(answer: Option<Result<LocalAnswer, Error>>, waits: Waits, wait: F) -> Step
+where
+    F: FnOnce(Option<Decision>) -> BoxFuture<Result<Decision, Error>>,
+{
+    match answer {
+        Some(Ok(LocalAnswer::Allowed)) => Step::Admit,
+        Some(Err(e)) => Step::Fail(e),
+        Some(Ok(LocalAnswer::Denied { retry_after })) => {
+            if fits(retry_after, waits.queue) {
+                Step::Wait(wait(Some(Decision::Denied { retry_after })))
+            } else {
+                Step::Shed { retry_after }
+            }
+        }
+        // Only asked for when `lease_wait` is not zero.
+        Some(Ok(LocalAnswer::NeedsLease { .. })) | None => Step::Wait(wait(None)),
+    }
+}
