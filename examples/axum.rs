@@ -42,8 +42,11 @@ async fn main() -> Result<(), BoxError> {
     let app = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("# using Redis at {url}");
+            // Lazy: the service starts even while Redis is down (the failure policy answers
+            // until it is reachable), and connects in the background when it appears.
             let store = RedisStore::builder(url)
                 .response_timeout(Duration::from_millis(50))
+                .lazy_connect()
                 .connect()
                 .await?;
             app(store)?
