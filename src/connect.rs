@@ -74,6 +74,14 @@ impl ConnectSettings {
         }
     }
 
+    /// Whether TLS certificates were set (they apply only to connections this crate opens).
+    pub(crate) fn has_tls_material(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls_root.is_some() || self.tls_client.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// The TLS material redis-rs needs, or `None` for the system's roots and no client identity.
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Option<redis::TlsCertificates> {
@@ -331,6 +339,22 @@ pub(crate) fn manager_on(
     settings: &ConnectSettings,
 ) -> redis::RedisResult<ConnectionManager> {
     ConnectionManager::new_lazy_with_config(client, manager_config(settings))
+}
+
+/// A connection manager on the caller's `client`, with these settings (lazy or not).
+pub(crate) async fn manager_for(
+    client: redis::Client,
+    settings: &ConnectSettings,
+) -> Result<ConnectionManager, ConnectError> {
+    let config = manager_config(settings);
+    if settings.lazy {
+        let addr = client.get_connection_info().addr().to_string();
+        return ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| ConnectError::Url(format!("cannot connect to {addr}: {e}")));
+    }
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(ConnectError::Redis)
 }
 
 /// A client for `url` and a connection manager on it.
