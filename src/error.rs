@@ -74,6 +74,16 @@ pub enum StoreError {
     NoPermission(String),
 }
 
+impl StoreError {
+    /// Whether this is an outage — Redis could not be reached, failed the call, or did not
+    /// answer in time — which a [`FailurePolicy`](crate::FailurePolicy) answers for. ACL
+    /// denials and rejected or malformed replies are not: the store answered, and retrying
+    /// will not help.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Redis(_) | StoreError::Timeout(_))
+    }
+}
+
 /// The message of an ACL denial, if `e` is one: `NOPERM …` for a command or key the user may
 /// not use, or Redis 7's `ERR The user executing the script can't run this command …` for a
 /// command called inside a script.

@@ -13,8 +13,10 @@
 //! ```toml
 //! [defaults]
 //! mode = "hybrid"                     # "hybrid" (default) or "pure"
-//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback" (default)
-//! expected_nodes = 10                 # the fleet size, for local-fallback (default 1)
+//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback",
+//!                                     # "last-known-share" (default)
+//! expected_nodes = 10                 # the fleet size: local-fallback's share, and
+//!                                     # last-known-share's until it knows one (default 1)
 //! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
 //! budget = "overall"                  # "overall" (default) or "per-client"
 //!
