@@ -144,7 +144,10 @@ impl ConnectSettings {
         };
         #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(url);
-        client.map_err(|e| ConnectError::Url(format!("invalid redis url {url:?}: {e}")))
+        client.map_err(|e| {
+            let url = crate::key::redact_url(url);
+            ConnectError::Url(format!("invalid redis url {url:?}: {e}"))
+        })
     }
 }
 
@@ -366,8 +369,10 @@ pub(crate) async fn connection_manager(
     let config = manager_config(settings);
     let conn = if settings.lazy {
         // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
-        ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|e| ConnectError::Url(format!("cannot connect to {url:?}: {e}")))?
+        ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(|e| {
+            let url = crate::key::redact_url(url);
+            ConnectError::Url(format!("cannot connect to {url:?}: {e}"))
+        })?
     } else {
         ConnectionManager::new_with_config(client.clone(), config)
             .await
@@ -397,9 +402,10 @@ pub(crate) async fn cluster_connection(
     if let Some(certs) = settings.certificates() {
         builder = builder.certs(certs);
     }
-    let client = builder
-        .build()
-        .map_err(|e| ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}")))?;
+    let client = builder.build().map_err(|e| {
+        let nodes: Vec<_> = nodes.iter().map(|n| crate::key::redact_url(n)).collect();
+        ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}"))
+    })?;
     if settings.lazy {
         return Ok(Connection::LazyCluster(std::sync::Arc::new(LazyCluster {
             client,

@@ -213,9 +213,18 @@ impl RedisLockBuilder {
             }
             settings.tls_root = self.tls_root;
         }
+        let server: Arc<str> = match &self.target {
+            LockTarget::Url(url) => key::redact_url(url),
+            LockTarget::Client(c) => c.get_connection_info().addr().to_string(),
+            _ => String::new(),
+        }
+        .into();
         let connect_error = |e| match e {
             ConnectError::Url(msg) => LockError::Config(msg),
-            ConnectError::Redis(e) => LockError::from(e),
+            ConnectError::Redis(e) => match LockError::from(e) {
+                LockError::Redis(e) => LockError::Redis(e.at(&server, None)),
+                other => other,
+            },
         };
         let (client, conn) = match self.target {
             LockTarget::Url(url) => connection_manager(&url, &settings)

@@ -68,6 +68,9 @@ pub struct RedisStore {
     /// (its unlock subscriptions need a client); `None` for a cluster, a Sentinel group, or a
     /// store made from a connection manager.
     client: Option<redis::Client>,
+    /// The server(s), for error messages: the URL with its password elided, the nodes, or
+    /// the Sentinel group.
+    server: Arc<str>,
     /// Whether the connection came from the caller, whose timeouts this crate did not set:
     /// then every call is bounded by the response timeout here.
     external: bool,
@@ -121,6 +124,28 @@ enum Target {
 }
 
 impl Target {
+    /// What errors name as the server: URLs with their passwords elided.
+    fn describe(&self) -> String {
+        let urls = |urls: &[String]| {
+            urls.iter()
+                .map(|u| key::redact_url(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Target::Url(url) => key::redact_url(url),
+            Target::Client(c) => c.get_connection_info().addr().to_string(),
+            Target::Manager(_) => "a shared connection manager".into(),
+            #[cfg(feature = "cluster")]
+            Target::ClusterConnection(_) => "a shared cluster connection".into(),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(nodes) => format!("cluster {}", urls(nodes)),
+            Target::Sentinel {
+                sentinels, master, ..
+            } => format!("master {master:?} of sentinels {}", urls(sentinels)),
+        }
+    }
+
     /// Whether the caller gave an open connection (no URL or client to connect with).
     fn is_connection(&self) -> bool {
         match self {
@@ -346,6 +371,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             conn,
             client,
+            server: self.target.describe().into(),
             external,
             prefix: self.prefix.into(),
             response_timeout: self.settings.response_timeout,
@@ -360,25 +386,14 @@ impl RedisStoreBuilder {
     fn connect_error(&self, e: redis::RedisError) -> Error {
         #[cfg(feature = "tls")]
         {
-            let url = match &self.target {
-                Target::Url(url) => url.clone(),
-                Target::Client(c) => c.get_connection_info().addr().to_string(),
-                // No connect happens for these.
-                Target::Manager(_) => String::new(),
-                #[cfg(feature = "cluster")]
-                Target::ClusterConnection(_) => String::new(),
-                #[cfg(feature = "cluster")]
-                Target::Cluster(nodes) => nodes.join(", "),
-                Target::Sentinel {
-                    sentinels, master, ..
-                } => format!("{master} (sentinels {})", sentinels.join(", ")),
-            };
+            let url = self.target.describe();
             if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
             {
                 return Error::Config(msg);
             }
         }
-        Error::Store(e.into())
+        let server: Arc<str> = self.target.describe().into();
+        Error::Store(StoreError::from(e).at(&server, None))
     }
 }
 
@@ -642,7 +657,7 @@ impl RedisStore {
             if e.is_timeout() {
                 StoreError::Timeout(self.response_timeout)
             } else {
-                StoreError::from(e)
+                StoreError::from(e).at(&self.server, keys.first().map(String::as_str))
             }
         });
         if let Err(e) = &result {
