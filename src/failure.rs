@@ -286,12 +286,13 @@ pub(crate) struct ProbeGate {
 }
 
 impl ProbeGate {
-    pub(crate) fn new() -> Self {
+    /// A gate whose back-off jitter is drawn from `seed`.
+    pub(crate) fn new(seed: u64) -> Self {
         ProbeGate {
             origin: Origin::now(),
             next_ns: AtomicU64::new(0),
             busy: AtomicBool::new(false),
-            backoff: Mutex::new((Backoff::for_errors(), fastrand::Rng::new())),
+            backoff: Mutex::new((Backoff::for_errors(), fastrand::Rng::with_seed(seed))),
         }
     }
 
@@ -421,7 +422,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_probe_at_a_time_after_the_back_off() {
-        let gate = ProbeGate::new();
+        let gate = ProbeGate::new(7);
         let probe = gate.try_probe().expect("no failure yet: a probe may go");
         assert!(gate.try_probe().is_none(), "one at a time");
         drop(probe); // unanswered: a failure

@@ -60,12 +60,21 @@ pub struct RedisLimiterBuilder<S> {
     unconfigured: Unconfigured,
     algorithm: Algorithm,
     failure: Option<FailurePolicy>,
+    seed: Option<u64>,
+    /// The circuit to share instead of one of the limiter's own (a keyed limiter's).
+    outage: Option<Arc<Outage>>,
     /// Handles to report to instead of the limiter's own (a keyed limiter's, shared by its
     /// keys).
     metrics: Option<Arc<CallMetrics>>,
 }
 
 impl<S: LeaseStore> RedisLimiterBuilder<S> {
+    /// Shares `outage` (a keyed limiter's circuit) instead of a circuit of the limiter's own.
+    pub(crate) fn outage(mut self, outage: Arc<Outage>) -> Self {
+        self.outage = Some(outage);
+        self
+    }
+
     /// Reports to `metrics` instead of registering handles of the limiter's own.
     pub(crate) fn metrics(mut self, metrics: Arc<CallMetrics>) -> Self {
         self.metrics = Some(metrics);
@@ -97,6 +106,13 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
     /// last second before the failure. See [`crate::failure`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = Some(policy);
+        self
+    }
+
+    /// Seeds the jitter of the circuit's probes (default: random). Set it for reproducible
+    /// simulations.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
         self
     }
 
@@ -137,11 +153,32 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                 absent_until_ns: AtomicU64::new(0),
                 metrics,
                 fallback: self.failure.and_then(|f| f.local_rate(&self.quota)),
-                circuit: Circuit::default(),
-                probe: ProbeGate::new(),
+                outage: self
+                    .outage
+                    .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
                 meter: GrantMeter::default(),
             }),
         })
+    }
+}
+
+/// Whether the store is failing, and who may probe it: one limiter's, or every key's of a
+/// keyed limiter.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// Open while the store is failing.
+    circuit: Circuit,
+    /// Who may call the store while the circuit is open, and when.
+    probe: ProbeGate,
+}
+
+impl Outage {
+    /// A closed circuit; its probes' jitter drawn from `seed` (random if `None`).
+    pub(crate) fn new(seed: Option<u64>) -> Self {
+        Outage {
+            circuit: Circuit::default(),
+            probe: ProbeGate::new(seed.unwrap_or_else(|| fastrand::u64(..))),
+        }
     }
 }
 
@@ -157,10 +194,8 @@ struct State {
     metrics: Arc<CallMetrics>,
     /// The local rate of a fallback policy.
     fallback: Option<LocalRate>,
-    /// Open while the store is failing.
-    circuit: Circuit,
-    /// Who may call the store while the circuit is open, and when.
-    probe: ProbeGate,
+    /// The circuit, and who may probe it (shared by a keyed limiter's keys).
+    outage: Arc<Outage>,
     /// The rate this node is granted: its share, for [`FailurePolicy::LastKnownShare`].
     meter: GrantMeter,
 }
@@ -257,6 +292,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
             unconfigured: Unconfigured::UseQuota,
             algorithm: Algorithm::TokenBucket,
             failure: None,
+            seed: None,
+            outage: None,
             metrics: None,
         }
     }
@@ -269,7 +306,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// Whether the circuit is open: the last store call failed, and the failure policy
     /// answers until a probe succeeds.
     pub fn circuit_open(&self) -> bool {
-        self.state.circuit.is_open()
+        self.state.outage.circuit.is_open()
     }
 
     /// The quota in effect: from the last store reply (a central config, or the builder's).
@@ -332,8 +369,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
             return self.absent();
         }
         let s = &*self.state;
-        let probe = if s.circuit.is_open() {
-            match s.probe.try_probe() {
+        let probe = if s.outage.circuit.is_open() {
+            match s.outage.probe.try_probe() {
                 Some(probe) => Some(probe),
                 None => return self.degraded(n, None),
             }
@@ -351,9 +388,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
             Ok(reply) => {
                 match probe {
                     Some(probe) => probe.succeeded(),
-                    None => s.probe.reset(),
+                    None => s.outage.probe.reset(),
                 }
-                s.circuit.recovered(&self.name);
+                s.outage.circuit.recovered(&self.name);
                 reply
             }
             Err(error) if !error.is_outage() => {
@@ -366,12 +403,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
             Err(error) => {
                 // The first failure schedules the first probe; a probe's ticket reschedules
                 // when dropped.
-                if probe.is_none() && !s.circuit.is_open() {
-                    s.probe.failed();
+                if probe.is_none() && !s.outage.circuit.is_open() {
+                    s.outage.probe.failed();
                 }
                 drop(probe);
                 let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
-                s.circuit.fail(&self.name, policy, error.clone());
+                s.outage.circuit.fail(&self.name, policy, error.clone());
                 return self.degraded(n, Some(error));
             }
         };
@@ -414,7 +451,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Verdict, Error> {
         let s = &*self.state;
         let Some(failure) = self.failure else {
-            let error = error.or_else(|| s.circuit.last_error());
+            let error = error.or_else(|| s.outage.circuit.last_error());
             // The circuit is open only after an error was recorded.
             return Err(Error::Store(
                 error.unwrap_or(StoreError::Timeout(Duration::ZERO)),
@@ -424,7 +461,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
             (FailurePolicy::FailOpen, _) => Ok(()),
             (_, Some(local)) => local.try_take(n),
             // Fail closed: ask again when the next probe may go.
-            _ => Err(s.probe.wait()),
+            _ => Err(s.outage.probe.wait()),
         };
         let decision = match decision {
             Ok(()) => Decision::Allowed,
@@ -445,8 +482,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// waiting caller returns instead of waiting for the store.
     fn closed_error(&self) -> Option<Error> {
         let s = &*self.state;
-        (self.failure == Some(FailurePolicy::FailClosed) && s.circuit.is_open())
-            .then(|| s.circuit.last_error())
+        (self.failure == Some(FailurePolicy::FailClosed) && s.outage.circuit.is_open())
+            .then(|| s.outage.circuit.last_error())
             .flatten()
             .map(Error::Store)
     }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelease::{FailurePolicy, HybridLimiter, Quota, RedisLimiter, RedisStore};
+use ratelease::{
+    Error, FailurePolicy, HybridLimiter, KeyedRedisLimiter, Quota, RedisLimiter, RedisStore,
+};
 use support::RedisServer;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -187,4 +189,33 @@ async fn each_policys_fleet_rate_during_an_outage() {
         assert!(rate(label) < 0.05 * limit, "{label}: {:.0}/s", rate(label));
     }
     drop(keep);
+}
+
+#[tokio::test]
+async fn a_keyed_pure_limiters_keys_share_one_circuit() {
+    // Nothing listens on the address: every connect is refused (after one retry).
+    let server = RedisServer::reserve(&[]);
+    let store = RedisStore::builder(server.url())
+        .lazy_connect()
+        .connect()
+        .await
+        .unwrap();
+    let keyed = KeyedRedisLimiter::new("per-user", Quota::per_second(10).unwrap(), store).unwrap();
+    let first = std::time::Instant::now();
+    let err = keyed.try_acquire("alice", 1).await.unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    let waited = first.elapsed();
+    // Other keys get the same error at once: only a probe (one per back-off, 5 ms doubling)
+    // waits for the store.
+    let mut slow = 0;
+    for i in 0..100 {
+        let key = format!("user-{i}");
+        let t = std::time::Instant::now();
+        assert!(keyed.try_acquire(&key, 1).await.is_err());
+        slow += usize::from(t.elapsed() > waited / 2);
+    }
+    assert!(
+        slow <= 3,
+        "{slow} of 100 calls waited like the first ({waited:?}): the keys share no circuit"
+    );
 }

@@ -938,8 +938,11 @@ async fn keyed_and_concurrency_store_errors_are_counted_when_redis_dies() {
     }
     let kl = [("limiter", "kdies"), ("mode", "keyed-pure")];
     let r = m.read();
-    assert_eq!(r.counter(telemetry::STORE_ERRORS, &kl), 3);
-    assert_eq!(r.counter(telemetry::LEASES, &kl), 4);
+    // The keys' one circuit lets a call through once its back-off (5–40 ms) has passed; a
+    // call inside it returns the last error without a store call, so is not counted.
+    let errors = r.counter(telemetry::STORE_ERRORS, &kl);
+    assert!((1..=3).contains(&errors), "{errors}");
+    assert_eq!(r.counter(telemetry::LEASES, &kl), 1 + errors);
     drop(permit);
     conc.shutdown().await;
     let stats = conc.stats();

@@ -182,7 +182,9 @@ impl ParseError {
             .and_then(|l| l.split_once('='))
             .map(|(k, _)| k.trim().trim_matches(['"', '\'']).to_owned())
             .filter(|k| {
-                let bare = k.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-');
+                let bare = k
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
                 !k.is_empty() && bare && !message.contains(&format!("`{k}`"))
             });
         ParseError {
