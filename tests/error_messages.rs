@@ -9,9 +9,10 @@ use std::error::Error as StdError;
 use std::net::TcpListener;
 use std::time::Duration;
 
+#[cfg(feature = "toml")]
+use ratelease::{ConfigFileError, LimitersConfig};
 use ratelease::{
-    ConfigFileError, Error, LimitersConfig, LockError, Quota, QuotaError, RedisLimiter, RedisLock,
-    RedisStore, StoreError,
+    Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
 };
 
 /// What anyhow's `{:#}` and eyre's reports print: the error, then each source, joined.
@@ -136,6 +137,7 @@ fn quota_errors_name_the_quota_and_the_bound() {
     says_once(&err, &["store failed", "timed out after 50ms"]);
 }
 
+#[cfg(feature = "toml")]
 #[test]
 fn a_misspelt_key_points_at_its_line_and_the_file_is_not_copied() {
     let text = "[defaults]\nmode = \"hybrid\"\n\n[limiters.api]\nrate = 5\nbrust = 3\n";

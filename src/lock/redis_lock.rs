@@ -312,7 +312,7 @@ impl RedisLock {
     fn builder_at(target: LockTarget, name: String) -> RedisLockBuilder {
         RedisLockBuilder {
             target,
-            name: name.into(),
+            name,
             prefix: DEFAULT_LOCK_PREFIX.to_owned(),
             lease: DEFAULT_LEASE,
             poll: DEFAULT_POLL,
