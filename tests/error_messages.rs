@@ -184,3 +184,18 @@ fn a_misspelt_key_points_at_its_line_and_the_file_is_not_copied() {
         &[&missing.display().to_string(), "No such file or directory"],
     );
 }
+
+#[tokio::test]
+async fn a_lock_call_names_the_server_and_the_locks_key() {
+    let mut server = support::RedisServer::start();
+    let url = server.url();
+    let lock = RedisLock::builder(&url, "invoice-42")
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    server.stop();
+    let err = lock.try_lock(&lock.new_owner()).await.unwrap_err();
+    assert!(matches!(err, LockError::Redis(_)), "{err:?}");
+    says_once(&err, &[&url, "ratelease:{invoice-42}:lock"]);
+}

@@ -107,8 +107,9 @@ enum LockTarget {
     Url(String),
     /// The caller's client: the builder opens a connection manager on it.
     Client(redis::Client),
-    /// An open connection manager (a store's, or the caller's), and its client if known.
-    Manager(ConnectionManager, Option<redis::Client>),
+    /// An open connection manager (a store's, or the caller's), its client if known, and what
+    /// errors call its server.
+    Manager(ConnectionManager, Option<redis::Client>, Arc<str>),
     /// A store whose connection a lock cannot use; the message says why.
     Unusable(&'static str),
 }
@@ -121,7 +122,7 @@ impl std::fmt::Debug for LockTarget {
                 .debug_tuple("Client")
                 .field(&c.get_connection_info().addr().to_string())
                 .finish(),
-            LockTarget::Manager(_, client) => f
+            LockTarget::Manager(_, client, _) => f
                 .debug_tuple("Manager")
                 .field(
                     &client
@@ -189,7 +190,14 @@ impl RedisLockBuilder {
     /// [`LockError::Redis`] or [`LockError::Timeout`] if Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisLock, LockError> {
         key::validate_prefix(&self.prefix)?;
-        let keys = LockKeys::new(&self.prefix, &self.name)?;
+        let server: Arc<str> = match &self.target {
+            LockTarget::Url(url) => key::redact_url(url),
+            LockTarget::Client(c) => c.get_connection_info().addr().to_string(),
+            LockTarget::Manager(_, _, server) => server.to_string(),
+            LockTarget::Unusable(_) => String::new(),
+        }
+        .into();
+        let keys = LockKeys::new(&self.prefix, &self.name, server.clone())?;
         if self.lease.as_millis() == 0 {
             return Err(LockError::Config(format!(
                 "lease time {:?} is below the 1 ms resolution of PEXPIRE",
@@ -213,12 +221,6 @@ impl RedisLockBuilder {
             }
             settings.tls_root = self.tls_root;
         }
-        let server: Arc<str> = match &self.target {
-            LockTarget::Url(url) => key::redact_url(url),
-            LockTarget::Client(c) => c.get_connection_info().addr().to_string(),
-            _ => String::new(),
-        }
-        .into();
         let connect_error = |e| match e {
             ConnectError::Url(msg) => LockError::Config(msg),
             ConnectError::Redis(e) => match LockError::from(e) {
@@ -237,7 +239,7 @@ impl RedisLockBuilder {
                     .map_err(connect_error)?;
                 (Some(client), conn)
             }
-            LockTarget::Manager(conn, client) => (client, conn),
+            LockTarget::Manager(conn, client, _) => (client, conn),
             LockTarget::Unusable(why) => return Err(LockError::Config(why.into())),
         };
         let shared = Shared {
@@ -283,7 +285,14 @@ impl RedisLock {
         client: Option<redis::Client>,
         name: impl Into<String>,
     ) -> RedisLockBuilder {
-        Self::builder_at(LockTarget::Manager(manager, client), name.into())
+        let server = match &client {
+            Some(c) => c.get_connection_info().addr().to_string(),
+            None => "a shared connection manager".to_owned(),
+        };
+        Self::builder_at(
+            LockTarget::Manager(manager, client, server.into()),
+            name.into(),
+        )
     }
 
     /// A builder for lock `name` sharing `store`'s connection (and its client, for unlock
@@ -301,7 +310,11 @@ impl RedisLock {
     /// ```
     pub fn builder_on_store(store: &RedisStore, name: impl Into<String>) -> RedisLockBuilder {
         let target = match store.connection_manager() {
-            Some(manager) => LockTarget::Manager(manager.clone(), store.client().cloned()),
+            Some(manager) => LockTarget::Manager(
+                manager.clone(),
+                store.client().cloned(),
+                store.server().into(),
+            ),
             None => LockTarget::Unusable(
                 "a lock needs a single Redis: this store is on a cluster or a Sentinel group",
             ),
@@ -341,7 +354,7 @@ impl RedisLock {
     /// [`LockError::Config`] for an empty or too long name.
     pub fn named(&self, name: impl Into<String>) -> Result<Self, LockError> {
         let name: String = name.into();
-        let keys = LockKeys::new(&self.shared.prefix, &name)?;
+        let keys = LockKeys::new(&self.shared.prefix, &name, self.keys.server.clone())?;
         Ok(RedisLock {
             shared: self.shared.clone(),
             name: name.into(),
@@ -433,7 +446,8 @@ impl RedisLock {
             .arg(&self.keys.lock)
             .arg(owner.field())
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.keys.locate(e.into()))?;
         Ok(count.unwrap_or(0))
     }
 
@@ -446,7 +460,8 @@ impl RedisLock {
         let n: u64 = redis::cmd("EXISTS")
             .arg(&self.keys.lock)
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.keys.locate(e.into()))?;
         Ok(n == 1)
     }
 

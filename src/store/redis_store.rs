@@ -459,6 +459,11 @@ impl RedisStore {
         self.client.as_ref()
     }
 
+    /// What error messages call the store's server(s): URLs with their passwords elided.
+    pub(crate) fn server(&self) -> &str {
+        &self.server
+    }
+
     /// The connection manager of a one-server store (from a URL, a client or a manager), for
     /// sending other commands on the same connection; `None` for a cluster or Sentinel store.
     pub fn connection_manager(&self) -> Option<&ConnectionManager> {
