@@ -67,6 +67,17 @@ async fn an_unreachable_redis_is_named_without_its_password() {
     assert!(!text.contains("hunter2") && !format!("{err:?}").contains("hunter2"));
     assert!(text.to_lowercase().contains("refused"), "why: {text}");
 
+    // A URL that does not parse is a configuration error, still without its password.
+    let err = RedisStore::connect("redis://:hunter2@127.0.0.1:notaport/")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let text = says_once(
+        &err,
+        &["invalid redis url", "redis://:***@127.0.0.1:notaport/"],
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+
     // A call of a limiter on a lazy store names the server and the limiter's key.
     let store = RedisStore::builder(&url)
         .lazy_connect()
