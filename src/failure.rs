@@ -234,15 +234,19 @@ impl Circuit {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// A store call of `limiter` (answering by `policy`) failed: open the circuit.
-    pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) {
+    /// A store call of `limiter` (answering by `policy`) failed: open the circuit. True if
+    /// this call opened it (it was closed).
+    pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) -> bool {
         let policy = policy.name();
-        if !self.open.swap(true, Ordering::Relaxed) {
+        // The error first: a caller that finds the circuit open finds an error in the slot.
+        *self.error.lock() = Some(error.clone());
+        let opened = !self.open.swap(true, Ordering::Relaxed);
+        if opened {
             tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
         }
-        *self.error.lock() = Some(error);
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.seq.fetch_add(1, Ordering::Release);
+        opened
     }
 
     /// A lease call succeeded: close the circuit.

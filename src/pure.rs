@@ -394,21 +394,23 @@ impl<S: LeaseStore> RedisLimiter<S> {
                 reply
             }
             Err(error) if !error.is_outage() => {
-                // Not an outage: answered, so the store is reachable.
+                // Not an outage: the store answered, so it is reachable.
                 if let Some(probe) = probe {
                     probe.succeeded();
                 }
+                s.outage.circuit.recovered(&self.name);
                 return Err(error.into());
             }
             Err(error) => {
-                // The first failure schedules the first probe; a probe's ticket reschedules
-                // when dropped.
-                if probe.is_none() && !s.outage.circuit.is_open() {
+                let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
+                let opened = s.outage.circuit.fail(&self.name, policy, error.clone());
+                // The call that opens the circuit schedules the first probe (calls failing
+                // alongside it do not stretch the back-off); a probe's ticket reschedules when
+                // dropped.
+                if opened && probe.is_none() {
                     s.outage.probe.failed();
                 }
                 drop(probe);
-                let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
-                s.outage.circuit.fail(&self.name, policy, error.clone());
                 return self.degraded(n, Some(error));
             }
         };
