@@ -249,11 +249,14 @@ impl Circuit {
         opened
     }
 
-    /// A lease call succeeded: close the circuit.
-    pub(crate) fn recovered(&self, limiter: &str) {
-        if self.open.swap(false, Ordering::Relaxed) {
+    /// A store call succeeded: close the circuit. True if this call closed it.
+    pub(crate) fn recovered(&self, limiter: &str) -> bool {
+        // A load first: the common case (closed) writes nothing to the shared word.
+        let closed = self.is_open() && self.open.swap(false, Ordering::Relaxed);
+        if closed {
             tracing::info!(limiter = %limiter, "store answering again: circuit closed");
         }
+        closed
     }
 
     /// Failures so far, to compare with later in [`error_since`](Self::error_since).

@@ -386,11 +386,13 @@ impl<S: LeaseStore> RedisLimiter<S> {
         s.metrics.lease_call(sent.elapsed(), reply.is_ok());
         let reply = match reply {
             Ok(reply) => {
+                let closed = s.outage.circuit.recovered(&self.name);
                 match probe {
                     Some(probe) => probe.succeeded(),
-                    None => s.outage.probe.reset(),
+                    // A call sent before the circuit opened closed it: start the back-off over.
+                    None if closed => s.outage.probe.reset(),
+                    None => {}
                 }
-                s.outage.circuit.recovered(&self.name);
                 reply
             }
             Err(error) if !error.is_outage() => {
