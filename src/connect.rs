@@ -74,6 +74,14 @@ impl ConnectSettings {
         }
     }
 
+    /// Whether TLS certificates were set (they apply only to connections this crate opens).
+    pub(crate) fn has_tls_material(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls_root.is_some() || self.tls_client.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// The TLS material redis-rs needs, or `None` for the system's roots and no client identity.
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Option<redis::TlsCertificates> {
@@ -136,7 +144,10 @@ impl ConnectSettings {
         };
         #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(url);
-        client.map_err(|e| ConnectError::Url(format!("invalid redis url {url:?}: {e}")))
+        client.map_err(|e| {
+            let url = crate::key::redact_url(url);
+            ConnectError::Url(format!("invalid redis url {url:?}: {e}"))
+        })
     }
 }
 
@@ -333,6 +344,22 @@ pub(crate) fn manager_on(
     ConnectionManager::new_lazy_with_config(client, manager_config(settings))
 }
 
+/// A connection manager on the caller's `client`, with these settings (lazy or not).
+pub(crate) async fn manager_for(
+    client: redis::Client,
+    settings: &ConnectSettings,
+) -> Result<ConnectionManager, ConnectError> {
+    let config = manager_config(settings);
+    if settings.lazy {
+        let addr = client.get_connection_info().addr().to_string();
+        return ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| ConnectError::Url(format!("cannot connect to {addr}: {e}")));
+    }
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(ConnectError::Redis)
+}
+
 /// A client for `url` and a connection manager on it.
 pub(crate) async fn connection_manager(
     url: &str,
@@ -342,8 +369,10 @@ pub(crate) async fn connection_manager(
     let config = manager_config(settings);
     let conn = if settings.lazy {
         // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
-        ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|e| ConnectError::Url(format!("cannot connect to {url:?}: {e}")))?
+        ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(|e| {
+            let url = crate::key::redact_url(url);
+            ConnectError::Url(format!("cannot connect to {url:?}: {e}"))
+        })?
     } else {
         ConnectionManager::new_with_config(client.clone(), config)
             .await
@@ -373,9 +402,10 @@ pub(crate) async fn cluster_connection(
     if let Some(certs) = settings.certificates() {
         builder = builder.certs(certs);
     }
-    let client = builder
-        .build()
-        .map_err(|e| ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}")))?;
+    let client = builder.build().map_err(|e| {
+        let nodes: Vec<_> = nodes.iter().map(|n| crate::key::redact_url(n)).collect();
+        ConnectError::Url(format!("invalid cluster nodes {nodes:?}: {e}"))
+    })?;
     if settings.lazy {
         return Ok(Connection::LazyCluster(std::sync::Arc::new(LazyCluster {
             client,

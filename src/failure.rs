@@ -1,26 +1,42 @@
-//! What a hybrid limiter does when the store cannot be reached.
+//! What a limiter does when the store cannot be reached.
 //!
-//! A limiter that stalls when Redis stalls takes its service down with it. A [`HybridLimiter`]
-//! never waits for the store on the caller's thread, so the only question is what to answer
-//! once the tokens it already holds are spent while the store is failing — the circuit is
-//! **open** from the first failed lease until a lease succeeds again. While it is open the
-//! background task probes the store with jittered exponential back-off (10 ms to 500 ms), and
-//! callers are answered by the [`FailurePolicy`]:
+//! A limiter that stalls when Redis stalls takes its service down with it. The circuit is
+//! **open** from the first failed store call until one succeeds again; while it is open the
+//! store is probed with jittered exponential back-off (10 ms to 500 ms), and callers are
+//! answered by the [`FailurePolicy`] without waiting for the store:
 //!
 //! - [`FailurePolicy::FailOpen`]: admit. The service stays up; the limit is not enforced.
 //! - [`FailurePolicy::FailClosed`]: deny. The limit holds; the service is limited to zero.
-//! - [`FailurePolicy::LocalFallback`] (the default): each node enforces its own share of the
-//!   quota, `rate / expected_nodes` with a burst of `burst / expected_nodes` (at least 1), with
-//!   a local GCRA bucket (one atomic word) — Doorman's "safe capacity". With `expected_nodes` set
-//!   to the fleet size the fleet stays near the limit; the default of 1 lets every node use the
-//!   whole quota, which favours availability over the limit. Set it.
+//! - [`FailurePolicy::LastKnownShare`] (the default): each node enforces the share of the rate
+//!   the store last gave it, with a local GCRA bucket (one atomic word) — Doorman's "safe
+//!   capacity", learnt rather than configured. The store splits the rate among the live
+//!   leasers in proportion to their demand (`LeaseReply::share_mtps`), so the shares sum to
+//!   the rate and the fleet stays near its limit through an outage, whatever its size. The
+//!   burst is the same fraction of the quota's burst (at least 1). A node that has no share
+//!   yet (it never reached the store, or reported no demand) falls back to
+//!   `rate / nodes_if_unknown`.
+//! - [`FailurePolicy::LocalFallback`]: the same local bucket at a configured share,
+//!   `rate / expected_nodes` with a burst of `burst / expected_nodes` (at least 1): for a fleet
+//!   of known, fixed size, or to hold the fallback still whatever the store last said.
 //!
-//! Tokens leased before the failure are always spent first. [`HybridLimiter`]'s stats, a
-//! `tracing` event on each change, and the `metrics` gauge `ratelease_circuit_open` (labelled
-//! with the policy) show the state; `ratelease_store_errors_total` counts failed calls and
+//! Where the share comes from depends on the limiter. A [`HybridLimiter`] takes it from each
+//! lease reply. A [`RedisLimiter`] (pure mode) makes anonymous calls, which the store gives no
+//! share; it measures its own: the rate it was granted over the last second before the
+//! outage. Under load the fleet's grants sum to the rate, so this too keeps the fleet near its
+//! limit; a node idle before the outage has no share and uses `rate / nodes_if_unknown`. A
+//! keyed limiter's keys share one fallback rate, so it uses `rate / nodes_if_unknown` per key.
+//!
+//! In hybrid mode tokens leased before the failure are always spent first, and the probes
+//! are the background task's leases. In pure mode the circuit lets one caller at a time probe
+//! (when the back-off has passed); everyone else is answered by the policy at once, instead of
+//! waiting a timeout per call. The limiters' stats, a `tracing` event on each change, and (for
+//! the leasing limiters) the `metrics` gauge `ratelease_circuit_open` (labelled with the
+//! policy) show the state; `ratelease_store_errors_total` counts failed calls and
 //! `ratelease_degraded_tokens_total` what the policy admitted (see [`crate::telemetry`]).
+//! RELIABILITY.md ("Outage defaults") measures each policy's fleet-wide rate.
 //!
 //! [`HybridLimiter`]: crate::HybridLimiter
+//! [`RedisLimiter`]: crate::RedisLimiter
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +46,7 @@ use parking_lot::Mutex;
 
 use crate::error::StoreError;
 use crate::quota::Quota;
+use crate::retry::Backoff;
 use crate::time::Origin;
 
 /// What to answer when local tokens are spent and the store is failing.
@@ -45,12 +62,19 @@ pub enum FailurePolicy {
         /// How many nodes share the limit.
         expected_nodes: NonZeroU32,
     },
+    /// Enforce this node's last known share of the rate locally while the store is failing
+    /// (see the [module docs](self) for where the share comes from); `rate /
+    /// nodes_if_unknown` until a share is known. The default, with `nodes_if_unknown` 1.
+    LastKnownShare {
+        /// How many nodes to assume before the node has a share.
+        nodes_if_unknown: NonZeroU32,
+    },
 }
 
 impl Default for FailurePolicy {
     fn default() -> Self {
-        FailurePolicy::LocalFallback {
-            expected_nodes: NonZeroU32::MIN,
+        FailurePolicy::LastKnownShare {
+            nodes_if_unknown: NonZeroU32::MIN,
         }
     }
 }
@@ -63,13 +87,43 @@ impl FailurePolicy {
         }
     }
 
+    /// The node's last known share, assuming a fleet of `nodes` until a share is known (0 is
+    /// read as 1). `last_known_share(1)` is the default.
+    pub fn last_known_share(nodes_if_unknown: u32) -> Self {
+        FailurePolicy::LastKnownShare {
+            nodes_if_unknown: NonZeroU32::new(nodes_if_unknown).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+
     /// The policy's name, as used in metrics and logs.
     pub fn name(&self) -> &'static str {
         match self {
             FailurePolicy::FailOpen => "fail_open",
             FailurePolicy::FailClosed => "fail_closed",
             FailurePolicy::LocalFallback { .. } => "local_fallback",
+            FailurePolicy::LastKnownShare { .. } => "last_known_share",
         }
+    }
+
+    /// For the policies that enforce a local rate: the node count its starting share divides
+    /// the quota by.
+    pub(crate) fn fallback_nodes(&self) -> Option<NonZeroU32> {
+        match *self {
+            FailurePolicy::LocalFallback { expected_nodes } => Some(expected_nodes),
+            FailurePolicy::LastKnownShare { nodes_if_unknown } => Some(nodes_if_unknown),
+            FailurePolicy::FailOpen | FailurePolicy::FailClosed => None,
+        }
+    }
+
+    /// Whether the local rate follows the share the node learns.
+    pub(crate) fn learns_share(&self) -> bool {
+        matches!(self, FailurePolicy::LastKnownShare { .. })
+    }
+
+    /// The local rate this policy starts with for `quota`, if it enforces one.
+    pub(crate) fn local_rate(&self, quota: &Quota) -> Option<LocalRate> {
+        self.fallback_nodes()
+            .map(|nodes| LocalRate::share_of(quota, nodes))
     }
 }
 
@@ -107,6 +161,29 @@ impl LocalRate {
         let emission_ns = u64::try_from(emission).unwrap_or(u64::MAX);
         let burst = (quota.burst() / nodes).max(1);
         // Relaxed: two independent parameters; see above.
+        self.emission_ns.store(emission_ns, Ordering::Relaxed);
+        self.tolerance_ns
+            .store(emission_ns.saturating_mul(burst), Ordering::Relaxed);
+    }
+
+    /// Switches to a share of `share_mtps` millitokens per second of `quota`'s rate, with the
+    /// same fraction of its burst (at least 1). A share of 0 is ignored (nothing is known).
+    pub(crate) fn set_share_mtps(&self, quota: &Quota, share_mtps: u64) {
+        if share_mtps == 0 {
+            return;
+        }
+        // 10^12 ns·millitokens per token·second.
+        let emission = (1_000_000_000_000u128 / u128::from(share_mtps)).max(1);
+        let emission_ns = u64::try_from(emission).unwrap_or(u64::MAX);
+        // The fraction of the rate: share_mtps / (rate × 10^9 / period_us) in millitokens/s.
+        let full_mtps = u128::from(quota.rate()) * 1_000_000_000;
+        let burst =
+            u128::from(quota.burst()) * u128::from(share_mtps) * u128::from(quota.period_us())
+                / full_mtps;
+        let burst = u64::try_from(burst)
+            .unwrap_or(u64::MAX)
+            .clamp(1, quota.burst());
+        // Relaxed: two independent parameters; see `set_share_of`.
         self.emission_ns.store(emission_ns, Ordering::Relaxed);
         self.tolerance_ns
             .store(emission_ns.saturating_mul(burst), Ordering::Relaxed);
@@ -157,22 +234,29 @@ impl Circuit {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// A store call of `limiter` (answering by `policy`) failed: open the circuit.
-    pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) {
+    /// A store call of `limiter` (answering by `policy`) failed: open the circuit. True if
+    /// this call opened it (it was closed).
+    pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) -> bool {
         let policy = policy.name();
-        if !self.open.swap(true, Ordering::Relaxed) {
+        // The error first: a caller that finds the circuit open finds an error in the slot.
+        *self.error.lock() = Some(error.clone());
+        let opened = !self.open.swap(true, Ordering::Relaxed);
+        if opened {
             tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
         }
-        *self.error.lock() = Some(error);
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.seq.fetch_add(1, Ordering::Release);
+        opened
     }
 
-    /// A lease call succeeded: close the circuit.
-    pub(crate) fn recovered(&self, limiter: &str) {
-        if self.open.swap(false, Ordering::Relaxed) {
+    /// A store call succeeded: close the circuit. True if this call closed it.
+    pub(crate) fn recovered(&self, limiter: &str) -> bool {
+        // A load first: the common case (closed) writes nothing to the shared word.
+        let closed = self.is_open() && self.open.swap(false, Ordering::Relaxed);
+        if closed {
             tracing::info!(limiter = %limiter, "store answering again: circuit closed");
         }
+        closed
     }
 
     /// Failures so far, to compare with later in [`error_since`](Self::error_since).
@@ -192,6 +276,94 @@ impl Circuit {
             return None;
         }
         self.error.lock().clone()
+    }
+}
+
+/// When a limiter without a background task (pure mode) may call a failing store again: one
+/// caller at a time, after a jittered exponential back-off since the last failure. The others
+/// are answered by the policy without waiting for the store.
+#[derive(Debug)]
+pub(crate) struct ProbeGate {
+    origin: Origin,
+    /// No probe before this, ns since `origin`.
+    next_ns: AtomicU64,
+    /// A probe is in flight.
+    busy: AtomicBool,
+    backoff: Mutex<(Backoff, fastrand::Rng)>,
+}
+
+impl ProbeGate {
+    /// A gate whose back-off jitter is drawn from `seed`.
+    pub(crate) fn new(seed: u64) -> Self {
+        ProbeGate {
+            origin: Origin::now(),
+            next_ns: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            backoff: Mutex::new((Backoff::for_errors(), fastrand::Rng::with_seed(seed))),
+        }
+    }
+
+    /// A probe, if it is time for one and no other is in flight. Dropping the ticket without
+    /// [`Probe::succeeded`] counts as a failure (a cancelled call proves nothing).
+    pub(crate) fn try_probe(&self) -> Option<Probe<'_>> {
+        // Relaxed: a schedule; the swap below decides who probes.
+        if self.origin.elapsed_ns() < self.next_ns.load(Ordering::Relaxed) {
+            return None;
+        }
+        // Lazily: a ticket made and dropped would count as a failed probe.
+        (!self.busy.swap(true, Ordering::Acquire)).then(|| Probe {
+            gate: self,
+            ok: false,
+        })
+    }
+
+    /// How long until the next probe may be sent.
+    pub(crate) fn wait(&self) -> Duration {
+        let next = self.next_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(next.saturating_sub(self.origin.elapsed_ns()))
+    }
+
+    /// A call succeeded: the next failure starts the back-off over.
+    pub(crate) fn reset(&self) {
+        self.backoff.lock().0.reset();
+        self.next_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// A call failed: no probe before the next back-off step.
+    pub(crate) fn failed(&self) {
+        let wait = {
+            let mut guard = self.backoff.lock();
+            let (backoff, rng) = &mut *guard;
+            backoff.next(rng)
+        };
+        let next = self
+            .origin
+            .elapsed_ns()
+            .saturating_add(crate::time::nanos(wait));
+        self.next_ns.store(next, Ordering::Relaxed);
+    }
+}
+
+/// The right to probe a failing store once; see [`ProbeGate::try_probe`].
+pub(crate) struct Probe<'a> {
+    gate: &'a ProbeGate,
+    ok: bool,
+}
+
+impl Probe<'_> {
+    /// The probe was answered: the back-off starts over.
+    pub(crate) fn succeeded(mut self) {
+        self.ok = true;
+        self.gate.reset();
+    }
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        if !self.ok {
+            self.gate.failed();
+        }
+        self.gate.busy.store(false, Ordering::Release);
     }
 }
 
@@ -217,12 +389,58 @@ mod tests {
     }
 
     #[test]
-    fn default_is_a_local_fallback_of_the_whole_quota() {
-        assert_eq!(FailurePolicy::default(), FailurePolicy::local_fallback(1));
+    fn default_is_the_last_known_share() {
+        assert_eq!(FailurePolicy::default(), FailurePolicy::last_known_share(1));
         assert_eq!(
             FailurePolicy::local_fallback(0),
             FailurePolicy::local_fallback(1)
         );
+        assert_eq!(
+            FailurePolicy::last_known_share(0),
+            FailurePolicy::last_known_share(1)
+        );
         assert_eq!(FailurePolicy::FailClosed.name(), "fail_closed");
+        assert_eq!(FailurePolicy::default().name(), "last_known_share");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learnt_share_sets_the_rate_and_the_same_fraction_of_the_burst() {
+        // 1 000/s, burst 100; the store gave this node 150/s: burst 15, one token per 6.67 ms.
+        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let local = FailurePolicy::default().local_rate(&q).unwrap();
+        local.set_share_mtps(&q, 150_000);
+        let burst = (0..100).filter(|_| local.try_take(1).is_ok()).count();
+        assert_eq!(burst, 15);
+        let mut admitted = 0;
+        for _ in 0..1_000 {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            admitted += (0..10).filter(|_| local.try_take(1).is_ok()).count();
+        }
+        assert_eq!(admitted, 150, "one second at 150/s");
+        // A zero share says nothing: the rate stays.
+        local.set_share_mtps(&q, 0);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!((0..100).filter(|_| local.try_take(1).is_ok()).count(), 15);
+        // A tiny share keeps a burst of 1.
+        local.set_share_mtps(&q, 1);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!((0..10).filter(|_| local.try_take(1).is_ok()).count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_probe_at_a_time_after_the_back_off() {
+        let gate = ProbeGate::new(7);
+        let probe = gate.try_probe().expect("no failure yet: a probe may go");
+        assert!(gate.try_probe().is_none(), "one at a time");
+        drop(probe); // unanswered: a failure
+        assert!(gate.try_probe().is_none(), "not before the back-off");
+        let wait = gate.wait();
+        assert!(
+            wait >= Duration::from_millis(5) && wait <= Duration::from_millis(10),
+            "{wait:?}"
+        );
+        tokio::time::advance(wait).await;
+        gate.try_probe().expect("after the back-off").succeeded();
+        assert!(gate.try_probe().is_some(), "answered: no back-off");
     }
 }

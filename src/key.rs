@@ -78,3 +78,41 @@ mod tests {
         assert!(validate_prefix("ratelease:").is_ok());
     }
 }
+
+/// `url` with its password replaced by `***` (`redis://user:***@host:6379/0`), for error
+/// messages and logs: a URL names the server an error is about, its password must not travel
+/// with it. Anything that does not look like `scheme://user:password@…` is returned as is.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The authority ends at the first '/', '?' or '#'; the userinfo at its last '@'.
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_elided_and_the_rest_kept() {
+        let cases = [
+            ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),
+            ("rediss://u:p@ss@h/", "rediss://u:***@h/"),
+            ("redis://user@h/", "redis://user@h/"),
+            ("redis://h:6379/?password=x", "redis://h:6379/?password=x"),
+            ("not a url", "not a url"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+    }
+}

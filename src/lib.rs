@@ -119,9 +119,9 @@ pub use config::{Budget, ConfigStore, Unconfigured};
 #[cfg(feature = "toml")]
 pub use config_file::{
     AnyKeyedLimiter, AnyLimiter, ConcurrencySpec, ConfigFileError, KeyedSpec, LimiterSpec,
-    Limiters, LimitersConfig,
+    Limiters, LimitersConfig, ParseError,
 };
-pub use error::{Error, StoreError};
+pub use error::{Error, RedisFailure, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;

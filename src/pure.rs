@@ -11,6 +11,18 @@
 //! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
 //! unlimited name costs no store calls in between.
 //!
+//! **Store failures** open a circuit ([`crate::failure`]): while it is open, one caller at a
+//! time probes the store after a jittered back-off (10 ms to 500 ms) and every other caller is
+//! answered at once, instead of waiting a timeout per call. By default the answer is the
+//! store's last error ([`Error::Store`]: the caller decides, as with any failed call); with
+//! [`RedisLimiterBuilder::on_store_failure`] it is the [`FailurePolicy`]'s.
+//! [`FailurePolicy::LastKnownShare`] enforces locally the rate this node was granted over the
+//! last whole second before the outage (pure-mode calls are anonymous, so the store names no
+//! share): a fleet at its limit keeps to it. A `GrantMeter` measures that rate with two atomic
+//! words, next to the store call. Errors that are no outage (an ACL denial, a rejected or
+//! malformed reply: [`StoreError::is_outage`](crate::StoreError::is_outage) is false) are
+//! always returned and open no circuit.
+//!
 //! Every [`Algorithm`] runs in pure mode. [`RedisLimiter::check`] answers with the budget left
 //! ([`Verdict`]), and [`RedisLimiter::available_permits`] reads it without taking anything (a
 //! release of 0 tokens: the window and leaky-bucket scripts' `peek`).
@@ -25,7 +37,8 @@ use tokio::time::Instant;
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
-use crate::error::Error;
+use crate::error::{Error, StoreError};
+use crate::failure::{Circuit, FailurePolicy, LocalRate, ProbeGate};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
@@ -46,12 +59,22 @@ pub struct RedisLimiterBuilder<S> {
     client_id: Option<u64>,
     unconfigured: Unconfigured,
     algorithm: Algorithm,
+    failure: Option<FailurePolicy>,
+    seed: Option<u64>,
+    /// The circuit to share instead of one of the limiter's own (a keyed limiter's).
+    outage: Option<Arc<Outage>>,
     /// Handles to report to instead of the limiter's own (a keyed limiter's, shared by its
     /// keys).
     metrics: Option<Arc<CallMetrics>>,
 }
 
 impl<S: LeaseStore> RedisLimiterBuilder<S> {
+    /// Shares `outage` (a keyed limiter's circuit) instead of a circuit of the limiter's own.
+    pub(crate) fn outage(mut self, outage: Arc<Outage>) -> Self {
+        self.outage = Some(outage);
+        self
+    }
+
     /// Reports to `metrics` instead of registering handles of the limiter's own.
     pub(crate) fn metrics(mut self, metrics: Arc<CallMetrics>) -> Self {
         self.metrics = Some(metrics);
@@ -74,6 +97,22 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
     /// share one client budget use the same id.
     pub fn client_id(mut self, id: u64) -> Self {
         self.client_id = Some(id);
+        self
+    }
+
+    /// What to answer while the store is failing, instead of its error (the default: each
+    /// call returns [`Error::Store`], at once while the circuit is open).
+    /// [`FailurePolicy::LastKnownShare`] enforces the rate this node was granted over the
+    /// last second before the failure. See [`crate::failure`].
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = Some(policy);
+        self
+    }
+
+    /// Seeds the jitter of the circuit's probes (default: random). Set it for reproducible
+    /// simulations.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
         self
     }
 
@@ -107,13 +146,39 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             client,
             unconfigured: self.unconfigured,
             algorithm: self.algorithm,
+            failure: self.failure,
             state: Arc::new(State {
                 effective: Mutex::new(self.quota),
                 origin: Origin::now(),
                 absent_until_ns: AtomicU64::new(0),
                 metrics,
+                fallback: self.failure.and_then(|f| f.local_rate(&self.quota)),
+                outage: self
+                    .outage
+                    .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
+                meter: GrantMeter::default(),
             }),
         })
+    }
+}
+
+/// Whether the store is failing, and who may probe it: one limiter's, or every key's of a
+/// keyed limiter.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// Open while the store is failing.
+    circuit: Circuit,
+    /// Who may call the store while the circuit is open, and when.
+    probe: ProbeGate,
+}
+
+impl Outage {
+    /// A closed circuit; its probes' jitter drawn from `seed` (random if `None`).
+    pub(crate) fn new(seed: Option<u64>) -> Self {
+        Outage {
+            circuit: Circuit::default(),
+            probe: ProbeGate::new(seed.unwrap_or_else(|| fastrand::u64(..))),
+        }
     }
 }
 
@@ -127,6 +192,44 @@ struct State {
     absent_until_ns: AtomicU64,
     /// Metric handles, updated after each store call ([`crate::telemetry`]).
     metrics: Arc<CallMetrics>,
+    /// The local rate of a fallback policy.
+    fallback: Option<LocalRate>,
+    /// The circuit, and who may probe it (shared by a keyed limiter's keys).
+    outage: Arc<Outage>,
+    /// The rate this node is granted: its share, for [`FailurePolicy::LastKnownShare`].
+    meter: GrantMeter,
+}
+
+/// The rate a pure-mode node is granted, over windows of at least [`GrantMeter::WINDOW`]:
+/// tokens granted since the window started, and when it started. A window closes at the first
+/// grant after it is long enough; the caller that closes it gets its rate.
+#[derive(Debug, Default)]
+struct GrantMeter {
+    /// ns since the limiter's origin.
+    start_ns: AtomicU64,
+    tokens: AtomicU64,
+}
+
+impl GrantMeter {
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// `n` tokens were granted at `now_ns`; the rate of the window this closes, if it does,
+    /// in millitokens per second.
+    fn granted(&self, now_ns: u64, n: u64) -> Option<u64> {
+        // Relaxed: a statistic; the CAS below decides who closes a window.
+        self.tokens.fetch_add(n, Ordering::Relaxed);
+        let start = self.start_ns.load(Ordering::Relaxed);
+        let elapsed = now_ns.saturating_sub(start);
+        if elapsed < time::nanos(Self::WINDOW) {
+            return None;
+        }
+        self.start_ns
+            .compare_exchange(start, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        let tokens = self.tokens.swap(0, Ordering::Relaxed);
+        let mtps = u128::from(tokens) * 1_000_000_000_000 / u128::from(elapsed);
+        Some(u64::try_from(mtps).unwrap_or(u64::MAX))
+    }
 }
 
 /// A limiter that asks the store for every decision (`min = want = n`).
@@ -150,6 +253,7 @@ pub struct RedisLimiter<S = RedisStore> {
     client: Option<u64>,
     unconfigured: Unconfigured,
     algorithm: Algorithm,
+    failure: Option<FailurePolicy>,
     state: Arc<State>,
 }
 
@@ -162,6 +266,7 @@ impl<S: Clone> Clone for RedisLimiter<S> {
             client: self.client,
             unconfigured: self.unconfigured,
             algorithm: self.algorithm,
+            failure: self.failure,
             state: self.state.clone(),
         }
     }
@@ -186,8 +291,22 @@ impl<S: LeaseStore> RedisLimiter<S> {
             client_id: None,
             unconfigured: Unconfigured::UseQuota,
             algorithm: Algorithm::TokenBucket,
+            failure: None,
+            seed: None,
+            outage: None,
             metrics: None,
         }
+    }
+
+    /// The policy that answers while the store is failing (`None`: its error is returned).
+    pub fn failure_policy(&self) -> Option<FailurePolicy> {
+        self.failure
+    }
+
+    /// Whether the circuit is open: the last store call failed, and the failure policy
+    /// answers until a probe succeeds.
+    pub fn circuit_open(&self) -> bool {
+        self.state.outage.circuit.is_open()
     }
 
     /// The quota in effect: from the last store reply (a central config, or the builder's).
@@ -227,16 +346,19 @@ impl<S: LeaseStore> RedisLimiter<S> {
         &self.store
     }
 
-    /// Takes `n` tokens now, or says when to retry. One store call.
+    /// Takes `n` tokens now, or says when to retry. One store call (see
+    /// [`check`](Self::check) for a failing store).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
+    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`]: an outage's only
+    /// with no [`FailurePolicy`] set (the default).
     pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
         Ok(self.check(n).await?.decision)
     }
 
     /// Takes `n` tokens now, or says when to retry, and reports the budget left (for
-    /// `X-RateLimit-*` headers). One store call.
+    /// `X-RateLimit-*` headers). One store call; none while the circuit is open, except one
+    /// probe at a time: the [`FailurePolicy`] answers then (with `remaining` 0).
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -246,14 +368,54 @@ impl<S: LeaseStore> RedisLimiter<S> {
         if self.now_ns() < self.state.absent_until_ns.load(Ordering::Relaxed) {
             return self.absent();
         }
+        let s = &*self.state;
+        let probe = if s.outage.circuit.is_open() {
+            match s.outage.probe.try_probe() {
+                Some(probe) => Some(probe),
+                None => return self.degraded(n, None),
+            }
+        } else {
+            None
+        };
         let request = LeaseRequest::exact(n)
             .for_client(self.client)
             .configured_only(!self.unconfigured.falls_back())
             .algorithm(self.algorithm);
         let sent = Instant::now();
         let reply = self.store.lease(&self.name, &self.quota, &request).await;
-        self.state.metrics.lease_call(sent.elapsed(), reply.is_ok());
-        let reply = reply?;
+        s.metrics.lease_call(sent.elapsed(), reply.is_ok());
+        let reply = match reply {
+            Ok(reply) => {
+                let closed = s.outage.circuit.recovered(&self.name);
+                match probe {
+                    Some(probe) => probe.succeeded(),
+                    // A call sent before the circuit opened closed it: start the back-off over.
+                    None if closed => s.outage.probe.reset(),
+                    None => {}
+                }
+                reply
+            }
+            Err(error) if !error.is_outage() => {
+                // Not an outage: the store answered, so it is reachable.
+                if let Some(probe) = probe {
+                    probe.succeeded();
+                }
+                s.outage.circuit.recovered(&self.name);
+                return Err(error.into());
+            }
+            Err(error) => {
+                let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
+                let opened = s.outage.circuit.fail(&self.name, policy, error.clone());
+                // The call that opens the circuit schedules the first probe (calls failing
+                // alongside it do not stretch the back-off); a probe's ticket reschedules when
+                // dropped.
+                if opened && probe.is_none() {
+                    s.outage.probe.failed();
+                }
+                drop(probe);
+                return self.degraded(n, Some(error));
+            }
+        };
         if reply.source == QuotaSource::Absent {
             let until = self
                 .now_ns()
@@ -264,6 +426,15 @@ impl<S: LeaseStore> RedisLimiter<S> {
         *self.state.effective.lock() = reply.quota;
         check_request(&reply.quota, n)?;
         self.state.metrics.decided(n, reply.granted >= n);
+        if reply.granted >= n {
+            if let (Some(share), Some(local), true) = (
+                s.meter.granted(self.now_ns(), n),
+                &s.fallback,
+                self.failure.is_some_and(|f| f.learns_share()),
+            ) {
+                local.set_share_mtps(&reply.quota, share);
+            }
+        }
         let decision = if reply.granted >= n {
             Decision::Allowed
         } else {
@@ -277,6 +448,48 @@ impl<S: LeaseStore> RedisLimiter<S> {
             remaining: reply.remaining,
             reset_after: reply.reset_after,
         })
+    }
+
+    /// The answer for `n` tokens while the store is failing (with `error`, or the last one):
+    /// the policy's, or the error.
+    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Verdict, Error> {
+        let s = &*self.state;
+        let Some(failure) = self.failure else {
+            let error = error.or_else(|| s.outage.circuit.last_error());
+            // The circuit is open only after an error was recorded.
+            return Err(Error::Store(
+                error.unwrap_or(StoreError::Timeout(Duration::ZERO)),
+            ));
+        };
+        let decision = match (failure, &s.fallback) {
+            (FailurePolicy::FailOpen, _) => Ok(()),
+            (_, Some(local)) => local.try_take(n),
+            // Fail closed: ask again when the next probe may go.
+            _ => Err(s.outage.probe.wait()),
+        };
+        let decision = match decision {
+            Ok(()) => Decision::Allowed,
+            Err(wait) => Decision::Denied {
+                retry_after: wait.max(crate::retry::MIN_RETRY),
+            },
+        };
+        s.metrics.decided(n, decision.is_allowed());
+        Ok(Verdict {
+            decision,
+            limit: self.quota().burst(),
+            remaining: 0,
+            reset_after: Duration::ZERO,
+        })
+    }
+
+    /// The store's last error, if the circuit is open and the policy fails closed: what a
+    /// waiting caller returns instead of waiting for the store.
+    fn closed_error(&self) -> Option<Error> {
+        let s = &*self.state;
+        (self.failure == Some(FailurePolicy::FailClosed) && s.outage.circuit.is_open())
+            .then(|| s.outage.circuit.last_error())
+            .flatten()
+            .map(Error::Store)
     }
 
     /// Tokens that could be taken now, without taking any (a release of 0 tokens). For the
@@ -298,12 +511,18 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// Waits until `n` tokens are taken, sleeping for each reply's `retry_after`.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`try_acquire`](Self::try_acquire), and [`Error::Store`] while the store is failing
+    /// under [`FailurePolicy::FailClosed`] (waiting would wait for the store).
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
         loop {
             match self.try_acquire(n).await? {
                 Decision::Allowed => return Ok(()),
-                Decision::Denied { retry_after } => tokio::time::sleep(retry_after).await,
+                Decision::Denied { retry_after } => {
+                    if let Some(e) = self.closed_error() {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(retry_after).await;
+                }
             }
         }
     }
@@ -319,6 +538,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
             match self.try_acquire(n).await? {
                 Decision::Allowed => return Ok(Decision::Allowed),
                 Decision::Denied { retry_after } => {
+                    if let Some(e) = self.closed_error() {
+                        return Err(e);
+                    }
                     if time::from_now(retry_after) > deadline {
                         return Ok(Decision::Denied { retry_after });
                     }

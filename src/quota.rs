@@ -55,6 +55,23 @@ pub enum QuotaError {
     /// A value is too large for exact arithmetic in the script.
     #[error("quota too large: {0}")]
     TooLarge(&'static str),
+    /// The burst is too large for this rate and period: the shared bucket counts exact
+    /// fractions of a token, and the finer the fractions a rate and period need, the smaller
+    /// the largest burst (a rate that divides its period evenly allows the most).
+    #[error(
+        "burst {burst} is too large for {rate} tokens per {period:?}: at most {max_burst} with \
+         this rate and period (a rate that divides the period evenly allows more)"
+    )]
+    BurstTooLarge {
+        /// Tokens per period.
+        rate: u64,
+        /// The period.
+        period: Duration,
+        /// The burst asked for.
+        burst: u64,
+        /// The largest burst this rate and period allow.
+        max_burst: u64,
+    },
 }
 
 impl Quota {
@@ -144,9 +161,12 @@ impl Quota {
             burst,
         };
         if u128::from(burst) * u128::from(quota.scale()) > u128::from(MAX_VALUE) {
-            return Err(QuotaError::TooLarge(
-                "burst × (period_us / gcd(rate, period_us)) exceeds 2^52",
-            ));
+            return Err(QuotaError::BurstTooLarge {
+                rate,
+                period,
+                burst,
+                max_burst: MAX_VALUE / quota.scale(),
+            });
         }
         Ok(quota)
     }
@@ -234,10 +254,25 @@ mod tests {
             Err(QuotaError::TooLarge(_))
         ));
         // 1 token per day with a burst of 10^9: 8.64e10 units per token × 1e9 overflows 2^52.
-        assert!(matches!(
-            Quota::with_parts(1, Duration::from_secs(86_400), 1_000_000_000),
-            Err(QuotaError::TooLarge(_))
-        ));
+        let err = Quota::with_parts(1, Duration::from_secs(86_400), 1_000_000_000).unwrap_err();
+        assert_eq!(
+            err,
+            QuotaError::BurstTooLarge {
+                rate: 1,
+                period: Duration::from_secs(86_400),
+                burst: 1_000_000_000,
+                max_burst: MAX_VALUE / 86_400_000_000,
+            }
+        );
+        // The message names the quota and the largest burst, not the fixed-point arithmetic.
+        assert_eq!(
+            err.to_string(),
+            "burst 1000000000 is too large for 1 tokens per 86400s: at most 52124 with this \
+             rate and period (a rate that divides the period evenly allows more)"
+        );
+        // Just below the bound is fine.
+        assert!(Quota::with_parts(1, Duration::from_secs(86_400), 52_124).is_ok());
+        assert!(Quota::with_parts(1, Duration::from_secs(86_400), 52_125).is_err());
     }
 
     #[test]

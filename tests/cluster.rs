@@ -343,3 +343,34 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
     let on_target: u64 = cluster.nodes()[to].cmd(&["EXISTS", &bucket]);
     assert_eq!(on_target, 1);
 }
+
+#[tokio::test]
+async fn a_store_on_the_services_cluster_connection_routes_every_limiter() {
+    let cluster = RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let conn = client.get_async_connection().await.unwrap();
+    let store = RedisStore::with_cluster_connection(conn)
+        .prefix(PREFIX)
+        .response_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    assert!(store.connection_manager().is_none() && store.client().is_none());
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let limiter = RedisLimiter::new(name(i), slow(2), store.clone()).unwrap();
+        let mut admitted = 0;
+        for _ in 0..3 {
+            admitted += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+        }
+        assert_eq!(
+            admitted, 2,
+            "limiter {i}: its burst, on the shared connection"
+        );
+        owners.insert(cluster.owner(cluster.slot(&store.key(&name(i)))));
+    }
+    assert!(
+        owners.len() > 1,
+        "limiters spread over primaries: {owners:?}"
+    );
+}

@@ -722,3 +722,37 @@ async fn keyed_and_concurrency_limiters_from_a_file_hold_across_processes_on_red
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[test]
+fn the_failure_policy_defaults_to_the_last_known_share_and_reaches_pure_limiters_when_named() {
+    let file = LimitersConfig::from_toml(
+        r#"
+        [defaults]
+        expected_nodes = 4
+
+        [limiters.plain]
+        rate = 10
+
+        [limiters.pure-default]
+        rate = 10
+        mode = "pure"
+
+        [limiters.pure-named]
+        rate = 10
+        mode = "pure"
+        on_store_failure = "last-known-share"
+        "#,
+    )
+    .unwrap();
+    let plain = file.get("plain").unwrap();
+    assert_eq!(plain.failure_policy(), FailurePolicy::last_known_share(4));
+    let store = ratelease::MemoryStore::new();
+    // A pure limiter returns store errors unless the file names a policy.
+    let unnamed = file.get("pure-default").unwrap().pure(store.clone());
+    assert_eq!(unnamed.build().unwrap().failure_policy(), None);
+    let named = file.get("pure-named").unwrap().pure(store);
+    assert_eq!(
+        named.build().unwrap().failure_policy(),
+        Some(FailurePolicy::last_known_share(4))
+    );
+}

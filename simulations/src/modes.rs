@@ -184,9 +184,12 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             Mode::PureRedis => Nodes::Pure(
                 stores
                     .into_iter()
-                    .map(|s| {
+                    .enumerate()
+                    .map(|(node, s)| {
+                        // The circuit's probe jitter, reproducible like everything else.
                         RedisLimiter::builder(LIMITER_NAME, quota, s)
                             .algorithm(sc.algorithm)
+                            .seed(derive_seed(seed, "pure", node as u64))
                             .build()
                     })
                     .collect::<Result<_, _>>()?,

@@ -79,10 +79,11 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
         self
     }
 
-    /// What to answer when the store fails (default: [`FailurePolicy::LocalFallback`] with one
-    /// expected node, i.e. each process may hold up to the limit). Permits it admits are
-    /// counted locally only: `LocalFallback { expected_nodes }` admits at most
-    /// `max(1, limit / expected_nodes)` of them per process.
+    /// What to answer when the store fails (default: [`FailurePolicy::LastKnownShare`] with
+    /// one node if unknown, i.e. each process may hold up to the limit: the concurrency store
+    /// gives no share). Permits it admits are counted locally only: `LocalFallback {
+    /// expected_nodes }` admits at most `max(1, limit / expected_nodes)` of them per process,
+    /// and `LastKnownShare { nodes_if_unknown }` as many for its node count.
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
         self
@@ -135,11 +136,10 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
             low_water: batch / 4,
             idle_return: self.idle_return,
             failure: self.failure,
-            fallback_share: match self.failure {
-                FailurePolicy::LocalFallback { expected_nodes } => {
-                    (self.limit / u64::from(expected_nodes.get())).max(1)
-                }
-                _ => 0,
+            // No share is learnt for permits: `LastKnownShare` divides by its node count.
+            fallback_share: match self.failure.fallback_nodes() {
+                Some(nodes) => (self.limit / u64::from(nodes.get())).max(1),
+                None => 0,
             },
             circuit_open: AtomicBool::new(false),
             error: Mutex::new(None),

@@ -507,7 +507,7 @@ impl<S: ConcurrencyStore> Shared<S> {
                 self.local.degraded.fetch_add(n, Ordering::SeqCst);
                 true
             }
-            FailurePolicy::LocalFallback { .. } => self
+            FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. } => self
                 .local
                 .degraded
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {

@@ -13,8 +13,10 @@
 //! ```toml
 //! [defaults]
 //! mode = "hybrid"                     # "hybrid" (default) or "pure"
-//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback" (default)
-//! expected_nodes = 10                 # the fleet size, for local-fallback (default 1)
+//! on_store_failure = "local-fallback" # "fail-open", "fail-closed", "local-fallback",
+//!                                     # "last-known-share" (default)
+//! expected_nodes = 10                 # the fleet size: local-fallback's share, and
+//!                                     # last-known-share's until it knows one (default 1)
 //! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
 //! budget = "overall"                  # "overall" (default) or "per-client"
 //!
@@ -129,8 +131,8 @@ pub enum ConfigFileError {
         source: std::io::Error,
     },
     /// The file is not valid TOML, or has an unknown key or a value of the wrong type.
-    #[error("invalid limiters file: {0}")]
-    Parse(#[from] toml::de::Error),
+    #[error("invalid limiters file {0}")]
+    Parse(ParseError),
     /// A limiter's settings are invalid (of any kind: plain, keyed or concurrency).
     #[error("limiter {limiter:?}: {reason}")]
     Invalid {
@@ -139,6 +141,121 @@ pub enum ConfigFileError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// Where and why a limiters file does not parse: one line (`limiters.toml:4:1: unknown field
+/// `rat`, expected one of …`), and a `Debug` that holds only that, never the file.
+///
+/// The position is the offending key's line for a misspelt or misplaced key (the TOML parser
+/// itself points at the key's table), else the parser's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    path: Option<String>,
+    line: usize,
+    column: usize,
+    /// The key set on the offending line, if the message does not name it already.
+    key: Option<String>,
+    message: String,
+}
+
+impl ParseError {
+    /// The parser's error located in `text` (read from `path`, if a file).
+    fn new(error: &toml::de::Error, text: &str, path: Option<&Path>) -> Self {
+        // One line: the parser's message may span several.
+        let message = error
+            .message()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let at = error
+            .span()
+            .map(|span| unknown_key_at(&message, text, span.start).unwrap_or(span.start))
+            .unwrap_or(0)
+            .min(text.len());
+        let before = &text[..at];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        let start = before.rfind('\n').map_or(0, |i| i + 1);
+        let key = text[start..]
+            .lines()
+            .next()
+            .and_then(|l| l.split_once('='))
+            .map(|(k, _)| k.trim().trim_matches(['"', '\'']).to_owned())
+            .filter(|k| {
+                let bare = k
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
+                !k.is_empty() && bare && !message.contains(&format!("`{k}`"))
+            });
+        ParseError {
+            path: path.map(|p| p.display().to_string()),
+            line,
+            column,
+            key,
+            message,
+        }
+    }
+
+    /// The file, if the error came from [`LimitersConfig::load`].
+    pub fn path(&self) -> Option<&str> {
+        self.path.as_deref()
+    }
+
+    /// The line of the error, from 1.
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// The column of the error, in characters from 1.
+    pub fn column(&self) -> usize {
+        self.column
+    }
+
+    /// The key set on the offending line, when the message does not name it.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// What is wrong, as the TOML parser says it.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (line, column) = (self.line, self.column);
+        match &self.path {
+            Some(path) => write!(f, "{path}:{line}:{column}: ")?,
+            None => write!(f, "at line {line}, column {column}: ")?,
+        }
+        if let Some(key) = &self.key {
+            write!(f, "`{key}`: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// For an "unknown field `key`" error reported at the table starting at `table`: the offset
+/// of the line that sets `key` in that table, if it can be found.
+fn unknown_key_at(message: &str, text: &str, table: usize) -> Option<usize> {
+    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+    let mut offset = text.get(..table)?.rfind('\n').map_or(0, |i| i + 1);
+    for (i, line) in text[offset..].split_inclusive('\n').enumerate() {
+        let trimmed = line.trim_start();
+        // The next table header ends the search (the table's own header is line 0).
+        if i > 0 && trimmed.starts_with('[') {
+            return None;
+        }
+        let rest = [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
+            .iter()
+            .find_map(|k| trimmed.strip_prefix(k.as_str()));
+        if rest.is_some_and(|r| r.trim_start().starts_with('=')) {
+            return Some(offset + line.len() - trimmed.len());
+        }
+        offset += line.len();
+    }
+    None
 }
 
 /// How a limiter decides: leasing batches, or one store call per decision.
@@ -183,7 +300,12 @@ impl LimitersConfig {
     /// [`ConfigFileError::Invalid`] for settings a builder would refuse, and for a name
     /// defined in two kinds of table.
     pub fn from_toml(text: &str) -> Result<Self, ConfigFileError> {
-        let file: File = toml::from_str(text)?;
+        Self::parse(text, None)
+    }
+
+    fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigFileError> {
+        let file: File = toml::from_str(text)
+            .map_err(|e| ConfigFileError::Parse(ParseError::new(&e, text, path)))?;
         let kinds = [
             ("limiters", file.limiters.keys().collect::<Vec<_>>()),
             ("keyed", file.keyed.keys().collect()),
@@ -217,7 +339,7 @@ impl LimitersConfig {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml(&text)
+        Self::parse(&text, Some(path))
     }
 
     /// The limiter called `name` (a `[limiters.<name>]` table), if the file defines it.

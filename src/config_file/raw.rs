@@ -19,6 +19,7 @@ pub(super) enum FailureName {
     FailOpen,
     FailClosed,
     LocalFallback,
+    LastKnownShare,
 }
 
 /// The keys `[defaults]`, `[limiters.*]` and `[keyed.*]` share; unset keys fall through.
@@ -145,7 +146,7 @@ pub(super) fn quota(
         .map_err(|e| format!("invalid quota: {e}"))
 }
 
-/// The failure policy a table's (or `[defaults]`') keys name; local fallback by default.
+/// The failure policy a table's (or `[defaults]`') keys name; the last known share by default.
 pub(super) fn failure_policy(
     name: Option<FailureName>,
     nodes: Option<u32>,
@@ -156,8 +157,9 @@ pub(super) fn failure_policy(
     Ok(match name {
         Some(FailureName::FailOpen) => FailurePolicy::FailOpen,
         Some(FailureName::FailClosed) => FailurePolicy::FailClosed,
-        Some(FailureName::LocalFallback) | None => {
-            FailurePolicy::local_fallback(nodes.unwrap_or(1))
+        Some(FailureName::LocalFallback) => FailurePolicy::local_fallback(nodes.unwrap_or(1)),
+        Some(FailureName::LastKnownShare) | None => {
+            FailurePolicy::last_known_share(nodes.unwrap_or(1))
         }
     })
 }
@@ -166,6 +168,8 @@ pub(super) fn failure_policy(
 pub(super) struct Common {
     pub(super) mode: Mode,
     pub(super) failure: FailurePolicy,
+    /// Whether `on_store_failure` is set (a pure limiter returns store errors otherwise).
+    pub(super) failure_named: bool,
     pub(super) lease: Lease,
 }
 
@@ -173,6 +177,10 @@ impl Shared {
     /// Resolves a table's shared keys (`self`) over `[defaults]`' for a limiter of `quota`.
     pub(super) fn resolve(&self, defaults: &Shared, quota: &Quota) -> Result<Common, String> {
         let mode = self.mode.or(defaults.mode).unwrap_or_default();
+        let failure_named = self
+            .on_store_failure
+            .or(defaults.on_store_failure)
+            .is_some();
         let failure = failure_policy(
             self.on_store_failure.or(defaults.on_store_failure),
             self.expected_nodes.or(defaults.expected_nodes),
@@ -190,6 +198,7 @@ impl Shared {
             return Ok(Common {
                 mode,
                 failure,
+                failure_named,
                 lease,
             });
         }
@@ -221,6 +230,7 @@ impl Shared {
         Ok(Common {
             mode,
             failure,
+            failure_named,
             lease,
         })
     }

@@ -40,6 +40,8 @@ pub struct LimiterSpec {
     mode: Mode,
     algorithm: Algorithm,
     failure: FailurePolicy,
+    /// Whether the file names the policy (a pure limiter returns store errors otherwise).
+    failure_named: bool,
     unconfigured: Unconfigured,
     budget: Budget,
     lease: Lease,
@@ -57,6 +59,7 @@ impl LimiterSpec {
         let Common {
             mode,
             failure,
+            failure_named,
             lease,
         } = table
             .shared
@@ -81,6 +84,7 @@ impl LimiterSpec {
             mode,
             algorithm,
             failure,
+            failure_named,
             unconfigured,
             budget,
             lease,
@@ -116,7 +120,8 @@ impl LimiterSpec {
         self.algorithm
     }
 
-    /// Its failure policy (hybrid mode).
+    /// Its failure policy. A pure limiter uses it only if the file names one
+    /// (`on_store_failure`); otherwise its calls return the store's errors.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.failure
     }
@@ -137,10 +142,14 @@ impl LimiterSpec {
 
     /// A pure-mode builder with the file's settings, whatever the spec's mode.
     pub fn pure<S: LeaseStore>(&self, store: S) -> RedisLimiterBuilder<S> {
-        RedisLimiter::builder(self.name.clone(), self.quota, store)
+        let builder = RedisLimiter::builder(self.name.clone(), self.quota, store)
             .algorithm(self.algorithm)
             .if_unconfigured(self.unconfigured)
-            .budget(self.budget)
+            .budget(self.budget);
+        match self.failure_named {
+            true => builder.on_store_failure(self.failure),
+            false => builder,
+        }
     }
 
     /// Builds the limiter in its mode.
@@ -184,6 +193,7 @@ impl KeyedSpec {
             mode,
             failure,
             lease,
+            ..
         } = table
             .shared
             .resolve(&defaults.shared, &quota)

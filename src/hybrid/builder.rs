@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
-use crate::failure::{Circuit, FailurePolicy, LocalRate};
+use crate::failure::{Circuit, FailurePolicy};
 use crate::key;
 use crate::lease::local::LocalBucket;
 use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
@@ -78,7 +78,8 @@ impl<S: LeaseStore> HybridBuilder<S> {
     }
 
     /// What to answer when local tokens are spent and the store is failing (default:
-    /// [`FailurePolicy::LocalFallback`] with one expected node). See [`crate::failure`].
+    /// [`FailurePolicy::LastKnownShare`]: the share of the rate the store last gave this node).
+    /// See [`crate::failure`].
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
         self
@@ -159,12 +160,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             node_id,
             denied_total: AtomicU64::new(0),
             failure: self.failure,
-            fallback: match self.failure {
-                FailurePolicy::LocalFallback { expected_nodes } => {
-                    Some(LocalRate::share_of(&self.quota, expected_nodes))
-                }
-                _ => None,
-            },
+            fallback: self.failure.local_rate(&self.quota),
             circuit: Circuit::default(),
             origin: Origin::now(),
             blocked_until_ns: AtomicU64::new(0),

@@ -64,7 +64,8 @@ pub(super) struct Shared<S> {
     /// Tokens denied to callers, ever (demand that was not served).
     pub(super) denied_total: AtomicU64,
     pub(super) failure: FailurePolicy,
-    /// The local bucket of [`FailurePolicy::LocalFallback`].
+    /// The local bucket of [`FailurePolicy::LocalFallback`] and
+    /// [`FailurePolicy::LastKnownShare`] (at the learnt share).
     pub(super) fallback: Option<LocalRate>,
     /// Open from a failed lease until a lease succeeds.
     pub(super) circuit: Circuit,
@@ -164,7 +165,10 @@ impl<S: LeaseStore> Shared<S> {
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback) {
                 (FailurePolicy::FailOpen, _) => Ok(()),
-                (FailurePolicy::LocalFallback { .. }, Some(local)) => local.try_take(n),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(local),
+                ) => local.try_take(n),
                 _ => Err(Duration::ZERO),
             };
             match admit {

@@ -9,7 +9,6 @@ use tokio::time::Instant;
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
-use crate::failure::FailurePolicy;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::refill::Wake;
@@ -35,6 +34,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
         recent: RecentRate::new(),
         share: None,
+        fallback_share_mtps: 0,
         release_seq: 0,
         expires: None,
         window: None,
@@ -86,6 +86,9 @@ struct Task {
     recent: RecentRate,
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
+    /// The last non-zero share, millitokens per second, that the fallback of
+    /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).
+    fallback_share_mtps: u64,
     release_seq: u64,
     /// When the local tokens must be dropped (a little before the store forgets the lease,
     /// or before their window ends).
@@ -348,10 +351,14 @@ impl Task {
         self.terms = s.policy.terms(&quota);
         s.burst.store(quota.burst(), Ordering::Relaxed);
         *s.effective.lock() = quota;
-        if let (FailurePolicy::LocalFallback { expected_nodes }, Some(local)) =
-            (s.failure, &s.fallback)
-        {
-            local.set_share_of(&quota, expected_nodes);
+        if let (Some(nodes), Some(local)) = (s.failure.fallback_nodes(), &s.fallback) {
+            match self.fallback_share_mtps {
+                // The share learnt is in tokens per second; only its burst follows the quota.
+                share if share > 0 && s.failure.learns_share() => {
+                    local.set_share_mtps(&quota, share);
+                }
+                _ => local.set_share_of(&quota, nodes),
+            }
         }
     }
 
@@ -412,6 +419,14 @@ impl Task {
                 self.granted_at = Some(Instant::now());
             }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
+            if let (true, Some(local)) = (s.failure.learns_share(), &s.fallback) {
+                // The fallback follows the last non-zero share (0: no demand reported, nothing
+                // learnt).
+                if reply.share_mtps > 0 && reply.share_mtps != self.fallback_share_mtps {
+                    self.fallback_share_mtps = reply.share_mtps;
+                    local.set_share_mtps(&self.quota, reply.share_mtps);
+                }
+            }
             s.counters
                 .share_mtps
                 .store(reply.share_mtps, Ordering::Relaxed);

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::Error;
-use crate::failure::{Circuit, FailurePolicy, LocalRate};
+use crate::failure::{Circuit, FailurePolicy};
 use crate::lease::policy::{FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
@@ -99,7 +99,9 @@ where
     }
 
     /// What to answer when a key's tokens are spent and the store is failing (default:
-    /// [`FailurePolicy::LocalFallback`] with one expected node, per key).
+    /// [`FailurePolicy::LastKnownShare`], which for a keyed limiter is `rate /
+    /// nodes_if_unknown` per key: its keys share one fallback rate, so no key's share is
+    /// learnt).
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
         self
@@ -174,12 +176,7 @@ where
             max_in_flight: self.max_in_flight,
             known,
             fresh,
-            fallback: match self.failure {
-                FailurePolicy::LocalFallback { expected_nodes } => {
-                    Some(LocalRate::share_of(&self.quota, expected_nodes))
-                }
-                _ => None,
-            },
+            fallback: self.failure.local_rate(&self.quota),
             failure: self.failure,
             circuit: Circuit::default(),
             round_trip: RttEstimate::default(),

@@ -2,7 +2,9 @@
 //!
 //! A pure limiter keeps no local state, so a key is nothing but a bucket name: each call
 //! builds the key's [`RedisLimiter`] (a name and a clone of the store) and asks it. No map, no
-//! eviction, no cap — memory does not grow with the number of keys. It is the exact
+//! eviction, no cap — memory does not grow with the number of keys. The keys share one circuit
+//! ([`crate::failure`]): while the store is failing, one call at a time probes it and the others
+//! return its last error at once. It is the exact
 //! reference for [`KeyedHybridLimiter`](crate::KeyedHybridLimiter), as [`RedisLimiter`] is
 //! for [`HybridLimiter`](crate::HybridLimiter).
 
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter};
-use crate::pure::RedisLimiter;
+use crate::pure::{Outage, RedisLimiter};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
 use crate::telemetry::CallMetrics;
@@ -41,6 +43,9 @@ pub struct KeyedRedisLimiter<S = RedisStore> {
     /// One set of metric handles for every key, labelled `mode="keyed-pure"` and by this
     /// limiter's name, never by key (see [`crate::telemetry`]).
     metrics: Arc<CallMetrics>,
+    /// One circuit for every key: while the store is failing, one call at a time probes it
+    /// and the others return its error at once.
+    outage: Arc<Outage>,
 }
 
 impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
@@ -58,6 +63,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
             quota,
             store,
             metrics,
+            outage: Arc::new(Outage::new(None)),
         })
     }
 
@@ -66,6 +72,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     pub fn limiter<Q: Display + ?Sized>(&self, key: &Q) -> RedisLimiter<S> {
         RedisLimiter::builder(self.bucket_name(key), self.quota, self.store.clone())
             .metrics(self.metrics.clone())
+            .outage(self.outage.clone())
             .build()
             .expect("a valid keyed name gives valid bucket names")
     }

@@ -148,7 +148,8 @@ pub(super) struct Shared<K, S, H> {
     /// First leases (new keys, and keys never granted yet).
     pub(super) fresh: mpsc::Sender<Request<K>>,
     pub(super) failure: FailurePolicy,
-    /// The per-key rate of [`FailurePolicy::LocalFallback`] (each key has its own word).
+    /// The per-key rate of [`FailurePolicy::LocalFallback`] and
+    /// [`FailurePolicy::LastKnownShare`] (each key has its own word).
     pub(super) fallback: Option<LocalRate>,
     pub(super) circuit: Circuit,
     /// Smoothed store round trip, ns.
@@ -328,10 +329,18 @@ where
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback, state) {
                 (FailurePolicy::FailOpen, _, _) => Ok(()),
-                (FailurePolicy::LocalFallback { .. }, Some(rate), Some(s)) => rate
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(rate),
+                    Some(s),
+                ) => rate
                     .try_take_at(&s.fallback_tat, n)
                     .map_err(|wait| (wait, Why::Policy)),
-                (FailurePolicy::LocalFallback { .. }, _, _) => Err((self.rtt(), Why::Policy)),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    _,
+                    _,
+                ) => Err((self.rtt(), Why::Policy)),
                 _ => Err((blocked.max(self.rtt()), Why::Failing)),
             };
             outcome = Some(match admit {

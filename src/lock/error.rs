@@ -4,10 +4,11 @@
 //! configuration, a Redis that fails or does not answer, and releasing a lock that is no longer
 //! held.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
+
+use crate::error::RedisFailure;
 
 /// An error from a [`RedisLock`](super::RedisLock) or a [`LockGuard`](super::LockGuard).
 #[derive(Debug, Clone, Error)]
@@ -18,8 +19,8 @@ pub enum LockError {
     #[error("invalid lock configuration: {0}")]
     Config(String),
     /// Redis returned an error or could not be reached.
-    #[error("redis error")]
-    Redis(#[source] Arc<redis::RedisError>),
+    #[error("{0}")]
+    Redis(RedisFailure),
     /// No answer within the configured response (or connect) timeout.
     #[error("lock call timed out after {0:?}")]
     Timeout(Duration),
@@ -51,7 +52,7 @@ impl From<redis::RedisError> for LockError {
         if let Some(detail) = crate::error::acl_denial(&e) {
             return LockError::NoPermission(detail);
         }
-        LockError::Redis(Arc::new(e))
+        LockError::Redis(RedisFailure::new(e))
     }
 }
 

@@ -15,6 +15,7 @@ use super::owner::LockOwner;
 use super::script::{self, Attempt, LockKeys};
 use crate::connect::{connection_manager, ConnectError, ConnectSettings};
 use crate::key;
+use crate::store::RedisStore;
 use crate::time;
 
 /// Default lease: how long a lock outlives a holder that stops renewing it (Redisson's 30 s).
@@ -31,7 +32,9 @@ const AUTO_TASK_BIT: u64 = 1 << 63;
 /// What every handle made from one builder shares.
 pub(crate) struct Shared {
     pub(crate) conn: ConnectionManager,
-    client: redis::Client,
+    /// For unlock subscriptions; without one (a lock on a bare connection manager) waiters
+    /// poll.
+    client: Option<redis::Client>,
     pub(crate) prefix: String,
     process: u64,
     next_task: AtomicU64,
@@ -85,7 +88,7 @@ impl std::fmt::Debug for RedisLock {
 #[must_use]
 #[derive(Debug, Clone)]
 pub struct RedisLockBuilder {
-    url: String,
+    target: LockTarget,
     name: String,
     prefix: String,
     lease: Duration,
@@ -95,6 +98,41 @@ pub struct RedisLockBuilder {
     response_timeout: Duration,
     #[cfg(feature = "tls")]
     tls_root: Option<Vec<u8>>,
+}
+
+/// What a lock builder connects to.
+#[derive(Clone)]
+enum LockTarget {
+    /// A URL: the builder opens a connection.
+    Url(String),
+    /// The caller's client: the builder opens a connection manager on it.
+    Client(redis::Client),
+    /// An open connection manager (a store's, or the caller's), its client if known, and what
+    /// errors call its server.
+    Manager(ConnectionManager, Option<redis::Client>, Arc<str>),
+    /// A store whose connection a lock cannot use; the message says why.
+    Unusable(&'static str),
+}
+
+impl std::fmt::Debug for LockTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockTarget::Url(url) => f.debug_tuple("Url").field(&key::redact_url(url)).finish(),
+            LockTarget::Client(c) => f
+                .debug_tuple("Client")
+                .field(&c.get_connection_info().addr().to_string())
+                .finish(),
+            LockTarget::Manager(_, client, _) => f
+                .debug_tuple("Manager")
+                .field(
+                    &client
+                        .as_ref()
+                        .map(|c| c.get_connection_info().addr().to_string()),
+                )
+                .finish(),
+            LockTarget::Unusable(why) => f.debug_tuple("Unusable").field(why).finish(),
+        }
+    }
 }
 
 impl RedisLockBuilder {
@@ -152,7 +190,14 @@ impl RedisLockBuilder {
     /// [`LockError::Redis`] or [`LockError::Timeout`] if Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisLock, LockError> {
         key::validate_prefix(&self.prefix)?;
-        let keys = LockKeys::new(&self.prefix, &self.name)?;
+        let server: Arc<str> = match &self.target {
+            LockTarget::Url(url) => key::redact_url(url),
+            LockTarget::Client(c) => c.get_connection_info().addr().to_string(),
+            LockTarget::Manager(_, _, server) => server.to_string(),
+            LockTarget::Unusable(_) => String::new(),
+        }
+        .into();
+        let keys = LockKeys::new(&self.prefix, &self.name, server.clone())?;
         if self.lease.as_millis() == 0 {
             return Err(LockError::Config(format!(
                 "lease time {:?} is below the 1 ms resolution of PEXPIRE",
@@ -166,15 +211,37 @@ impl RedisLockBuilder {
         let mut settings = ConnectSettings::new(self.connect_timeout, self.response_timeout);
         #[cfg(feature = "tls")]
         {
+            let own = matches!(self.target, LockTarget::Url(_));
+            if self.tls_root.is_some() && !own {
+                return Err(LockError::Config(
+                    "tls_root_certificate applies to a URL only: configure TLS on the \
+                     redis::Client of a shared connection"
+                        .into(),
+                ));
+            }
             settings.tls_root = self.tls_root;
         }
-        let (client, conn) =
-            connection_manager(&self.url, &settings)
+        let connect_error = |e| match e {
+            ConnectError::Url(msg) => LockError::Config(msg),
+            ConnectError::Redis(e) => match LockError::from(e) {
+                LockError::Redis(e) => LockError::Redis(e.at(&server, None)),
+                other => other,
+            },
+        };
+        let (client, conn) = match self.target {
+            LockTarget::Url(url) => connection_manager(&url, &settings)
                 .await
-                .map_err(|e| match e {
-                    ConnectError::Url(msg) => LockError::Config(msg),
-                    ConnectError::Redis(e) => LockError::from(e),
-                })?;
+                .map(|(client, conn)| (Some(client), conn))
+                .map_err(connect_error)?,
+            LockTarget::Client(client) => {
+                let conn = crate::connect::manager_for(client.clone(), &settings)
+                    .await
+                    .map_err(connect_error)?;
+                (Some(client), conn)
+            }
+            LockTarget::Manager(conn, client, _) => (client, conn),
+            LockTarget::Unusable(why) => return Err(LockError::Config(why.into())),
+        };
         let shared = Shared {
             conn,
             client,
@@ -198,9 +265,67 @@ impl RedisLockBuilder {
 impl RedisLock {
     /// A builder for lock `name` on the Redis at `url`.
     pub fn builder(url: impl Into<String>, name: impl Into<String>) -> RedisLockBuilder {
+        Self::builder_at(LockTarget::Url(url.into()), name.into())
+    }
+
+    /// A builder for lock `name` on the server the caller's `client` points at (its URL,
+    /// credentials and TLS settings); [`connect`](RedisLockBuilder::connect) opens one
+    /// connection manager on it with the builder's timeouts.
+    pub fn builder_with_client(client: redis::Client, name: impl Into<String>) -> RedisLockBuilder {
+        Self::builder_at(LockTarget::Client(client), name.into())
+    }
+
+    /// A builder for lock `name` on the caller's connection manager: lock calls share it and
+    /// no connection is opened. With no `redis::Client` to subscribe with, a waiting
+    /// [`lock`](Self::lock) polls every [`poll_interval`](RedisLockBuilder::poll_interval)
+    /// instead of waking on the unlock message; pass the client too
+    /// ([`builder_with_client`](Self::builder_with_client) opens its own manager instead).
+    pub fn builder_with_connection_manager(
+        manager: ConnectionManager,
+        client: Option<redis::Client>,
+        name: impl Into<String>,
+    ) -> RedisLockBuilder {
+        let server = match &client {
+            Some(c) => c.get_connection_info().addr().to_string(),
+            None => "a shared connection manager".to_owned(),
+        };
+        Self::builder_at(
+            LockTarget::Manager(manager, client, server.into()),
+            name.into(),
+        )
+    }
+
+    /// A builder for lock `name` sharing `store`'s connection (and its client, for unlock
+    /// subscriptions), so a service that limits and locks holds one connection to Redis.
+    /// The store must be on one server: for a cluster or Sentinel store,
+    /// [`connect`](RedisLockBuilder::connect) fails with [`LockError::Config`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use ratelease::{RedisLock, RedisStore};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// let lock = RedisLock::builder_on_store(&store, "invoice-42").connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_on_store(store: &RedisStore, name: impl Into<String>) -> RedisLockBuilder {
+        let target = match store.connection_manager() {
+            Some(manager) => LockTarget::Manager(
+                manager.clone(),
+                store.client().cloned(),
+                store.server().into(),
+            ),
+            None => LockTarget::Unusable(
+                "a lock needs a single Redis: this store is on a cluster or a Sentinel group",
+            ),
+        };
+        Self::builder_at(target, name.into())
+    }
+
+    fn builder_at(target: LockTarget, name: String) -> RedisLockBuilder {
         RedisLockBuilder {
-            url: url.into(),
-            name: name.into(),
+            target,
+            name,
             prefix: DEFAULT_LOCK_PREFIX.to_owned(),
             lease: DEFAULT_LEASE,
             poll: DEFAULT_POLL,
@@ -229,7 +354,7 @@ impl RedisLock {
     /// [`LockError::Config`] for an empty or too long name.
     pub fn named(&self, name: impl Into<String>) -> Result<Self, LockError> {
         let name: String = name.into();
-        let keys = LockKeys::new(&self.shared.prefix, &name)?;
+        let keys = LockKeys::new(&self.shared.prefix, &name, self.keys.server.clone())?;
         Ok(RedisLock {
             shared: self.shared.clone(),
             name: name.into(),
@@ -321,7 +446,8 @@ impl RedisLock {
             .arg(&self.keys.lock)
             .arg(owner.field())
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.keys.locate(e.into()))?;
         Ok(count.unwrap_or(0))
     }
 
@@ -334,7 +460,8 @@ impl RedisLock {
         let n: u64 = redis::cmd("EXISTS")
             .arg(&self.keys.lock)
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.keys.locate(e.into()))?;
         Ok(n == 1)
     }
 
@@ -393,8 +520,9 @@ impl RedisLock {
     /// A subscription to the unlock channel, or `None` (polling only) if it cannot be made.
     async fn subscribe(&self) -> Option<(PubSubSink, PubSubStream)> {
         let s = &self.shared;
+        let client = s.client.as_ref()?;
         let result = tokio::time::timeout(s.connect_timeout, async {
-            let mut pubsub = s.client.get_async_pubsub().await?;
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&self.keys.channel).await?;
             // Keep the sink too: the stream alone would outlive its subscription's writer.
             Ok::<_, redis::RedisError>(pubsub.split())

@@ -4,7 +4,7 @@
 //! ([`crate::key`]): `<prefix>{<name>}:lock` (the owner hash), `…:fence` (the fencing counter)
 //! and the channel `…:unlock`. Scripts are sent with EVALSHA; redis-rs reloads them on NOSCRIPT.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -24,18 +24,30 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    /// The server the lock lives on (password elided), for error messages.
+    pub(crate) server: Arc<str>,
 }
 
 impl LockKeys {
-    /// Validates `name` and builds its keys under `prefix` (validated by the builder).
-    pub(crate) fn new(prefix: &str, name: &str) -> Result<Self, LockError> {
+    /// Validates `name` and builds its keys under `prefix` (validated by the builder), on
+    /// `server`.
+    pub(crate) fn new(prefix: &str, name: &str, server: Arc<str>) -> Result<Self, LockError> {
         key::validate_name(name)?;
         let base = key::bucket_key(prefix, name);
         Ok(LockKeys {
             lock: format!("{base}:lock"),
             fence: format!("{base}:fence"),
             channel: format!("{base}:unlock"),
+            server,
         })
+    }
+
+    /// `e`, located at this lock's server and key if it is a Redis error.
+    pub(crate) fn locate(&self, e: LockError) -> LockError {
+        match e {
+            LockError::Redis(e) => LockError::Redis(e.at(&self.server, Some(&self.lock))),
+            other => other,
+        }
     }
 }
 
@@ -80,7 +92,9 @@ pub(crate) async fn acquire(
         .arg("acquire")
         .arg(owner.field())
         .arg(lease_ms(lease).to_string());
-    let reply: Vec<i64> = invoke(conn, &inv, timeout).await?;
+    let reply: Vec<i64> = invoke(conn, &inv, timeout)
+        .await
+        .map_err(|e| keys.locate(e))?;
     match reply[..] {
         [1, fence, count] if fence > 0 && count > 0 => Ok(Attempt::Acquired {
             fence: fence as u64,
@@ -107,7 +121,9 @@ pub(crate) async fn release(
         .arg(owner.field())
         .arg(lease_ms(lease).to_string())
         .arg(&keys.channel);
-    let reply: i64 = invoke(conn, &inv, timeout).await?;
+    let reply: i64 = invoke(conn, &inv, timeout)
+        .await
+        .map_err(|e| keys.locate(e))?;
     match reply {
         -1 => Ok(None),
         n if n >= 0 => Ok(Some(n as u64)),
@@ -128,7 +144,9 @@ pub(crate) async fn extend(
         .arg("extend")
         .arg(owner.field())
         .arg(lease_ms(lease).to_string());
-    let reply: i64 = invoke(conn, &inv, timeout).await?;
+    let reply: i64 = invoke(conn, &inv, timeout)
+        .await
+        .map_err(|e| keys.locate(e))?;
     match reply {
         0 => Ok(false),
         1 => Ok(true),

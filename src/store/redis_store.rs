@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use redis::aio::ConnectionManager;
+
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
 
 use super::LeaseStore;
@@ -62,6 +64,16 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(50);
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
+    /// The client of a one-server store, for a [`RedisLock`](crate::RedisLock) sharing it
+    /// (its unlock subscriptions need a client); `None` for a cluster, a Sentinel group, or a
+    /// store made from a connection manager.
+    client: Option<redis::Client>,
+    /// The server(s), for error messages: the URL with its password elided, the nodes, or
+    /// the Sentinel group.
+    server: Arc<str>,
+    /// Whether the connection came from the caller, whose timeouts this crate did not set:
+    /// then every call is bounded by the response timeout here.
+    external: bool,
     prefix: Arc<str>,
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -92,6 +104,13 @@ pub struct RedisStoreBuilder {
 enum Target {
     /// One server.
     Url(String),
+    /// One server, through the caller's client.
+    Client(redis::Client),
+    /// One server, on the caller's connection manager.
+    Manager(ConnectionManager),
+    /// A cluster, on the caller's connection.
+    #[cfg(feature = "cluster")]
+    ClusterConnection(redis::cluster_async::ClusterConnection),
     /// Some nodes of a cluster.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
@@ -102,6 +121,40 @@ enum Target {
         /// How to reach the master, if not as the first sentinel URL says.
         master_url: Option<String>,
     },
+}
+
+impl Target {
+    /// What errors name as the server: URLs with their passwords elided.
+    fn describe(&self) -> String {
+        let urls = |urls: &[String]| {
+            urls.iter()
+                .map(|u| key::redact_url(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Target::Url(url) => key::redact_url(url),
+            Target::Client(c) => c.get_connection_info().addr().to_string(),
+            Target::Manager(_) => "a shared connection manager".into(),
+            #[cfg(feature = "cluster")]
+            Target::ClusterConnection(_) => "a shared cluster connection".into(),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(nodes) => format!("cluster {}", urls(nodes)),
+            Target::Sentinel {
+                sentinels, master, ..
+            } => format!("master {master:?} of sentinels {}", urls(sentinels)),
+        }
+    }
+
+    /// Whether the caller gave an open connection (no URL or client to connect with).
+    fn is_connection(&self) -> bool {
+        match self {
+            Target::Manager(_) => true,
+            #[cfg(feature = "cluster")]
+            Target::ClusterConnection(_) => true,
+            _ => false,
+        }
+    }
 }
 
 impl RedisStoreBuilder {
@@ -256,14 +309,35 @@ impl RedisStoreBuilder {
         if let Some(msg) = self.misplaced {
             return Err(Error::Config(msg.into()));
         }
+        let external = self.target.is_connection();
+        if external && self.settings.has_tls_material() {
+            return Err(Error::Config(
+                "TLS certificates do not apply to an existing connection: configure them on \
+                 its redis::Client"
+                    .into(),
+            ));
+        }
         self.settings.validate().map_err(|e| match e {
             ConnectError::Url(msg) => Error::Config(msg),
             ConnectError::Redis(e) => Error::Store(e.into()),
         })?;
+        let mut client = None;
         let conn = match &self.target {
             Target::Url(url) => connection_manager(url, &self.settings)
                 .await
-                .map(|(_, conn)| Connection::Single(conn)),
+                .map(|(c, conn)| {
+                    client = Some(c);
+                    Connection::Single(conn)
+                }),
+            Target::Client(c) => {
+                client = Some(c.clone());
+                crate::connect::manager_for(c.clone(), &self.settings)
+                    .await
+                    .map(Connection::Single)
+            }
+            Target::Manager(m) => Ok(Connection::Single(m.clone())),
+            #[cfg(feature = "cluster")]
+            Target::ClusterConnection(c) => Ok(Connection::Cluster(c.clone())),
             #[cfg(feature = "cluster")]
             Target::Cluster(nodes) => {
                 crate::connect::cluster_connection(nodes, &self.settings).await
@@ -296,6 +370,9 @@ impl RedisStoreBuilder {
         })?;
         Ok(RedisStore {
             conn,
+            client,
+            server: self.target.describe().into(),
+            external,
             prefix: self.prefix.into(),
             response_timeout: self.settings.response_timeout,
             clock: self.clock,
@@ -309,20 +386,14 @@ impl RedisStoreBuilder {
     fn connect_error(&self, e: redis::RedisError) -> Error {
         #[cfg(feature = "tls")]
         {
-            let url = match &self.target {
-                Target::Url(url) => url.clone(),
-                #[cfg(feature = "cluster")]
-                Target::Cluster(nodes) => nodes.join(", "),
-                Target::Sentinel {
-                    sentinels, master, ..
-                } => format!("{master} (sentinels {})", sentinels.join(", ")),
-            };
+            let url = self.target.describe();
             if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
             {
                 return Error::Config(msg);
             }
         }
-        Error::Store(e.into())
+        let server: Arc<str> = self.target.describe().into();
+        Error::Store(StoreError::from(e).at(&server, None))
     }
 }
 
@@ -330,6 +401,76 @@ impl RedisStore {
     /// A builder for a store at `url` (`redis://`, `rediss://` or `redis+unix://`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// A builder for a store on the server `client` points at, sharing the caller's
+    /// `redis::Client` (its URL, credentials and TLS settings). [`connect`](RedisStoreBuilder::connect)
+    /// opens one connection manager on it with the builder's timeouts, as for a URL; a
+    /// [`RedisLock`](crate::RedisLock) built with
+    /// [`RedisLock::builder_on_store`](crate::RedisLock::builder_on_store) shares that
+    /// connection. TLS certificates are the client's: setting them on the builder is an
+    /// [`Error::Config`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let store = ratelease::RedisStore::with_client(client.clone()).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_client(client: redis::Client) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Client(client))
+    }
+
+    /// A builder for a store on the caller's `ConnectionManager`: script calls share it with
+    /// the rest of the service, and no connection is opened. The manager keeps its own connect
+    /// and reconnect settings; the builder's [`response_timeout`](RedisStoreBuilder::response_timeout)
+    /// still bounds every call of the store (a manager built without a response timeout would
+    /// otherwise let a hung server hold a caller indefinitely). Without a `redis::Client`, a
+    /// [`RedisLock`](crate::RedisLock) on this store polls instead of subscribing to unlocks.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let manager = redis::aio::ConnectionManager::new(client).await?;
+    /// let store = ratelease::RedisStore::with_connection_manager(manager.clone())
+    ///     .prefix("myapp:rl:")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_connection_manager(manager: ConnectionManager) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Manager(manager))
+    }
+
+    /// A builder for a store on the caller's Redis Cluster connection (redis-rs's
+    /// `cluster_async::ClusterConnection`), shared with the rest of the service. As for
+    /// [`with_connection_manager`](Self::with_connection_manager), the builder's response
+    /// timeout bounds every call; the connection's own settings govern the rest.
+    #[cfg(feature = "cluster")]
+    pub fn with_cluster_connection(
+        connection: redis::cluster_async::ClusterConnection,
+    ) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::ClusterConnection(connection))
+    }
+
+    /// The `redis::Client` of a one-server store made from a URL or
+    /// [`with_client`](Self::with_client), for sharing with other parts of a service.
+    pub fn client(&self) -> Option<&redis::Client> {
+        self.client.as_ref()
+    }
+
+    /// What error messages call the store's server(s): URLs with their passwords elided.
+    pub(crate) fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The connection manager of a one-server store (from a URL, a client or a manager), for
+    /// sending other commands on the same connection; `None` for a cluster or Sentinel store.
+    pub fn connection_manager(&self) -> Option<&ConnectionManager> {
+        match &self.conn {
+            Connection::Single(m) => Some(m),
+            _ => None,
+        }
     }
 
     /// A builder for a store on the Redis Cluster that `nodes` belong to (URLs of one or more
@@ -505,17 +646,25 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let mut conn = self.conn.clone();
-        let result = invocation
-            .invoke_async(&mut conn)
-            .instrument(span.clone())
-            .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    StoreError::Timeout(self.response_timeout)
-                } else {
-                    StoreError::from(e)
-                }
-            });
+        let call = invocation.invoke_async(&mut conn).instrument(span.clone());
+        let result = if self.external {
+            tokio::time::timeout(self.response_timeout, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(redis::RedisError::from(std::io::Error::from(
+                        std::io::ErrorKind::TimedOut,
+                    )))
+                })
+        } else {
+            call.await
+        }
+        .map_err(|e| {
+            if e.is_timeout() {
+                StoreError::Timeout(self.response_timeout)
+            } else {
+                StoreError::from(e).at(&self.server, keys.first().map(String::as_str))
+            }
+        });
         if let Err(e) = &result {
             span.record("error", tracing::field::display(e));
         }

@@ -110,13 +110,14 @@ impl SentinelConnection {
             ));
         }
         for url in sentinels {
+            let shown = crate::key::redact_url(url);
             let info = url
                 .as_str()
                 .into_connection_info()
-                .map_err(|e| ConnectError::Url(format!("invalid sentinel url {url:?}: {e}")))?;
+                .map_err(|e| ConnectError::Url(format!("invalid sentinel url {shown:?}: {e}")))?;
             if matches!(info.addr(), ConnectionAddr::Unix(_)) {
                 return Err(ConnectError::Url(format!(
-                    "sentinel url {url:?}: sentinels are reached over TCP"
+                    "sentinel url {shown:?}: sentinels are reached over TCP"
                 )));
             }
         }
@@ -124,12 +125,13 @@ impl SentinelConnection {
             Some(url) => ("master url", url),
             None => ("sentinel url", first.as_str()),
         };
+        let shown = crate::key::redact_url(url);
         let template = url
             .into_connection_info()
-            .map_err(|e| ConnectError::Url(format!("invalid {what} {url:?}: {e}")))?;
+            .map_err(|e| ConnectError::Url(format!("invalid {what} {shown:?}: {e}")))?;
         if matches!(template.addr(), ConnectionAddr::Unix(_)) {
             return Err(ConnectError::Url(format!(
-                "{what} {url:?}: a sentinel-managed master is reached over TCP"
+                "{what} {shown:?}: a sentinel-managed master is reached over TCP"
             )));
         }
         let sentinels = sentinels

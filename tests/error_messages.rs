@@ -1,0 +1,212 @@
+//! Every error's `Display` is one line that names what failed and why, and an anyhow-style
+//! chain printer (each `source()` joined with ": ") prints each fact once (issue 14, item 4).
+//! Store errors come from real `redis-server` addresses: one with nothing listening, and a
+//! live server whose ACL refuses the call.
+
+mod support;
+
+use std::error::Error as StdError;
+use std::net::TcpListener;
+use std::time::Duration;
+
+#[cfg(feature = "toml")]
+use ratelease::{ConfigFileError, LimitersConfig};
+use ratelease::{
+    Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
+};
+
+/// What anyhow's `{:#}` and eyre's reports print: the error, then each source, joined.
+fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+/// The chain is one line and names each fact exactly once.
+fn says_once(e: &(dyn StdError + 'static), facts: &[&str]) -> String {
+    let text = chain(e);
+    println!("{text}");
+    assert!(!text.contains('\n'), "one line: {text:?}");
+    for fact in facts {
+        assert_eq!(
+            text.matches(fact).count(),
+            1,
+            "{fact:?} should appear once in {text:?}"
+        );
+    }
+    text
+}
+
+/// A loopback port with nothing listening.
+fn dead_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_named_without_its_password() {
+    let port = dead_port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}/");
+    let err = RedisStore::builder(&url)
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Store(StoreError::Redis(_))), "{err:?}");
+    let text = says_once(
+        &err,
+        &["store failed", &format!("redis://:***@127.0.0.1:{port}/")],
+    );
+    assert!(!text.contains("hunter2") && !format!("{err:?}").contains("hunter2"));
+    assert!(text.to_lowercase().contains("refused"), "why: {text}");
+
+    // A URL that does not parse is a configuration error, still without its password.
+    let err = RedisStore::connect("redis://:hunter2@127.0.0.1:notaport/")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let text = says_once(
+        &err,
+        &["invalid redis url", "redis://:***@127.0.0.1:notaport/"],
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+
+    // A call of a limiter on a lazy store names the server and the limiter's key.
+    let store = RedisStore::builder(&url)
+        .lazy_connect()
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let limiter = RedisLimiter::new("checkout", Quota::per_second(5).unwrap(), store).unwrap();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    let text = says_once(
+        &err,
+        &[
+            "store failed",
+            &format!("redis://:***@127.0.0.1:{port}/"),
+            "ratelease:{checkout}",
+        ],
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    let Error::Store(StoreError::Redis(failure)) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(failure.key(), Some("ratelease:{checkout}"));
+    assert!(
+        failure.is_connection_refusal() || failure.is_io_error(),
+        "{failure:?}"
+    );
+
+    // A lock names the server too.
+    let err = RedisLock::builder(&url, "job")
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Redis(_)), "{err:?}");
+    let text = says_once(&err, &[&format!("redis://:***@127.0.0.1:{port}/")]);
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[tokio::test]
+async fn an_acl_denial_says_what_redis_refused() {
+    let server = support::RedisServer::start();
+    let _: () = server.cmd(&["ACL", "SETUSER", "narrow", "on", ">pw", "~other:*", "+@all"]);
+    let url = server.url().replace("redis://", "redis://narrow:pw@");
+    let store = RedisStore::connect(url).await.unwrap();
+    let limiter = RedisLimiter::new("api", Quota::per_second(5).unwrap(), store).unwrap();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::NoPermission(_))),
+        "{err:?}"
+    );
+    says_once(&err, &["store failed", "ACL"]);
+}
+
+#[test]
+fn quota_errors_name_the_quota_and_the_bound() {
+    let err: Error = Quota::per_day(1)
+        .and_then(|q| q.with_burst(1_000_000_000))
+        .unwrap_err()
+        .into();
+    let text = says_once(
+        &err,
+        &["invalid quota", "burst 1000000000", "at most 52124"],
+    );
+    assert!(!text.contains("gcd") && !text.contains("2^52"), "{text}");
+    let err: Error = QuotaError::ZeroBurst.into();
+    says_once(&err, &["invalid quota", "burst must be at least 1"]);
+    let err: Error = StoreError::Timeout(Duration::from_millis(50)).into();
+    says_once(&err, &["store failed", "timed out after 50ms"]);
+}
+
+#[cfg(feature = "toml")]
+#[test]
+fn a_misspelt_key_points_at_its_line_and_the_file_is_not_copied() {
+    let text = "[defaults]\nmode = \"hybrid\"\n\n[limiters.api]\nrate = 5\nbrust = 3\n";
+    let err = LimitersConfig::from_toml(text).unwrap_err();
+    let ConfigFileError::Parse(parse) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((parse.line(), parse.column()), (6, 1), "{parse}");
+    says_once(
+        &err,
+        &["invalid limiters file", "line 6, column 1", "`brust`"],
+    );
+    let debug = format!("{err:?}");
+    assert!(!debug.contains("mode = "), "Debug holds no file: {debug}");
+
+    // Indented and quoted keys, in a later table.
+    let text = "[limiters.a]\nrate = 1\n\n[keyed.b]\nrate = 2\n  \"max_key\" = 3\n";
+    let err = LimitersConfig::from_toml(text).unwrap_err();
+    let ConfigFileError::Parse(parse) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((parse.line(), parse.column()), (6, 3), "{parse}");
+
+    // A value of the wrong type: its line, and the key it was given for.
+    let err = LimitersConfig::from_toml("[limiters.a]\nrate = -5\n").unwrap_err();
+    says_once(&err, &["line 2, column 8", "`rate`: invalid value"]);
+
+    // Bad TOML: the parser's position; from a file, the path leads.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiters.toml");
+    std::fs::write(&path, "[limiters.a]\nrate = = 5\n").unwrap();
+    let err = LimitersConfig::load(&path).unwrap_err();
+    let ConfigFileError::Parse(parse) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(parse.line(), 2, "{parse}");
+    says_once(&err, &[&format!("{}:2:", path.display())]);
+
+    // A file that cannot be read: the path once, the OS's reason once.
+    let missing = dir.path().join("missing.toml");
+    let err = LimitersConfig::load(&missing).unwrap_err();
+    says_once(
+        &err,
+        &[&missing.display().to_string(), "No such file or directory"],
+    );
+}
+
+#[tokio::test]
+async fn a_lock_call_names_the_server_and_the_locks_key() {
+    let mut server = support::RedisServer::start();
+    let url = server.url();
+    let lock = RedisLock::builder(&url, "invoice-42")
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    server.stop();
+    let err = lock.try_lock(&lock.new_owner()).await.unwrap_err();
+    assert!(matches!(err, LockError::Redis(_)), "{err:?}");
+    says_once(&err, &[&url, "ratelease:{invoice-42}:lock"]);
+}
