@@ -12,11 +12,14 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
 use tokio::time::Instant;
+
+// std's atomics, or loom's in the loom models (see `super::sync`).
+use super::sync::{AtomicBool, AtomicU64};
 
 /// Why [`RefillSignal::wait_until`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +135,10 @@ impl RefillSignal {
         .await
     }
 }
+
+/// Loom models of the handshake (`--cfg ratelease_loom`, see `super::sync`).
+#[cfg(all(test, ratelease_loom))]
+mod loom_tests;
 
 #[cfg(test)]
 mod tests {
