@@ -52,6 +52,10 @@
 //! meanwhile), then sweeps every word. Takes and steals are not moves: they spend, each at its
 //! own CAS, before the sweep of that word or not at all.
 //!
+//! Conservation and the clean cut are checked by loom models of this code (`loom_tests.rs`
+//! beside this file): `RUSTFLAGS="--cfg ratelease_loom" CARGO_TARGET_DIR=target/loom cargo test
+//! --release --lib loom`.
+//!
 //! # Memory ordering
 //!
 //! The counters publish no other data, so `Relaxed` would be enough for conservation. Writes to

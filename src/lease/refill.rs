@@ -7,6 +7,9 @@
 //! (the other half of the Dekker pattern described in [`crate::lease::local`]), so a request made while
 //! the flag was still up is never lost.
 //!
+//! Loom models check that handshake on this code and the local bucket's (`refill/loom_tests.rs`;
+//! how to run them: [`crate::lease::local`]); they leave the wake-up below out.
+//!
 //! The wake-up is an [`AtomicWaker`]: registering and waking are lock-free. (Scheduling the
 //! woken task is tokio's business and happens once per lease, not once per call.)
 
