@@ -52,6 +52,10 @@
 //! meanwhile), then sweeps every word. Takes and steals are not moves: they spend, each at its
 //! own CAS, before the sweep of that word or not at all.
 //!
+//! Conservation and the clean cut are checked by loom models of this code (`loom_tests.rs`
+//! beside this file): `RUSTFLAGS="--cfg ratelease_loom" CARGO_TARGET_DIR=target/loom cargo test
+//! --release --lib loom`.
+//!
 //! # Memory ordering
 //!
 //! The counters publish no other data, so `Relaxed` would be enough for conservation. Writes to
@@ -68,9 +72,12 @@
 //! `mov`.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
+
+// std's atomics, or loom's in the loom models (see `super::sync`).
+use super::sync::{const_thread_local, yield_now, AtomicU64};
 
 /// A granted lease is split into chunks of `granted / (CHUNK_DIVISOR × slots)` tokens.
 const CHUNK_DIVISOR: u64 = 4;
@@ -81,7 +88,12 @@ pub(crate) const MIN_CHUNK: u64 = 32;
 /// one-word bucket did not have (a runtime-sized boxed array would add the load of its pointer
 /// before a serializing `lock cmpxchg`). Eight slots cost 1 KiB per limiter and let eight busy
 /// threads run without sharing a line; more threads share slots, which is correct, only slower.
+#[cfg(not(all(test, ratelease_loom)))]
 pub(crate) const SLOTS: usize = 8;
+/// Two slots in the loom models: every loop over the slots is the same code, and each slot more
+/// multiplies loom's state space (with eight, >240 000 executions without a single preemption).
+#[cfg(all(test, ratelease_loom))]
+pub(crate) const SLOTS: usize = 2;
 
 /// One counter on cache lines of its own (`CachePadded` is 128 bytes on x86-64 and aarch64:
 /// the adjacent-line prefetcher pairs lines).
@@ -101,17 +113,20 @@ pub(crate) struct LocalBucket {
     /// `take_all` (or `settled`) calls in progress; no move may start while this is non-zero.
     draining: AtomicU64,
     slots: [Slot; SLOTS],
-    /// Successful steals from other slots, so tests can tell stealing really happened.
+    /// Successful steals from other slots, so tests can tell stealing really happened. A
+    /// `std` atomic even in the loom models: instrumentation, not part of any protocol.
     #[cfg(test)]
-    steals: AtomicU64,
+    steals: std::sync::atomic::AtomicU64,
 }
 
+/// Hands out slot numbers round-robin. A `std` atomic even in the loom models: it only spreads
+/// threads over slots (any assignment is correct), and the models pin each thread's slot.
 static NEXT_INDEX: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
+const_thread_local! {
     /// This thread's slot, in `0..SLOTS`; `usize::MAX` until first use. `const` and without a
     /// destructor, so reading it is a plain TLS access that never allocates.
-    static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    static THREAD_INDEX: Cell<usize> = Cell::new(usize::MAX);
 }
 
 /// This thread's slot, in `0..SLOTS`: assigned round-robin on first use.
@@ -125,6 +140,14 @@ fn thread_index() -> usize {
         }
         assigned => assigned,
     })
+}
+
+/// Puts the calling thread on slot `index` (tests: the slot a thread gets otherwise depends on
+/// the order threads first took tokens in).
+#[cfg(test)]
+pub(crate) fn pin_thread(index: usize) {
+    assert!(index < SLOTS);
+    THREAD_INDEX.with(|i| i.set(index));
 }
 
 /// Takes `n` from `word` if it holds that many: `Ok(left)`, else `Err(what there was)`.
@@ -319,7 +342,7 @@ impl LocalBucket {
     fn at_rest<T>(&self, f: impl FnOnce() -> T) -> T {
         self.draining.fetch_add(1, Ordering::SeqCst);
         while self.moving.load(Ordering::SeqCst) != 0 {
-            std::thread::yield_now();
+            yield_now();
         }
         let result = f();
         self.draining.fetch_sub(1, Ordering::SeqCst);
@@ -337,18 +360,17 @@ impl LocalBucket {
     }
 }
 
+/// Loom models of the clean cut and of conservation (`--cfg ratelease_loom`, see
+/// `super::sync`).
+#[cfg(all(test, ratelease_loom))]
+pub(crate) mod loom_tests;
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Barrier;
 
     use super::*;
-
-    /// Puts the calling thread on slot `index`.
-    fn pin_thread(index: usize) {
-        assert!(index < SLOTS);
-        THREAD_INDEX.with(|i| i.set(index));
-    }
 
     /// Smallest grant that shards.
     const SHARDED: u64 = CHUNK_DIVISOR * SLOTS as u64 * MIN_CHUNK;

@@ -15,3 +15,4 @@ pub(crate) mod demand;
 pub(crate) mod local;
 pub(crate) mod policy;
 pub(crate) mod refill;
+mod sync;

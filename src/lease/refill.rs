@@ -7,16 +7,22 @@
 //! (the other half of the Dekker pattern described in [`crate::lease::local`]), so a request made while
 //! the flag was still up is never lost.
 //!
+//! Loom models check that handshake on this code and the local bucket's (`refill/loom_tests.rs`;
+//! how to run them: [`crate::lease::local`]); they leave the wake-up below out.
+//!
 //! The wake-up is an [`AtomicWaker`]: registering and waking are lock-free. (Scheduling the
 //! woken task is tokio's business and happens once per lease, not once per call.)
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
 use tokio::time::Instant;
+
+// std's atomics, or loom's in the loom models (see `super::sync`).
+use super::sync::{AtomicBool, AtomicU64};
 
 /// Why [`RefillSignal::wait_until`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +138,10 @@ impl RefillSignal {
         .await
     }
 }
+
+/// Loom models of the handshake (`--cfg ratelease_loom`, see `super::sync`).
+#[cfg(all(test, ratelease_loom))]
+mod loom_tests;
 
 #[cfg(test)]
 mod tests {
