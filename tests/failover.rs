@@ -76,8 +76,19 @@ fn names(sentinel: &RedisSentinel, port: u16) -> bool {
 
 /// Whether `server` says it is a master.
 fn is_master(server: &RedisServer) -> bool {
-    let role: Vec<redis::Value> = server.cmd(&["ROLE"]);
-    matches!(role.first(), Some(redis::Value::BulkString(b)) if b.as_slice() == b"master")
+    // A promoting sentinel drops the replica's clients (CLIENT KILL): a poll that meets that
+    // reads as "not yet", and the next one, 10 ms later, sees the new role.
+    let Ok(mut con) = server
+        .client()
+        .get_connection_with_timeout(Duration::from_secs(1))
+    else {
+        return false;
+    };
+    let role: redis::RedisResult<Vec<redis::Value>> = redis::cmd("ROLE").query(&mut con);
+    matches!(
+        role.as_deref().ok().and_then(<[redis::Value]>::first),
+        Some(redis::Value::BulkString(b)) if b.as_slice() == b"master"
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
