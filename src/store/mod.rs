@@ -16,8 +16,6 @@
 mod memory;
 mod redis_store;
 
-pub(crate) use redis_store::sentinel;
-
 use std::future::Future;
 
 pub use memory::MemoryStore;

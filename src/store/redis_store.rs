@@ -4,7 +4,7 @@
 //! sent with EVALSHA; redis-rs reloads it on NOSCRIPT (after `SCRIPT FLUSH` or a restart), so
 //! callers never see that error. The connection
 //! is a redis-rs `ConnectionManager` (one server) or cluster connection (feature `cluster`,
-//! [`RedisStore::cluster_builder`]), see `src/connect.rs`: cheap to clone, reconnecting in the
+//! [`RedisStore::cluster_builder`]), see `src/connect/`: cheap to clone, reconnecting in the
 //! background, and given explicit connect and response timeouts so a slow Redis costs a bounded
 //! wait. Every key of one limiter carries the same hash tag ([`crate::key`]), so on a cluster a
 //! script call touches one slot. Time comes from the Redis server's clock (`TIME` inside the
@@ -12,7 +12,6 @@
 //! scripts ([`crate::algorithm`]) go through the same path (`redis_store/algorithms.rs`).
 
 mod algorithms;
-pub(crate) mod sentinel;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -348,7 +347,7 @@ impl RedisStoreBuilder {
                 master_url,
             } => {
                 let master_url = master_url.as_deref();
-                match sentinel::SentinelConnection::new(
+                match crate::connect::SentinelConnection::new(
                     sentinels,
                     master,
                     master_url,

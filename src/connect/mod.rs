@@ -4,7 +4,7 @@
 //! [`Connection`] is what every script call is sent on: one server through redis-rs's
 //! `ConnectionManager`, (feature `cluster`) a Redis Cluster through redis-rs's cluster
 //! connection, or the master of a Sentinel-managed group, followed across failovers
-//! ([`SentinelConnection`], `src/store/redis_store/sentinel.rs`). All implement redis-rs's
+//! ([`SentinelConnection`], `src/connect/sentinel.rs`). All implement redis-rs's
 //! `aio::ConnectionLike`, so the script path above
 //! (`RedisStore::eval`, EVALSHA with NOSCRIPT reload) is the same for all; the cluster
 //! connection routes each EVALSHA by the slot of its keys, follows MOVED/ASK redirections and
@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-pub(crate) use crate::store::sentinel::SentinelConnection;
+mod sentinel;
+
+pub(crate) use sentinel::SentinelConnection;
 
 /// Why a connection could not be opened.
 pub(crate) enum ConnectError {
