@@ -7,66 +7,17 @@
 //! before the region opens (building one allocates its header map).
 #![cfg(feature = "http")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod counting;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
+use counting::allocations;
 use http::{HeaderName, Request, Response, StatusCode};
 use ratelease::http::{HeaderKey, LimitLayer};
 use ratelease::{HybridLimiter, KeyedHybridLimiter, MemoryStore, Quota};
 use tower::{Layer, Service};
-
-struct CountingAlloc;
-
-thread_local! {
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note_allocation() {
-    let _ = COUNTING.try_with(|on| {
-        if on.get() {
-            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        }
-    });
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counting touches only
-// const thread-locals, which neither allocate nor re-enter the allocator.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAlloc = CountingAlloc;
-
-/// Runs `f`; returns its result and the allocations it made on this thread.
-fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
-    COUNT.with(|c| c.set(0));
-    COUNTING.with(|on| on.set(true));
-    let result = f();
-    COUNTING.with(|on| on.set(false));
-    (result, COUNT.with(Cell::get))
-}
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
