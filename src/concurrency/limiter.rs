@@ -16,9 +16,9 @@ use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
 use crate::error::{Error, StoreError};
 use crate::failure::FailurePolicy;
+use crate::retry::Backoff;
 use crate::store::RedisStore;
-use crate::time;
-use crate::time::micros;
+use crate::time::{self, micros};
 
 use super::builder::{
     ConcurrencyBuilder, ConcurrencyMode, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
@@ -253,7 +253,9 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         s.check(n)?;
         // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
         let errors_seen = s.error_seq.load(Ordering::Acquire);
-        let mut poll = MIN_POLL;
+        // Pure mode polls the store with the shared back-off (jittered, 1 ms doubling to 50 ms).
+        let mut poll = Backoff::new(MIN_POLL, MAX_POLL);
+        let mut rng = fastrand::Rng::new();
         loop {
             let _parked = Parked::new(&s.local);
             let woken = s.local.wake.notified();
@@ -277,13 +279,12 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
             }
             let mut wait = match s.local.hybrid {
                 true => MAX_POLL,
-                false => poll.mul_f64(0.5 + fastrand::f64()),
+                false => poll.next(&mut rng),
             };
             if let Some(d) = deadline {
                 wait = wait.min(d - now);
             }
             let _ = tokio::time::timeout(wait, woken).await;
-            poll = (poll * 2).min(MAX_POLL);
         }
     }
 

@@ -107,8 +107,14 @@ impl Task {
         s.spent(s.local.available())
     }
 
+    /// Tokens asked for so far, admitted or denied: the running total demand is measured on.
+    fn demanded<S>(s: &Shared<S>) -> u64 {
+        // Relaxed: a statistic (see `Shared::denied`).
+        Self::consumed(s) + s.denied_total.load(Ordering::Relaxed)
+    }
+
     fn observe<S>(&mut self, s: &Shared<S>, now: Instant) {
-        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let demanded = Self::demanded(s);
         let rate = self.demand.observe(now, demanded);
         s.counters
             .demand_mtps
@@ -242,7 +248,7 @@ impl Task {
         }
         // Judged by the demand since the last lease too: a review early in a ramp (the first
         // one, say, after a warm start) must not give back what the next round trip needs.
-        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let demanded = Self::demanded(s);
         let ctx = LeaseContext {
             demand: self.sizing_demand(Some(demanded)),
             ..self.context(s, 0)
@@ -365,7 +371,7 @@ impl Task {
     /// One lease, and the pause after an empty or failed one. Returns false if the limiter
     /// closed meanwhile.
     async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
-        let demanded = Self::consumed(s) + s.denied_total.load(Ordering::Relaxed);
+        let demanded = Self::demanded(s);
         self.recent.look(Instant::now(), demanded);
         let ctx = self.context(s, s.signal.take_denied());
         let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
