@@ -15,20 +15,9 @@ use ratelease::{
     Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
 };
 
-/// What anyhow's `{:#}` and eyre's reports print: the error, then each source, joined.
-fn chain(e: &(dyn StdError + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    parts.join(": ")
-}
-
 /// The chain is one line and names each fact exactly once.
 fn says_once(e: &(dyn StdError + 'static), facts: &[&str]) -> String {
-    let text = chain(e);
+    let text = support::error_chain(e);
     println!("{text}");
     assert!(!text.contains('\n'), "one line: {text:?}");
     for fact in facts {

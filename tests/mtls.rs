@@ -4,47 +4,15 @@
 //! that says so. Bad PEM input is a configuration error, not a panic or a connect error.
 #![cfg(feature = "tls")]
 
+mod certs;
 mod support;
 
-use std::error::Error as _;
 use std::time::Duration;
 
+use certs::{ca, cert};
 use ratelease::{Error, Quota, RedisLimiter, RedisStore};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use support::{BucketState, RedisServer};
-
-/// A fresh CA.
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A PEM certificate for `names` signed by `ca`, and its PEM key.
-fn cert(ca: &CertifiedIssuer<'static, KeyPair>, names: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    let cert = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&key, ca)
-        .unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-/// `err` and its sources, joined: what a log line with the whole chain shows.
-fn chain(err: &Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
-}
+use rcgen::{CertifiedIssuer, KeyPair};
+use support::{error_chain, BucketState, RedisServer};
 
 /// A CA, a TLS-only server requiring client certificates from it, and a client certificate
 /// from it.
@@ -150,7 +118,7 @@ async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error(
     let store = builder(&s).lazy_connect().connect().await.unwrap();
     let limiter = RedisLimiter::new("refused", slow(3), store).unwrap();
     let err = limiter.try_acquire(1).await.unwrap_err();
-    let text = chain(&err);
+    let text = error_chain(&err);
     assert!(
         matches!(err, Error::Store(_)) && text.contains("CertificateRequired"),
         "{text}"

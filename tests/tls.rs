@@ -5,32 +5,19 @@
 //! all over TLS).
 #![cfg(feature = "tls")]
 
+mod certs;
 mod support;
 
 use std::time::Duration;
 
+use certs::{ca, cert};
 use ratelease::{Error, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{CertifiedIssuer, KeyPair};
 use support::{BucketState, RedisServer};
-
-/// A fresh CA: its PEM certificate and the issuer that signs with it.
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
 
 /// A PEM certificate for 127.0.0.1 signed by `ca`, and its PEM key.
 fn server_cert(ca: &CertifiedIssuer<'static, KeyPair>) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&key, ca)
-        .unwrap();
-    (cert.pem(), key.serialize_pem())
+    cert(ca, &["127.0.0.1"])
 }
 
 /// A TLS-only server with a certificate for 127.0.0.1 signed by `ca`.

@@ -1055,3 +1055,14 @@ impl Drop for RedisSentinel {
         }
     }
 }
+
+/// What anyhow's `{:#}` and eyre's reports print: the error, then each source, joined by ": ".
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    parts.join(": ")
+}
