@@ -364,8 +364,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn check(&self, n: u64) -> Result<Verdict, Error> {
         check_request(&self.quota, n)?;
-        // Relaxed: a cache of the store's answer; nothing else is published through it.
-        if self.now_ns() < self.state.absent_until_ns.load(Ordering::Relaxed) {
+        // Relaxed: a cache of the store's answer; nothing else is published through it. The
+        // clock is read only while such an answer is cached.
+        let absent_until = self.state.absent_until_ns.load(Ordering::Relaxed);
+        if absent_until != 0 && self.now_ns() < absent_until {
             return self.absent();
         }
         let s = &*self.state;
@@ -426,13 +428,13 @@ impl<S: LeaseStore> RedisLimiter<S> {
         *self.state.effective.lock() = reply.quota;
         check_request(&reply.quota, n)?;
         self.state.metrics.decided(n, reply.granted >= n);
-        if reply.granted >= n {
-            if let (Some(share), Some(local), true) = (
-                s.meter.granted(self.now_ns(), n),
-                &s.fallback,
-                self.failure.is_some_and(|f| f.learns_share()),
-            ) {
-                local.set_share_mtps(&reply.quota, share);
+        // Only a policy that falls back to the learnt share measures it: no clock read and no
+        // shared counter on a granted call otherwise.
+        if let (true, Some(local)) = (reply.granted >= n, &s.fallback) {
+            if self.failure.is_some_and(|f| f.learns_share()) {
+                if let Some(share) = s.meter.granted(self.now_ns(), n) {
+                    local.set_share_mtps(&reply.quota, share);
+                }
             }
         }
         let decision = if reply.granted >= n {
