@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::HeaderName;
 use http::{Extensions, Request, StatusCode};
 
-use super::trusted::{canonical, mask};
+use super::trusted::mask;
 use crate::limiter::KeyRef;
 
 /// Names the key a request is limited by.
@@ -124,7 +124,7 @@ impl PeerIp {
 
     /// `addr` as this extractor keys it.
     pub(crate) fn key_of(&self, addr: IpAddr) -> IpAddr {
-        match canonical(addr) {
+        match addr.to_canonical() {
             v6 @ IpAddr::V6(_) => mask(v6, self.ipv6_prefix),
             v4 => v4,
         }

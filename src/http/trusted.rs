@@ -39,7 +39,8 @@ impl IpRange {
     /// Whether `addr` is in this range. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, as a
     /// dual-stack listener reports IPv4 peers) matches IPv4 ranges.
     pub fn contains(&self, addr: IpAddr) -> bool {
-        let addr = canonical(addr);
+        // An IPv4-mapped IPv6 address as the IPv4 address it is.
+        let addr = addr.to_canonical();
         addr.is_ipv4() == self.network.is_ipv4() && mask(addr, self.prefix) == self.network
     }
 }
@@ -150,14 +151,6 @@ fn max_prefix(addr: IpAddr) -> u8 {
     match addr {
         IpAddr::V4(_) => 32,
         IpAddr::V6(_) => 128,
-    }
-}
-
-/// An IPv4-mapped IPv6 address as the IPv4 address it is; any other address unchanged.
-pub(crate) fn canonical(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
     }
 }
 

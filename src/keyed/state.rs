@@ -171,8 +171,7 @@ impl KeyState {
     /// `now_ns` or has not ended yet.
     pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {
         let until = self.blocked_until.load(Ordering::Relaxed);
-        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
-        until != 0 && until.saturating_add(window) > now_ns
+        until != 0 && until.saturating_add(crate::time::nanos(window)) > now_ns
     }
 
     /// Denies callers locally until `until_ns`.
