@@ -91,15 +91,21 @@ if op ~= 'lease' and op ~= 'release' and not (config_op and #KEYS == 4) then
   return bad('op')
 end
 
--- A quota from three values, or nil: each in 1 ..= 2^52, and burst × scale ≤ 2^52.
-local function quota_of(r, p, b)
-  r, p, b = int_val(r, 1, MAX), int_val(p, 1, MAX), int_val(b, 1, MAX)
-  if not (r and p and b) then return nil end
+-- A quota from three integers already in 1 ..= 2^52, or nil unless burst × scale ≤ 2^52.
+local function quota(r, p, b)
   local g = gcd(r, p)
   local q = { rate = r, period = p, burst = b, scale = p / g, inc = r / g }
   q.cap = b * q.scale
   if q.cap > MAX then return nil end
   return q
+end
+
+-- A quota from three values of any kind (stored ones), or nil: each in 1 ..= 2^52, and
+-- burst × scale ≤ 2^52.
+local function quota_of(r, p, b)
+  r, p, b = int_val(r, 1, MAX), int_val(p, 1, MAX), int_val(b, 1, MAX)
+  if not (r and p and b) then return nil end
+  return quota(r, p, b)
 end
 
 local function stored_config()
@@ -121,7 +127,7 @@ local period = int_arg(3, 1, MAX)
 if not period then return bad('period_us') end
 local burst = int_arg(4, 1, MAX)
 if not burst then return bad('burst') end
-local caller = quota_of(rate, period, burst)
+local caller = quota(rate, period, burst)
 if not caller then return bad('burst') end
 
 if config_op then
@@ -190,6 +196,52 @@ if #KEYS == 4 then
 end
 rate, period, burst = q.rate, q.period, q.burst
 local scale, inc, cap = q.scale, q.inc, q.cap
+local STATE, STATE_LEN = '<Bddddddddd', 73
+
+-- A pure-mode decision: an anonymous lease on a bucket written under this very quota with no
+-- leaser on record. It is the one call a pure-mode limiter makes per request, so it runs here
+-- without the general path's machinery (leasers, rescaling, old formats, the closures below),
+-- which costs Redis about a quarter of the call. It does exactly what the general path does
+-- for such a call — the same operations in the same order (load, refill, take, store) — and
+-- the differential tests hold both to the Rust twin; anything else falls through to it.
+if op == 'lease' and node == '' and min <= burst then
+  local raw = redis.pcall('GET', KEYS[1])
+  if type(raw) == 'string' and #raw == STATE_LEN then
+    local f, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
+    if f == 1 and x == 0 and r == rate and p == period and b == burst and s == scale
+        and v >= 0 and v <= MAX and v % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0
+        and o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0 then
+      local out = math.min(o, burst)
+      local top = math.max(0, cap - out * scale)
+      local level = math.min(v, top)
+      if now > t then
+        local room = top - level
+        if room > 0 then
+          if now - t >= ceil_div(room, inc) then level = top else level = level + (now - t) * inc end
+        end
+        t = now
+      end
+      local granted, retry = 0, 0
+      local whole = floor_div(level, scale)
+      if whole >= min then
+        granted = math.min(whole, want)
+        level = level - granted * scale
+      end
+      local need = min * scale - level
+      if need > 0 then retry = ceil_div(need, inc) end
+      local reset = ceil_div(top - level, inc)
+      if level >= cap and out == 0 then
+        redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+      else
+        local keep = ceil_div(ceil_div(cap - level, inc), 1000)
+        redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
+          burst, 0), 'PX', int_str(keep + SLACK_MS))
+      end
+      if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, 0 } end
+      return { granted, floor_div(level, scale), retry, reset, 0, rate, period, burst, source }
+    end
+  end
+end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
 local function ceiling(p, o)
@@ -215,7 +267,6 @@ end
 -- into text costs Redis's Lua more than a command does, and one GET and one SET … PX are
 -- the cheapest read and write there are. A bucket stored as a hash (v s t o d r p b fields, as
 -- earlier versions wrote it) is read once and replaced.
-local STATE, STATE_LEN = '<Bddddddddd', 73
 local level, ts, out, dsum = cap, now, 0, 0
 local first = q
 -- The latest lease expiry on record: nil while unknown (leaser records may exist).
@@ -228,10 +279,18 @@ local function wrong_type(reply)
     and string.sub(reply.err, 1, 9) == 'WRONGTYPE'
 end
 local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'string' and #raw == STATE_LEN then
+local packed = type(raw) == 'string' and #raw == STATE_LEN
+if packed then
   local format
   format, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
-  if format ~= 1 then v = nil end
+  -- Numbers already, so int_val's checks written out (one comparison chain, no calls): every
+  -- field an integer in range; anything else (or another format) reads as absent.
+  if not (format == 1 and v >= 0 and v <= MAX and v % 1 == 0 and s >= 1 and s <= MAX
+      and s % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0 and o >= 0 and o <= MAX
+      and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0) then
+    v = nil
+  end
+  if not (x >= 0 and x <= MAX_TIME and x % 1 == 0) then x = nil end
 elseif wrong_type(raw) then
   local h = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
   if type(h) == 'table' and h.err == nil then
@@ -242,19 +301,23 @@ elseif wrong_type(raw) then
 elseif type(raw) == 'table' and raw.err ~= nil then
   return raw
 end
-v, s, t = int_val(v, 0, MAX), int_val(s, 1, MAX), int_val(t, 0, MAX_TIME)
-o, d = int_val(o, 0, MAX), int_val(d, 0, MAX)
+if not packed then
+  v, s, t = int_val(v, 0, MAX), int_val(s, 1, MAX), int_val(t, 0, MAX_TIME)
+  o, d = int_val(o, 0, MAX), int_val(d, 0, MAX)
+  x = int_val(x, 0, MAX_TIME)
+end
 if v and s and t and o and d then
   -- Most buckets were written under the quota of this call: no need to check it again.
   local w = q
   if r ~= q.rate or p ~= q.period or b ~= q.burst then w = quota_of(r, p, b) end
   if w and w.scale == s then first = w end
-  level = rescale(v, s, first.scale, first.burst)
+  level = v
+  if s ~= first.scale then level = rescale(v, s, first.scale, first.burst) end
   out = math.min(o, math.max(burst, first.burst))
   level = math.min(level, ceiling(first, out))
   ts = t
   dsum = d
-  latest = int_val(x, 0, MAX_TIME)
+  latest = x
 end
 local leasers = latest ~= 0 or node ~= ''
 
