@@ -340,13 +340,21 @@ end
 local RECORD, RECORD_LEN = '<Bdddddd', 49
 local function parse(raw)
   if type(raw) ~= 'string' then return nil end
-  local f
-  if #raw == RECORD_LEN and string.byte(raw, 1) == 1 then
-    f = { select(2, struct.unpack(RECORD, raw)) }
-  else
-    f = text_fields(raw, 6)
-    if not f then return nil end
+  if #raw == RECORD_LEN then
+    local fmt, o, d, c, tc, exp, rseq = struct.unpack(RECORD, raw)
+    if fmt == 1 then
+      -- Numbers already: int_val's checks written out, as for the bucket.
+      if o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0
+          and c >= 0 and c <= MAX and c % 1 == 0 and tc >= 0 and tc <= MAX_TIME and tc % 1 == 0
+          and exp >= 0 and exp <= MAX_TIME and exp % 1 == 0 and rseq >= 0 and rseq <= MAX
+          and rseq % 1 == 0 then
+        return { o = o, d = d, c = c, tc = tc, exp = exp, rseq = rseq }
+      end
+      return nil
+    end
   end
+  local f = text_fields(raw, 6)
+  if not f then return nil end
   local r = {
     o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),
     tc = int_val(f[4], 0, MAX_TIME), exp = int_val(f[5], 0, MAX_TIME), rseq = int_val(f[6], 0, MAX),
