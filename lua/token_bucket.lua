@@ -11,6 +11,16 @@
 --          Without it the script runs the 3-key protocol: the caller's quota, a 5-entry reply.
 -- All keys must share one {hash tag}.
 --
+-- One key (the bucket alone) for an anonymous lease or release — a pure-mode call, made by a
+-- client that knows the name's config (it passes the quota that applies as its own): the
+-- 3-key protocol on a bucket with no leaser on record. A command with one key is never split
+-- between two cluster nodes, so a slot migration redirects it (ASK) instead of answering
+-- TRYAGAIN until the handover, as it does a command whose keys are not all on one node yet
+-- (the leasers' keys of a pure-mode bucket never exist). If the bucket has leasers on record
+-- (or a format whose leasers are unknown) the reply is { 0 }, one entry: nothing was done,
+-- send the call again with every key. Such a client reads the config with a one-key config
+-- op (below), on the config hash alone, for the same reason.
+--
 -- ARGV[1]  op: "lease" or "release"; with 4 keys also a config operation (below)
 -- ARGV[2]  rate       tokens added per period            (integer, 1 ..= 2^52)
 -- ARGV[3]  period_us  period in microseconds              (integer, 1 ..= 2^52)
@@ -47,7 +57,8 @@
 -- With 4 keys the reply goes on: rate, period_us, burst (the quota the call ran under), source
 --   (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0).
 --
--- Central configuration (4 keys; ARGV[2..4] the quota for init/set, ignored otherwise;
+-- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
+-- one-key client reads it; ARGV[2..4] the quota for init/set, ignored otherwise;
 -- reply { rate, period_us, burst, flag }, the config now stored, or 0s if none):
 --   "config_get"     flag 1 if a config is stored
 --   "config_init"    store the quota unless a config exists; flag 1 if it was written
@@ -83,13 +94,17 @@
 -- so both give bit-identical results. Bad arguments get a "RATELEASE …" error reply, never a
 -- Lua runtime error, and nothing is written; invalid stored state reads as absent.
 
-if #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 3 or 4') end
+if #KEYS ~= 1 and #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 1, 3 or 4') end
 local op = ARGV[1]
 local config_op = op == 'config_get' or op == 'config_init' or op == 'config_set'
   or op == 'config_delete'
-if op ~= 'lease' and op ~= 'release' and not (config_op and #KEYS == 4) then
+if op ~= 'lease' and op ~= 'release'
+    and not (config_op and (#KEYS == 4 or (#KEYS == 1 and op == 'config_get'))) then
   return bad('op')
 end
+-- The config hash: the fourth key, or the only one of a config read.
+local CONFIG = KEYS[4]
+if config_op and #KEYS == 1 then CONFIG = KEYS[1] end
 
 -- A quota from three integers already in 1 ..= 2^52, or nil unless burst × scale ≤ 2^52.
 local function quota(r, p, b)
@@ -109,14 +124,16 @@ local function quota_of(r, p, b)
 end
 
 local function stored_config()
-  local c = redis.call('HMGET', KEYS[4], 'rate', 'period_us', 'burst')
+  local c = redis.pcall('HMGET', CONFIG, 'rate', 'period_us', 'burst')
+  -- Not a hash (a wrong key, say): an invalid config, never a runtime error.
+  if c.err then return nil, true end
   if not c[1] and not c[2] and not c[3] then return nil, false end
   return quota_of(c[1], c[2], c[3]), true
 end
 
 if op == 'config_get' or op == 'config_delete' then
   local c, present = stored_config()
-  if present and op == 'config_delete' then redis.call('DEL', KEYS[4]) end
+  if present and op == 'config_delete' then redis.call('DEL', CONFIG) end
   if not c then return { 0, 0, 0, present and 1 or 0 } end
   return { c.rate, c.period, c.burst, 1 }
 end
@@ -131,15 +148,13 @@ local caller = quota(rate, period, burst)
 if not caller then return bad('burst') end
 
 if config_op then
-  local _, present = stored_config()
+  local c, present = stored_config()
   if op == 'config_init' and present then
-    local c = redis.call('HMGET', KEYS[4], 'rate', 'period_us', 'burst')
-    local q = quota_of(c[1], c[2], c[3])
-    if not q then return { 0, 0, 0, 0 } end
-    return { q.rate, q.period, q.burst, 0 }
+    if not c then return { 0, 0, 0, 0 } end
+    return { c.rate, c.period, c.burst, 0 }
   end
-  redis.call('DEL', KEYS[4])
-  redis.call('HSET', KEYS[4], 'rate', int_str(rate), 'period_us', int_str(period),
+  redis.call('DEL', CONFIG)
+  redis.call('HSET', CONFIG, 'rate', int_str(rate), 'period_us', int_str(period),
     'burst', int_str(burst))
   local flag = 0
   if op == 'config_init' or present then flag = 1 end
@@ -162,6 +177,7 @@ if not now then return bad('now_us') end
 
 local node = ARGV[8] or ''
 if #node > 128 then return bad('node') end
+if #KEYS == 1 and node ~= '' then return bad('keys: a leaser sends 3 or 4') end
 local held, demand, horizon, ttl, seq, leaving
 if node ~= '' then
   if op == 'lease' then
@@ -231,13 +247,13 @@ if op == 'lease' and node == '' and min <= burst then
       if need > 0 then retry = ceil_div(need, inc) end
       local reset = ceil_div(top - level, inc)
       if level >= cap and out == 0 then
-        redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+        redis.call('DEL', unpack(KEYS, 1, math.min(#KEYS, 3)))
       else
         local keep = ceil_div(ceil_div(cap - level, inc), 1000)
         redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
           burst, 0), 'PX', int_str(keep + SLACK_MS))
       end
-      if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, 0 } end
+      if #KEYS < 4 then return { granted, floor_div(level, scale), retry, reset, 0 } end
       return { granted, floor_div(level, scale), retry, reset, 0, rate, period, burst, source }
     end
   end
@@ -319,6 +335,11 @@ if v and s and t and o and d then
   dsum = d
   latest = x
 end
+if #KEYS == 1 then
+  -- A bucket that does not exist has no leasers (their keys expire with it, never after).
+  if raw == false then latest = 0 end
+  if latest ~= 0 then return { 0 } end
+end
 local leasers = latest ~= 0 or node ~= ''
 
 -- Lazy refill under quota `p` up to time `to`, never above capacity − outstanding, never
@@ -392,7 +413,8 @@ refill(first, now)
 if first ~= q then
   -- A full bucket with no leasers is not stored (absent reads as full), so it stays full
   -- across a change, as it would once expired; anything else keeps its tokens.
-  if level >= first.cap and out == 0 and redis.call('ZCARD', KEYS[3]) == 0 then
+  -- (No leaser on record, latest == 0, is a zset with no members: no need to count them.)
+  if level >= first.cap and out == 0 and (latest == 0 or redis.call('ZCARD', KEYS[3]) == 0) then
     level = cap
   else
     level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
@@ -515,7 +537,7 @@ elseif expiry and expiry > latest then
   latest = expiry
 end
 if level >= cap and out == 0 and latest == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  redis.call('DEL', unpack(KEYS, 1, math.min(#KEYS, 3)))
 else
   -- Kept until it would be full: every lease expired, then the whole capacity refilled.
   local keep = ceil_div(ceil_div(cap - level, inc), 1000)
@@ -530,5 +552,5 @@ else
   redis.call('SET', KEYS[1],
     struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest), 'PX', ms)
 end
-if #KEYS == 3 then return { granted, floor_div(level, scale), retry, reset, share } end
+if #KEYS < 4 then return { granted, floor_div(level, scale), retry, reset, share } end
 return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }

@@ -142,8 +142,8 @@ pub use pure::{RedisLimiter, RedisLimiterBuilder};
 pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{
     LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, RedisStore,
-    RedisStoreBuilder, ReleaseRequest, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT,
+    RedisStoreBuilder, ReleaseRequest, DEFAULT_CONFIG_REFRESH, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
 };
 pub use verdict::Verdict;
 

@@ -311,9 +311,10 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
     // along: the budget is used up, not restored to a full bucket.
     let after = admitted.load(Ordering::Relaxed);
     assert!(after > before, "nothing admitted after the migration began");
-    // A script call whose keys are not all on one node (the name's config key is absent
-    // unless configured) gets TRYAGAIN until the slot is handed over: a pure call can wait
-    // for the rest of the migration, but no longer than the response timeout (3 s here).
+    // A script call whose keys are not all on one node gets TRYAGAIN until the slot is handed
+    // over. A pure call on a name that also has leasers sends every key (the bucket has
+    // leasers on record), so it can wait for the rest of the migration, but no longer than
+    // the response timeout (3 s here); alone on its name it sends one key (next test).
     let slowest = Duration::from_micros(slowest_us.load(Ordering::Relaxed));
     eprintln!(
         "migration {migration:?}; slowest pure call {slowest:?}; hybrid admitted {hybrid_during} meanwhile"
@@ -342,6 +343,78 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
     );
     let on_target: u64 = cluster.nodes()[to].cmd(&["EXISTS", &bucket]);
     assert_eq!(on_target, 1);
+}
+
+/// A pure-mode limiter alone on its name (the common case) sends the bucket's key alone: while
+/// its slot migrates, a call is redirected (ASK) once the key has moved, never answered
+/// `TRYAGAIN` until the handover as a call whose keys are split between two nodes is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pure_limiter_alone_on_a_migrating_slot_is_redirected_not_stalled() {
+    let cluster = RedisCluster::start(3);
+    let burst = 2_000;
+    let name = "pure}only{";
+    let pure = RedisLimiter::new(name, slow(burst), store(&cluster).await).unwrap();
+    assert!(pure.try_acquire(1).await.unwrap().is_allowed());
+    let bucket = pure.store().key(name);
+    let slot = cluster.slot(&bucket);
+    let to = (cluster.owner(slot) + 1) % 3;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let admitted = Arc::new(AtomicU64::new(1));
+    let slowest_us = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let task = {
+        let (stop, admitted, slowest_us, calls, pure) = (
+            stop.clone(),
+            admitted.clone(),
+            slowest_us.clone(),
+            calls.clone(),
+            pure.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                if pure.try_acquire(1).await.unwrap().is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                slowest_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                calls.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pause = Duration::from_millis(150);
+    let started = Instant::now();
+    let calls_before = calls.load(Ordering::Relaxed);
+    let moved = {
+        let cluster = &cluster;
+        tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, pause))
+    };
+    let migration = started.elapsed();
+    let during = calls.load(Ordering::Relaxed) - calls_before;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    task.await.unwrap();
+    // The bucket alone: a pure-mode name has no leasers' keys and no config key.
+    assert_eq!(moved, 1, "keys moved");
+    let slowest = Duration::from_micros(slowest_us.load(Ordering::Relaxed));
+    eprintln!("migration {migration:?}; {during} pure calls meanwhile, slowest {slowest:?}");
+    // No call waited for a step of the migration (each 150 ms apart): calls went on
+    // throughout it (one every ~2 ms), and none took as long as a step.
+    assert!(
+        slowest < pause,
+        "a pure call took {slowest:?} during a {migration:?} migration"
+    );
+    assert!(during > 50, "only {during} calls during a {migration:?} migration");
+    // Exact, and the state moved with the key.
+    let mut total = admitted.load(Ordering::Relaxed);
+    for chunk in [100, 10, 1] {
+        while pure.try_acquire(chunk).await.unwrap().is_allowed() {
+            total += chunk;
+        }
+    }
+    assert_eq!(total, burst, "tokens lost or made in the migration");
 }
 
 #[tokio::test]

@@ -5,6 +5,9 @@
 //!   has seen the change, which is after the store switched);
 //! - a capacity cut below what is outstanding keeps `level + outstanding` within bounds;
 //! - init does not overwrite; delete falls back to the builder's choice;
+//! - a config changed by another process reaches pure-mode calls within the store's config
+//!   refresh, one changed through the same store at once, and in between a pure call sends
+//!   the bucket's key alone (the config is not read);
 //! - bad values get typed errors and leave the state alone;
 //! - `Budget::PerClient` gives each client a bucket of its own, `Overall` one for all.
 
@@ -26,6 +29,81 @@ async fn store(server: &RedisServer) -> RedisStore {
         .connect()
         .await
         .unwrap()
+}
+
+/// A store whose pure-mode calls read the config every time, for tests of what the script
+/// does with a config changed by another store between two calls.
+async fn store_reading_config_every_call(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .config_refresh(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Calls of `command` the server has run (scripts' commands included).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh() {
+    let server = RedisServer::start();
+    let admin = store(&server).await;
+    let refresh = Duration::from_millis(600);
+    let own = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .config_refresh(refresh)
+        .connect()
+        .await
+        .unwrap();
+    let (builder, first, second, third) = (
+        Quota::per_minute(5).unwrap(),
+        Quota::per_minute(50).unwrap(),
+        Quota::per_minute(500).unwrap(),
+        Quota::per_minute(5000).unwrap(),
+    );
+    admin.init_config("r", &first).await.unwrap();
+    let limiter = RedisLimiter::new("r", builder, own.clone()).unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert_eq!(limiter.quota(), first);
+
+    // Changed by another process: still the config read a moment ago, and the calls in
+    // between send the bucket alone — the config hash is not read.
+    let read_at = Instant::now();
+    admin.modify_config("r", &second).await.unwrap();
+    let hmget_before = calls(&server, "hmget");
+    for _ in 0..20 {
+        assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    }
+    assert!(
+        read_at.elapsed() < refresh,
+        "the test ran too slowly to see the cache"
+    );
+    assert_eq!(limiter.quota(), first);
+    assert_eq!(
+        calls(&server, "hmget"),
+        hmget_before,
+        "config read while cached"
+    );
+    // After the refresh: the new config.
+    tokio::time::sleep(refresh).await;
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert_eq!(limiter.quota(), second);
+
+    // Changed through the limiter's own store: at once.
+    own.modify_config("r", &third).await.unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert_eq!(limiter.quota(), third);
+    // Deleted through it: the builder's quota at once.
+    own.delete_config("r").await.unwrap();
+    assert!(limiter.try_acquire(1).await.is_ok());
+    assert_eq!(limiter.quota(), builder);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,12 +263,15 @@ async fn init_does_not_overwrite_and_delete_falls_back() {
     );
     assert_eq!(admin.get_config("n").await.unwrap(), Some(stored));
 
-    let use_quota = RedisLimiter::new("n", builder, store(&server).await).unwrap();
-    let unlimited = RedisLimiter::builder("n", builder, store(&server).await)
+    // Each limiter reads the config on every call: the admin's delete below applies at once
+    // (see `a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh` for the default).
+    let limiters = store_reading_config_every_call(&server).await;
+    let use_quota = RedisLimiter::new("n", builder, limiters.clone()).unwrap();
+    let unlimited = RedisLimiter::builder("n", builder, limiters.clone())
         .if_unconfigured(Unconfigured::Unlimited)
         .build()
         .unwrap();
-    let refuse = RedisLimiter::builder("n", builder, store(&server).await)
+    let refuse = RedisLimiter::builder("n", builder, limiters)
         .if_unconfigured(Unconfigured::Error)
         .build()
         .unwrap();
@@ -238,7 +319,8 @@ async fn init_does_not_overwrite_and_delete_falls_back() {
 #[tokio::test]
 async fn bad_config_values_get_typed_errors_and_change_nothing() {
     let server = RedisServer::start();
-    let s = store(&server).await;
+    // A config corrupted by hand below is read by the next call, not one cached before it.
+    let s = store_reading_config_every_call(&server).await;
     let q = Quota::per_second(10).unwrap();
     s.lease("bad", &q, &LeaseRequest::exact(3)).await.unwrap();
     let key = s.key("bad");

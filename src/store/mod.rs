@@ -21,7 +21,7 @@ use std::future::Future;
 pub use memory::MemoryStore;
 
 pub use redis_store::{
-    RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    RedisStore, RedisStoreBuilder, DEFAULT_CONFIG_REFRESH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
     DEFAULT_RESPONSE_TIMEOUT,
 };
 

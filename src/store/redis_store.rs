@@ -13,9 +13,12 @@
 
 mod algorithms;
 mod builder;
+mod config_cache;
 
 use builder::Target;
 pub use builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
+use config_cache::ConfigCache;
+pub use config_cache::DEFAULT_CONFIG_REFRESH;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -36,7 +39,7 @@ use crate::error::{Error, StoreError};
 use crate::key;
 use crate::protocol;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_VALUE};
 use crate::time::micros;
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TOKEN_BUCKET_LUA));
@@ -74,6 +77,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    /// Each name's central config as last read, for one-key pure-mode calls.
+    configs: Arc<ConfigCache>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -245,17 +250,20 @@ impl RedisStore {
         [bucket, leasers, expiry, config]
     }
 
-    /// Runs the script: `op`, then the arguments after `burst`.
+    /// Runs the script: `op`, then the arguments after `burst` (`min`: the lease's, 0 for a
+    /// release, `None` if the script will refuse the arguments). An anonymous call sends the
+    /// bucket's key alone, under the name's config as read within the refresh time (read now,
+    /// with one key, if it was not; see `config_cache.rs`); every other call, and one on a
+    /// bucket with leasers, every key. A call that read the config updates what is known.
     async fn run(
         &self,
         name: &str,
         client: Option<u64>,
         quota: &Quota,
         op: &str,
+        min: Option<u64>,
         args: [String; 9],
     ) -> Result<LeaseReply, StoreError> {
-        let keys = self.keys(name, client);
-        let head = quota_args(op, quota);
         // Trailing empty arguments read as absent: a pure-mode call sends six, not thirteen
         // (every argument is a string the server makes for the script).
         let used = args
@@ -263,6 +271,40 @@ impl RedisStore {
             .rposition(|a| !a.is_empty())
             .map_or(0, |i| i + 1);
         let args = &args[..used];
+        // Argument 8 (index 3 here) is the node: empty for an anonymous call.
+        let anonymous = args.get(3).is_none_or(String::is_empty);
+        if let Some(min) = min.filter(|_| anonymous && self.configs.enabled()) {
+            let config = match self.configs.fresh(name) {
+                Some(config) => Some(config),
+                // Read it with one key, unless it could not be kept: then every key.
+                None if self.configs.has_room_for(name) => Some(self.get_config(name).await?),
+                None => None,
+            };
+            // The script checks `min` against the caller's burst (a request above it is an
+            // error) and grants nothing above the stored one: one key passes the stored quota
+            // as the caller's, so such a request goes with every key.
+            if let Some(config) =
+                config.filter(|c| min <= c.map_or(quota.burst(), |c| c.burst().min(quota.burst())))
+            {
+                let configured_only = args.get(8).is_some_and(|a| a == "none");
+                if let Some(reply) = self
+                    .run_one_key(
+                        name,
+                        client,
+                        quota,
+                        config,
+                        configured_only,
+                        op,
+                        &args[..used.min(3)],
+                    )
+                    .await?
+                {
+                    return Ok(reply);
+                }
+            }
+        }
+        let keys = self.keys(name, client);
+        let head = quota_args(op, quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
         let bad = || StoreError::BadReply(format!("expected 9 integers, got {reply:?}"));
         let [granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
@@ -281,6 +323,59 @@ impl RedisStore {
             source: QuotaSource::from_code(source).ok_or_else(bad)?,
             at: None,
         })
+        .inspect(|reply| self.configs.learn(name, config_cache::stored_config(reply)))
+    }
+
+    /// An anonymous call with the bucket's key alone, under `config` (the name's stored quota)
+    /// or the caller's `quota` if it has none; `None` if the bucket has leasers on record and
+    /// the call must be sent with every key.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_one_key(
+        &self,
+        name: &str,
+        client: Option<u64>,
+        quota: &Quota,
+        config: Option<Quota>,
+        configured_only: bool,
+        op: &str,
+        args: &[String],
+    ) -> Result<Option<LeaseReply>, StoreError> {
+        let (quota, source) = match config {
+            Some(stored) => (stored, QuotaSource::Stored),
+            // What the script answers when told not to fall back: nothing done.
+            None if configured_only => {
+                return Ok(Some(LeaseReply {
+                    granted: 0,
+                    remaining: 0,
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    share_mtps: 0,
+                    quota: *quota,
+                    source: QuotaSource::Absent,
+                    at: None,
+                }))
+            }
+            None => (*quota, QuotaSource::Caller),
+        };
+        let bucket = [self.keys(name, client)[0].clone()];
+        let head = quota_args(op, &quota);
+        let reply: Vec<u64> = self.eval(&SCRIPT, &bucket, head.iter().chain(args)).await?;
+        match reply[..] {
+            [0] => Ok(None),
+            [granted, remaining, retry_us, reset_us, share_mtps] => Ok(Some(LeaseReply {
+                granted,
+                remaining,
+                retry_after: Duration::from_micros(retry_us),
+                reset_after: Duration::from_micros(reset_us),
+                share_mtps,
+                quota,
+                source,
+                at: None,
+            })),
+            _ => Err(StoreError::BadReply(format!(
+                "expected 1 or 5 integers, got {reply:?}"
+            ))),
+        }
     }
 
     /// Runs a config operation; the reply is the config now stored (if any) and the flag.
@@ -290,7 +385,13 @@ impl RedisStore {
         op: &str,
         quota: Option<&Quota>,
     ) -> Result<(Option<Quota>, bool), StoreError> {
-        let keys = self.keys(name, None);
+        // A read sends the config hash alone (one key: never TRYAGAIN while its slot
+        // migrates); a write every key.
+        let keys = if op == "config_get" {
+            vec![self.config_key(name)]
+        } else {
+            self.keys(name, None).to_vec()
+        };
         let one = Quota::per_second(1).expect("valid");
         let head = quota_args(op, quota.unwrap_or(&one));
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter()).await?;
@@ -304,6 +405,13 @@ impl RedisStore {
                 Quota::with_parts(rate, Duration::from_micros(period), burst).map_err(|_| bad())?,
             ),
         };
+        // Every reply is the config now stored, but a delete's (the one it removed) and a
+        // get's of an invalid config (none, flag 1).
+        match op {
+            "config_delete" => self.configs.learn(name, None),
+            "config_get" if quota.is_none() && flag == 1 => {}
+            _ => self.configs.learn(name, quota),
+        }
         Ok((quota, flag == 1))
     }
 
@@ -437,7 +545,10 @@ impl LeaseStore for RedisStore {
             ttl,
             if req.fallback_to_caller { "" } else { "none" }.to_owned(),
         ];
-        self.run(name, req.client, quota, "lease", args).await
+        // Arguments the script accepts (else every key: it answers the error); `min` too.
+        let valid = 1 <= req.min && req.min <= req.want && req.want <= MAX_VALUE;
+        let min = (valid && req.min <= quota.burst()).then_some(req.min);
+        self.run(name, req.client, quota, "lease", min, args).await
     }
 
     async fn release(
@@ -471,6 +582,8 @@ impl LeaseStore for RedisStore {
             String::new(),
             String::new(),
         ];
-        self.run(name, req.client, quota, "release", args).await
+        let min = (req.tokens <= MAX_VALUE).then_some(0);
+        self.run(name, req.client, quota, "release", min, args)
+            .await
     }
 }

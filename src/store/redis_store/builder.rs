@@ -11,7 +11,7 @@ use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connecti
 use crate::error::{Error, StoreError};
 use crate::key;
 
-use super::{RedisStore, DEFAULT_PREFIX};
+use super::{ConfigCache, RedisStore, DEFAULT_CONFIG_REFRESH, DEFAULT_PREFIX};
 
 /// Default time allowed to open a connection. Short: a hybrid limiter never waits for it on a
 /// caller's thread, but a slow connect delays recovery.
@@ -27,6 +27,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     settings: ConnectSettings,
     clock: Option<Arc<dyn Clock>>,
+    config_refresh: Duration,
     /// A setting that does not apply to this kind of store, reported by `connect`.
     misplaced: Option<&'static str>,
 }
@@ -95,6 +96,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             settings: ConnectSettings::new(DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT),
             clock: None,
+            config_refresh: DEFAULT_CONFIG_REFRESH,
             misplaced: None,
         }
     }
@@ -219,6 +221,18 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How long a pure-mode call trusts what the store last read of a name's central config
+    /// (default [`DEFAULT_CONFIG_REFRESH`], 1 s). In between it sends the bucket's key alone:
+    /// one key, so a Redis Cluster slot migration redirects it instead of answering
+    /// `TRYAGAIN` until the handover, and one read less per call. A config changed through
+    /// this store applies at once; one changed by another process applies to pure-mode calls
+    /// within this time (to hybrid leases at once). `Duration::ZERO` reads the config on every
+    /// call.
+    pub fn config_refresh(mut self, refresh: Duration) -> Self {
+        self.config_refresh = refresh;
+        self
+    }
+
     /// Sends `now` from `clock` to the script instead of using the Redis server's clock.
     ///
     /// For deterministic tests and replays only: in production, client clocks differ and the
@@ -307,6 +321,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix.into(),
             response_timeout: self.settings.response_timeout,
             clock: self.clock,
+            configs: Arc::new(ConfigCache::new(self.config_refresh)),
         })
     }
 }
