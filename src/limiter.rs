@@ -6,8 +6,11 @@ use std::future::Future;
 use std::hash::Hash;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::Error;
 use crate::quota::Quota;
+use crate::time;
 
 /// The outcome of a check. Being limited is an outcome, not an error.
 #[must_use]
@@ -61,6 +64,47 @@ pub enum LocalAnswer {
 /// runs dry between two small grants, and waiting for each of those refills would queue
 /// its requests one round trip at a time.
 pub(crate) const RECENTLY_REFUSED: Duration = Duration::from_secs(1);
+
+/// What a waiting check does with a refusal by the store (or by the failure policy): the
+/// shed-or-wait decision that the waits of the hybrid and keyed limiters share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// Return the refusal at once; wait only while there is no answer yet (a lease in
+    /// flight). What `try_acquire_or_lease` does.
+    LeaseOnly,
+    /// Wait the refusal out, unless it ends after the deadline (`None`: never give up). What
+    /// `acquire` and `try_acquire_for` do.
+    Until(Option<Instant>),
+}
+
+impl Patience {
+    /// Whether a refusal for `retry_after` ends the wait (it is returned) rather than being
+    /// waited out.
+    pub(crate) fn sheds(self, retry_after: Duration) -> bool {
+        match self {
+            Patience::LeaseOnly => true,
+            Patience::Until(deadline) => deadline.is_some_and(|d| time::from_now(retry_after) > d),
+        }
+    }
+}
+
+/// Runs `wait` until `deadline`; past it, the answer is `Denied` with a `retry_after` of
+/// `hint()`.
+pub(crate) async fn bounded<F>(
+    deadline: Instant,
+    wait: F,
+    hint: impl FnOnce() -> Duration,
+) -> Result<Decision, Error>
+where
+    F: Future<Output = Result<Decision, Error>>,
+{
+    match tokio::time::timeout_at(deadline, wait).await {
+        Ok(result) => result,
+        Err(_) => Ok(Decision::Denied {
+            retry_after: hint(),
+        }),
+    }
+}
 
 impl From<Decision> for LocalAnswer {
     fn from(decision: Decision) -> Self {

@@ -183,7 +183,6 @@ where
             closed: AtomicBool::new(false),
             pressure: AtomicBool::new(false),
             wake: Notify::new(),
-            leased: Notify::new(),
             counters: Counters::default(),
             metrics: KeyedMetrics::new(&self.name, self.failure.name()),
             name: self.name,

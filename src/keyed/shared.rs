@@ -18,12 +18,11 @@ use tokio::time::Instant;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::policy::LeasePolicy;
-use crate::limiter::{check_tokens, Decision, KeyRef};
+use crate::limiter::{check_tokens, Decision, KeyRef, Patience};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
-use crate::time;
 use crate::time::Origin;
 
 use super::state::KeyState;
@@ -159,9 +158,6 @@ pub(super) struct Shared<K, S, H> {
     pub(super) pressure: AtomicBool,
     /// Wakes the worker for `closed` and `pressure`.
     pub(super) wake: Notify,
-    /// Woken by the worker whenever a key's lease is answered (granted, refused, failed):
-    /// callers waiting for a lease queued by someone else (`lease_wait.rs`).
-    pub(super) leased: Notify,
     pub(super) counters: Counters,
     /// Metric handles, published by the worker's task ([`publisher`]).
     pub(super) metrics: KeyedMetrics,
@@ -252,10 +248,25 @@ where
     S: LeaseStore,
     H: BuildHasher + Clone + Send + Sync + 'static,
 {
-    /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy and (if
-    /// `queue`) queues a lease. Never waits.
+    /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy, (if `queue`)
+    /// queues a lease, and counts the denied tokens. Never waits.
     #[inline]
     pub(super) fn take<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        let outcome = self.check(key, n, queue)?;
+        if let Outcome::Denied { .. } = outcome {
+            count(&self.counters.tokens_denied, n);
+        }
+        Ok(outcome)
+    }
+
+    /// [`take`](Self::take) without counting a denial: for a wait's checks after its first,
+    /// which was counted.
+    #[inline]
+    pub(super) fn check<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -271,17 +282,6 @@ where
             return self.miss(key, Some(&state), n, queue);
         }
         self.miss(key, None, n, queue)
-    }
-
-    /// Whether a lease of `key` is queued or in flight.
-    pub(super) fn lease_queued<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.map
-            .get(key)
-            .is_some_and(|state| state.flags() & super::state::QUEUED != 0)
     }
 
     /// Takes `n` of `key`'s local tokens if it holds them; no lease, no denial counted.
@@ -366,14 +366,10 @@ where
                 None => self.admit(key, n),
             }
         }
-        let outcome = outcome.unwrap_or(Outcome::Denied {
+        Ok(outcome.unwrap_or(Outcome::Denied {
             retry_after: self.rtt(),
             why: Why::Pending,
-        });
-        if matches!(outcome, Outcome::Denied { .. }) {
-            count(&self.counters.tokens_denied, n);
-        }
-        Ok(outcome)
+        }))
     }
 
     /// Queues a lease for `key` unless one is queued already.
@@ -491,23 +487,35 @@ where
         answer.await.map_err(|_| Error::Closed)
     }
 
-    /// Waits for `n` tokens of `key`, until `deadline` if given.
+    /// Waits for `n` tokens of `key`; a refusal (by the store, or by the failure policy) is
+    /// waited out or returned as `patience` says. While the key has no answer yet, the call
+    /// asks the worker for a lease and waits for its reply: if a lease of the key is already
+    /// queued or in flight, the worker holds the request back and answers it once that lease
+    /// is answered (`worker.rs`), so a waiter wakes for its own key's answer and nothing else.
+    /// The call's tokens are counted as denied once, at its first miss, however often it
+    /// looks again.
     pub(super) async fn wait<Q>(
         &self,
         key: &Q,
         n: u64,
-        deadline: Option<Instant>,
+        patience: Patience,
     ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
+        let mut first = true;
         loop {
             // While the store is failing, a miss also queues a lease, as `try_acquire` does:
             // that is the probe that closes the circuit again (the worker sends it when the
             // back-off allows), else callers that only wait would never probe.
             let probe = self.circuit.is_open();
-            let (retry_after, why) = match self.take(key, n, probe)? {
+            let outcome = if std::mem::take(&mut first) {
+                self.take(key, n, probe)?
+            } else {
+                self.check(key, n, probe)?
+            };
+            let (retry_after, why) = match outcome {
                 Outcome::Allowed => return Ok(Decision::Allowed),
                 Outcome::Denied { retry_after, why } => (retry_after, why),
             };
@@ -517,9 +525,6 @@ where
                     Some(e) => return Err(Error::Store(e)),
                     None => retry_after,
                 },
-                // A lease of this key is on its way (a refill, or the one a `try_acquire`
-                // just queued): wait for it instead of leasing a second batch.
-                Why::Pending if self.lease_queued(key) => self.rtt(),
                 Why::Pending => {
                     self.ensure_state(key);
                     match self.ask(key, n).await? {
@@ -543,7 +548,7 @@ where
                     }
                 }
             };
-            if deadline.is_some_and(|d| time::from_now(wait) > d) {
+            if patience.sheds(wait) {
                 return Ok(Decision::Denied { retry_after: wait });
             }
             tokio::time::sleep(wait).await;
