@@ -294,8 +294,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// policy), [`LocalAnswer::Denied`], from an empty local bucket with no word from the store
     /// yet, [`LocalAnswer::NeedsLease`] (the first lease, the first after an idle spell gave
     /// the tokens back, a refill late while demand grows). A limiter the store refused within
-    /// the last second is at its limit: a miss then is `Denied`. Never waits; starts a lease
-    /// as `try_acquire` does.
+    /// the last second (over the limit, or pacing its grants) is at its limit: a miss then is
+    /// `Denied`; a back-off after store errors is no refusal. Never waits; starts a lease as
+    /// `try_acquire` does.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -305,16 +306,13 @@ impl<S: LeaseStore> HybridLimiter<S> {
             Decision::Denied { retry_after } => retry_after,
         };
         let s = &*self.handle.shared;
-        // Relaxed: a hint, as in `blocked_for`.
-        let refused_until = s.blocked_until_ns.load(Ordering::Relaxed);
-        let window = time::nanos(RECENTLY_REFUSED);
-        let refused_lately =
-            refused_until != 0 && refused_until.saturating_add(window) > s.now_ns();
-        Ok(if !refused_lately && !s.circuit.is_open() {
-            LocalAnswer::NeedsLease { retry_after }
-        } else {
-            LocalAnswer::Denied { retry_after }
-        })
+        Ok(
+            if !s.refused_within(RECENTLY_REFUSED) && !s.circuit.is_open() {
+                LocalAnswer::NeedsLease { retry_after }
+            } else {
+                LocalAnswer::Denied { retry_after }
+            },
+        )
     }
 
     /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the

@@ -437,6 +437,9 @@ impl Task {
                 .share_mtps
                 .store(reply.share_mtps, Ordering::Relaxed);
         }
+        // A pause on the store's own answer (over the limit, or a grant's pacing) is a refusal;
+        // a back-off after an error, or an unconfigured name's recheck, is not.
+        let refused = matches!(&result, Ok(reply) if reply.source != QuotaSource::Absent);
         let pause = match result {
             Ok(reply) if reply.source == QuotaSource::Absent => {
                 s.recovered();
@@ -449,9 +452,7 @@ impl Task {
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
-                // Not blocked from now on; a block ended early reads as ending now (a refusal
-                // stays recent for `try_acquire_local`).
-                s.blocked_until_ns.fetch_min(s.now_ns(), Ordering::Relaxed);
+                s.unblock();
                 self.backoff.reset();
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
@@ -479,7 +480,7 @@ impl Task {
         s.low_water
             .store(next.low_water.min(self.quota.burst()), Ordering::Relaxed);
         if let Some(deadline) = pause {
-            s.block_until(deadline);
+            s.block_until(deadline, refused);
         }
         // Release: a caller of `ready` that sees it also sees the tokens added above.
         s.answered.store(true, Ordering::Release);

@@ -3,15 +3,18 @@
 //! A [`KeyedHybridLimiter`] denies a request for one of two reasons, and a server that sheds
 //! load must treat them differently:
 //!
-//! - **no answer yet** (`Why::Pending`): the key holds no tokens here and the store has not
-//!   refused it lately — a key new to this process (or evicted while idle), or a refill still
-//!   in flight while the key ramps up. One lease round trip decides; refusing would turn every
-//!   new user's first request (and a growing key's late refill) into a 429.
+//! - **no answer yet** (`Why::Pending`, not refused): the key holds no tokens here and the
+//!   store has not refused it lately — a key new to this process (or evicted while idle), or a
+//!   refill still in flight while the key ramps up. One lease round trip decides; refusing
+//!   would turn every new user's first request (and a growing key's late refill) into a 429.
 //! - **the store's answer** (`Why::Blocked`, or the failure policy's): the key's budget is
 //!   spent until `retry_after`. Waiting for it is queueing, which a shedding server must not
 //!   do (at 1 000/s for one key, waiting requests pile up and throughput collapses to the
 //!   limit). A key the store refused within the last second (`RECENTLY_REFUSED`) is at its
-//!   limit: it runs dry between two small grants, and a miss on it is a refusal too.
+//!   limit: it runs dry between two small grants, and a miss on it is a refusal too. Only
+//!   the store's refusal counts: a key denied while the store was failing is not at its limit
+//!   once the store answers again. The check reads the key's state and the clock once, for
+//!   the miss and this alike.
 //!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
@@ -26,10 +29,10 @@ use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use super::shared::{Outcome, Shared, Why};
+use super::shared::{Outcome, Why};
 use super::KeyedHybridLimiter;
 use crate::error::Error;
-use crate::limiter::{bounded, Decision, KeyRef, LocalAnswer, Patience, RECENTLY_REFUSED};
+use crate::limiter::{bounded, Decision, KeyRef, LocalAnswer, Patience};
 use crate::store::LeaseStore;
 
 impl<K, S, H> KeyedHybridLimiter<K, S, H>
@@ -56,8 +59,8 @@ where
             Outcome::Allowed => LocalAnswer::Allowed,
             Outcome::Denied {
                 retry_after,
-                why: Why::Pending,
-            } if !s.refused_recently(key) => LocalAnswer::NeedsLease { retry_after },
+                why: Why::Pending { refused: false },
+            } => LocalAnswer::NeedsLease { retry_after },
             Outcome::Denied { retry_after, .. } => LocalAnswer::Denied { retry_after },
         })
     }
@@ -82,25 +85,5 @@ where
         let s = &*self.handle.shared;
         let wait = s.wait(key, n, Patience::LeaseOnly);
         bounded(crate::time::from_now(lease_wait), wait, || s.rtt()).await
-    }
-}
-
-impl<K, S, H> Shared<K, S, H>
-where
-    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
-    S: LeaseStore,
-    H: BuildHasher + Clone + Send + Sync + 'static,
-{
-    /// Whether the store refused `key` within [`RECENTLY_REFUSED`]: a key at its limit, whose
-    /// misses between two small grants are refusals, not "no answer yet".
-    fn refused_recently<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let now = self.now_ns();
-        self.map
-            .get(key)
-            .is_some_and(|state| state.refused_within(RECENTLY_REFUSED, now))
     }
 }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::policy::LeasePolicy;
-use crate::limiter::{check_tokens, Decision, KeyRef, Patience};
+use crate::limiter::{check_tokens, Decision, KeyRef, Patience, RECENTLY_REFUSED};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::LeaseStore;
@@ -172,8 +172,10 @@ pub(super) enum Outcome {
 /// Why a local check denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Why {
-    /// No tokens yet: a lease may bring some.
-    Pending,
+    /// No tokens yet: a lease may bring some. `refused`: the store refused the key within
+    /// [`RECENTLY_REFUSED`] — a key at its limit, whose misses between two small grants are
+    /// refusals rather than "no answer yet".
+    Pending { refused: bool },
     /// The store said when the key's bucket can serve again (or the circuit said when to
     /// probe): waiting is the answer.
     Blocked,
@@ -324,7 +326,14 @@ where
         if let Some(state) = state {
             state.seen(self.tick());
         }
-        let blocked = state.map_or(Duration::ZERO, |s| s.blocked_for(self.now_ns()));
+        // One clock reading for the block and the recent refusal.
+        let (blocked, refused) = match state {
+            Some(s) => {
+                let now = self.now_ns();
+                (s.blocked_for(now), s.refused_within(RECENTLY_REFUSED, now))
+            }
+            None => (Duration::ZERO, false),
+        };
         let mut outcome = None;
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback, state) {
@@ -368,7 +377,7 @@ where
         }
         Ok(outcome.unwrap_or(Outcome::Denied {
             retry_after: self.rtt(),
-            why: Why::Pending,
+            why: Why::Pending { refused },
         }))
     }
 
@@ -525,7 +534,7 @@ where
                     Some(e) => return Err(Error::Store(e)),
                     None => retry_after,
                 },
-                Why::Pending => {
+                Why::Pending { .. } => {
                     self.ensure_state(key);
                     match self.ask(key, n).await? {
                         Answer::Granted => return Ok(Decision::Allowed),

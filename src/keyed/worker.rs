@@ -429,6 +429,8 @@ where
         }
         let sync = request.reply.is_none();
         let state = s.map.get(&request.key);
+        // `(answer, block)`; a block on the store's own answer is a refusal (`refused`).
+        let mut refused = false;
         let (answer, block) = match result {
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
@@ -468,6 +470,7 @@ where
             Ok(reply) => {
                 self.recovered();
                 count(&c.over_limit, 1);
+                refused = true;
                 if reply.retry_after.is_zero() && ask.min > reply.quota.burst() {
                     (
                         Some(Answer::TooLarge(reply.quota.burst())),
@@ -487,8 +490,10 @@ where
             }
         };
         if let Some(state) = &state {
-            if let Some(until) = block {
-                state.block_until(self.ns_at(until));
+            match block {
+                Some(until) if refused => state.refuse_until(self.ns_at(until)),
+                Some(until) => state.block_until(self.ns_at(until)),
+                None => {}
             }
             if sync {
                 state.unqueue();
