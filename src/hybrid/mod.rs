@@ -57,7 +57,9 @@ use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer, RECENTLY_REFUSED};
+use crate::limiter::{
+    bounded, check_tokens, Decision, Limiter, LocalAnswer, Patience, RECENTLY_REFUSED,
+};
 use crate::quota::Quota;
 use crate::retry::MIN_RETRY;
 use crate::store::{LeaseStore, RedisStore};
@@ -244,23 +246,45 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
+        self.wait(n, Patience::Until(None)).await.map(|_| ())
+    }
+
+    /// Takes `n` tokens, after each denial waiting for the outcome of the task's next store
+    /// call (or, unless only a lease is waited for, the `retry_after` it gave); a refusal is
+    /// waited out or returned as `patience` says. Under [`FailurePolicy::FailClosed`], a store
+    /// failure since the call began is its error.
+    async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, Error> {
         let s = &*self.handle.shared;
-        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
         let errors_seen = s.circuit.failures();
+        let failed = || {
+            let closed = s.failure == FailurePolicy::FailClosed;
+            closed.then(|| s.circuit.error_since(errors_seen)).flatten()
+        };
         loop {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);
             finished.as_mut().enable();
-            let retry_after = match self.try_acquire(n)? {
-                Decision::Allowed => return Ok(()),
-                Decision::Denied { retry_after } => retry_after,
-            };
-            // Woken by the next store call's outcome, or when the answer said to retry.
-            let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
-            if s.failure == FailurePolicy::FailClosed {
-                if let Some(e) = s.circuit.error_since(errors_seen) {
-                    return Err(Error::Store(e));
+            let retry_after = match self.try_acquire_local(n)? {
+                LocalAnswer::Allowed => return Ok(Decision::Allowed),
+                LocalAnswer::Denied { retry_after } if patience.sheds(retry_after) => {
+                    return match failed() {
+                        Some(e) => Err(Error::Store(e)),
+                        None => Ok(Decision::Denied { retry_after }),
+                    };
                 }
+                LocalAnswer::Denied { retry_after } | LocalAnswer::NeedsLease { retry_after } => {
+                    retry_after
+                }
+            };
+            // Woken by the next store call's outcome, or when the answer said to retry; a
+            // wait for a lease only by its outcome.
+            if patience == Patience::LeaseOnly {
+                finished.await;
+            } else {
+                let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
+            }
+            if let Some(e) = failed() {
+                return Err(Error::Store(e));
             }
         }
     }
@@ -326,30 +350,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
         n: u64,
         lease_wait: Duration,
     ) -> Result<Decision, Error> {
-        let s = &*self.handle.shared;
-        let deadline = time::from_now(lease_wait);
-        let errors_seen = s.circuit.failures();
-        loop {
-            let finished = s.finished.notified();
-            let mut finished = std::pin::pin!(finished);
-            finished.as_mut().enable();
-            let retry_after = match self.try_acquire_local(n)? {
-                LocalAnswer::Allowed => return Ok(Decision::Allowed),
-                LocalAnswer::Denied { retry_after } => {
-                    if s.failure == FailurePolicy::FailClosed {
-                        if let Some(e) = s.circuit.error_since(errors_seen) {
-                            return Err(Error::Store(e));
-                        }
-                    }
-                    return Ok(Decision::Denied { retry_after });
-                }
-                LocalAnswer::NeedsLease { retry_after } => retry_after,
-            };
-            // Woken by the outcome of the lease the check asked for.
-            if tokio::time::timeout_at(deadline, finished).await.is_err() {
-                return Ok(Decision::Denied { retry_after });
-            }
-        }
+        let wait = self.wait(n, Patience::LeaseOnly);
+        bounded(time::from_now(lease_wait), wait, || {
+            self.handle.shared.rtt()
+        })
+        .await
     }
 
     /// Tokens in the local bucket now.
