@@ -7,7 +7,9 @@
 //!
 //! With central configuration ([`crate::config`]) every reply carries the quota the store ran
 //! under; the limiter keeps the last one (for [`Limiter::quota`] and the burst check), behind
-//! a mutex that is only touched next to a store call. An unconfigured name answered
+//! a mutex that is only touched next to a store call, and the local rate of its failure policy
+//! follows it (as a hybrid limiter's does), so an outage is answered at the share of the quota
+//! in force, not of the builder's. An unconfigured name answered
 //! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
 //! unlimited name costs no store calls in between.
 //!
@@ -157,6 +159,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                     .outage
                     .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
                 meter: GrantMeter::default(),
+                share_mtps: AtomicU64::new(0),
             }),
         })
     }
@@ -198,6 +201,9 @@ struct State {
     outage: Arc<Outage>,
     /// The rate this node is granted: its share, for [`FailurePolicy::LastKnownShare`].
     meter: GrantMeter,
+    /// The share last measured by `meter`, millitokens per second (0: none yet): what the
+    /// fallback keeps when the quota changes.
+    share_mtps: AtomicU64,
 }
 
 /// The rate a pure-mode node is granted, over windows of at least [`GrantMeter::WINDOW`]:
@@ -425,7 +431,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
             self.state.absent_until_ns.store(until, Ordering::Relaxed);
             return self.absent();
         }
-        *self.state.effective.lock() = reply.quota;
+        let changed = std::mem::replace(&mut *s.effective.lock(), reply.quota) != reply.quota;
+        if let (true, Some(failure), Some(local)) = (changed, self.failure, &s.fallback) {
+            // A central change: the fallback follows it (as the hybrid task's `adopt` does).
+            // Relaxed: a hint; a share measured at this moment is taken up by its own call.
+            local.follow(failure, &reply.quota, s.share_mtps.load(Ordering::Relaxed));
+        }
         check_request(&reply.quota, n)?;
         self.state.metrics.decided(n, reply.granted >= n);
         // Only a policy that falls back to the learnt share measures it: no clock read and no
@@ -433,6 +444,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         if let (true, Some(local)) = (reply.granted >= n, &s.fallback) {
             if self.failure.is_some_and(|f| f.learns_share()) {
                 if let Some(share) = s.meter.granted(self.now_ns(), n) {
+                    s.share_mtps.store(share, Ordering::Relaxed);
                     local.set_share_mtps(&reply.quota, share);
                 }
             }

@@ -357,14 +357,8 @@ impl Task {
         self.terms = s.policy.terms(&quota);
         s.burst.store(quota.burst(), Ordering::Relaxed);
         *s.effective.lock() = quota;
-        if let (Some(nodes), Some(local)) = (s.failure.fallback_nodes(), &s.fallback) {
-            match self.fallback_share_mtps {
-                // The share learnt is in tokens per second; only its burst follows the quota.
-                share if share > 0 && s.failure.learns_share() => {
-                    local.set_share_mtps(&quota, share);
-                }
-                _ => local.set_share_of(&quota, nodes),
-            }
+        if let Some(local) = &s.fallback {
+            local.follow(s.failure, &quota, self.fallback_share_mtps);
         }
     }
 
