@@ -51,6 +51,14 @@ use crate::error::Error;
 pub use crate::limiter::DEFAULT_LEASE_WAIT;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, Next, Waits};
 
+/// The old name of [`DEFAULT_LEASE_WAIT`], the default of the one wait
+/// [`KeyedRateLimitLayer::max_wait`] set.
+#[deprecated(
+    note = "use DEFAULT_LEASE_WAIT: `max_wait` became `lease_wait` (a key's first lease) and \
+            `queue` (the next token of a refused key, off by default)"
+)]
+pub const DEFAULT_MAX_WAIT: Duration = DEFAULT_LEASE_WAIT;
+
 /// The error type of the services here, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -366,6 +374,18 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
     pub fn queue(mut self, queue: Duration) -> Self {
         self.waits.queue = queue;
         self
+    }
+
+    /// The old single wait, for a new key's lease and for a refused key's next token alike:
+    /// [`lease_wait(max_wait)`](Self::lease_wait) and [`queue(max_wait)`](Self::queue). Queueing
+    /// on an over-limit key makes a server serve at the limit's pace; set `lease_wait` alone
+    /// to shed such requests.
+    #[deprecated(
+        note = "use `lease_wait` (a key's first lease) and `queue` (the next token of a \
+                refused key): `.max_wait(d)` is `.lease_wait(d).queue(d)`"
+    )]
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.lease_wait(max_wait).queue(max_wait)
     }
 }
 
