@@ -44,6 +44,7 @@ use crate::failure::{Circuit, FailurePolicy, LocalRate, ProbeGate};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
+use crate::store::names::{self, Registration, Scope};
 use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
 use crate::telemetry::CallMetrics;
 use crate::time;
@@ -126,6 +127,10 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
 
     /// Builds the limiter.
     ///
+    /// Another limiter of this process on the same store, name, algorithm and budget shares
+    /// this one's bucket; if it was built with a different quota, this logs a warning (see
+    /// [`crate::config`], "One name, one quota").
+    ///
     /// # Errors
     /// [`Error::Config`] for an empty or overlong name; for a window whose burst is not its
     /// rate; for an algorithm other than the token bucket with an [`Unconfigured`] other than
@@ -141,6 +146,16 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             Some(metrics) => metrics,
             None => Arc::new(CallMetrics::pure(&self.name)),
         };
+        // A key's limiter of a keyed limiter (which shares its circuit) is made per call: the
+        // keyed limiter registers its name instead. The builder's quota matters only where an
+        // unconfigured name runs under it.
+        let registration = (self.outage.is_none() && self.unconfigured.falls_back()).then(|| {
+            let scope = Scope::Named {
+                algorithm: self.algorithm,
+                client,
+            };
+            names::register(&self.store, &self.name, scope, self.quota)
+        });
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
@@ -160,6 +175,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                     .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
                 meter: GrantMeter::default(),
                 share_mtps: AtomicU64::new(0),
+                _registration: registration.flatten(),
             }),
         })
     }
@@ -204,6 +220,9 @@ struct State {
     /// The share last measured by `meter`, millitokens per second (0: none yet): what the
     /// fallback keeps when the quota changes.
     share_mtps: AtomicU64,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone.
+    _registration: Option<Registration>,
 }
 
 /// The rate a pure-mode node is granted, over windows of at least [`GrantMeter::WINDOW`]:

@@ -20,6 +20,7 @@ use crate::lease::refill::RefillSignal;
 use crate::limiter::Decision;
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
+use crate::store::names::Registration;
 use crate::store::LeaseStore;
 use crate::time::Origin;
 
@@ -30,6 +31,9 @@ use super::HybridStats;
 pub(super) struct Handle<S: LeaseStore> {
     pub(super) shared: Arc<Shared<S>>,
     pub(super) task: Mutex<Option<JoinHandle<()>>>,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone (not with the task, which may still be giving tokens back).
+    pub(super) _registration: Option<Registration>,
 }
 
 impl<S: LeaseStore> Drop for Handle<S> {

@@ -21,6 +21,7 @@ use crate::lease::policy::LeasePolicy;
 use crate::limiter::{check_tokens, Decision, KeyRef, Patience, RECENTLY_REFUSED};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
+use crate::store::names::Registration;
 use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time::Origin;
@@ -117,6 +118,9 @@ pub(super) fn ticks(d: Duration) -> u32 {
 pub(super) struct Handle<K, S, H> {
     pub(super) shared: Arc<Shared<K, S, H>>,
     pub(super) task: Mutex<Option<JoinHandle<()>>>,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone.
+    pub(super) _registration: Option<Registration>,
 }
 
 impl<K, S, H> Drop for Handle<K, S, H> {
