@@ -34,6 +34,30 @@
 //! [`Unconfigured::RECHECK`] — a `NO_LIMIT` marker), or fail with
 //! [`Error::Unconfigured`](crate::Error::Unconfigured).
 //!
+//! # One name, one quota
+//!
+//! Limiters are matched to buckets by name alone: every limiter built with one name (and one
+//! algorithm and budget) on one Redis spends the same bucket, in any mode. Without a stored
+//! config each call runs under its caller's quota, so limiters built with different quotas
+//! share a bucket that answers none of them: one with a larger burst can take what the others
+//! count on. The store cannot tell, and is not asked to: a bucket written under one quota and
+//! read under another is exactly how a central change takes effect.
+//!
+//! A stored config is what makes one quota hold across a fleet: every call on the name runs
+//! under it, whatever the builders say (their quota is then only the fallback for a name
+//! whose config is deleted). Store it with [`ConfigStore::init_config`] when a fleet starts,
+//! change it with [`ConfigStore::modify_config`].
+//!
+//! Within one process the builders check: a limiter built on a store instance (or a clone of
+//! it) where a live limiter already spends the same bucket under a different quota logs a
+//! `tracing` warning, once per bucket and quota (a warning, not an error: a reload may build
+//! the new limiter before it drops the old one). Limiters in other processes, stores connected
+//! separately (even to the same server), stores other than [`RedisStore`](crate::RedisStore)
+//! and [`MemoryStore`](crate::MemoryStore), builders whose quota never applies
+//! ([`Unconfigured::Unlimited`] or [`Unconfigured::Error`]) and concurrency limiters are not
+//! compared: across processes only a shared config file, or the stored config, keeps one
+//! quota.
+//!
 //! # Budgets
 //!
 //! [`Budget::Overall`] (the default) is one bucket per name for the whole fleet.

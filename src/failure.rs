@@ -189,6 +189,20 @@ impl LocalRate {
             .store(emission_ns.saturating_mul(burst), Ordering::Relaxed);
     }
 
+    /// Follows a quota changed centrally, as `policy` says: a share learnt from the store
+    /// (`share_mtps`, 0 if none) keeps its rate and takes the new quota's burst fraction;
+    /// otherwise the policy's starting share of the new quota.
+    pub(crate) fn follow(&self, policy: FailurePolicy, quota: &Quota, share_mtps: u64) {
+        let Some(nodes) = policy.fallback_nodes() else {
+            return;
+        };
+        if share_mtps > 0 && policy.learns_share() {
+            self.set_share_mtps(quota, share_mtps);
+        } else {
+            self.set_share_of(quota, nodes);
+        }
+    }
+
     /// Takes `n` tokens, or says how long until it could.
     pub(crate) fn try_take(&self, n: u64) -> Result<(), Duration> {
         self.try_take_at(&self.tat, n)

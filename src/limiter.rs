@@ -6,8 +6,11 @@ use std::future::Future;
 use std::hash::Hash;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::Error;
 use crate::quota::Quota;
+use crate::time;
 
 /// The outcome of a check. Being limited is an outcome, not an error.
 #[must_use]
@@ -61,6 +64,148 @@ pub enum LocalAnswer {
 /// runs dry between two small grants, and waiting for each of those refills would queue
 /// its requests one round trip at a time.
 pub(crate) const RECENTLY_REFUSED: Duration = Duration::from_secs(1);
+
+/// What a waiting check does with a refusal by the store (or by the failure policy): the
+/// shed-or-wait decision that the waits of the hybrid and keyed limiters share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// Return the refusal at once; wait only while there is no answer yet (a lease in
+    /// flight). What `try_acquire_or_lease` does.
+    LeaseOnly,
+    /// Wait the refusal out, unless it ends after the deadline (`None`: never give up). What
+    /// `acquire` and `try_acquire_for` do.
+    Until(Option<Instant>),
+}
+
+impl Patience {
+    /// Whether a refusal for `retry_after` ends the wait (it is returned) rather than being
+    /// waited out.
+    pub(crate) fn sheds(self, retry_after: Duration) -> bool {
+        match self {
+            Patience::LeaseOnly => true,
+            Patience::Until(deadline) => deadline.is_some_and(|d| time::from_now(retry_after) > d),
+        }
+    }
+}
+
+/// Runs `wait` until `deadline`; past it, the answer is `Denied` with a `retry_after` of
+/// `hint()`.
+pub(crate) async fn bounded<F>(
+    deadline: Instant,
+    wait: F,
+    hint: impl FnOnce() -> Duration,
+) -> Result<Decision, Error>
+where
+    F: Future<Output = Result<Decision, Error>>,
+{
+    match tokio::time::timeout_at(deadline, wait).await {
+        Ok(result) => result,
+        Err(_) => Ok(Decision::Denied {
+            retry_after: hint(),
+        }),
+    }
+}
+
+/// How long a limited request may wait for a lease when its limiter has no answer for it yet
+/// ([`LocalAnswer::NeedsLease`]: a key new to this process, tokens given back while idle),
+/// unless the layer's `lease_wait` says otherwise: a lease round trip with room to spare. The
+/// default of both the HTTP layer and the tower middleware.
+#[cfg(feature = "tower")]
+pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
+
+/// The two waits a limited request may make in a layer that sheds load, each bounded on its
+/// own: one for a lease ([`LocalAnswer::NeedsLease`]: one store round trip decides), one for
+/// the next token after a refusal ([`LocalAnswer::Denied`]: waiting for it is queueing). The
+/// default waits [`DEFAULT_LEASE_WAIT`] for a lease and never for a token.
+#[cfg(feature = "tower")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// Longest wait for a lease when the limiter has no answer yet (zero: shed at once, with a
+    /// `retry_after` of about one round trip).
+    pub lease_wait: Duration,
+    /// Longest wait for the next token after a refusal (zero: shed at once).
+    pub queue: Duration,
+}
+
+#[cfg(feature = "tower")]
+impl Default for Waits {
+    fn default() -> Self {
+        Waits {
+            lease_wait: DEFAULT_LEASE_WAIT,
+            queue: Duration::ZERO,
+        }
+    }
+}
+
+/// What a shedding layer does with a request, given what its limiter answered without
+/// awaiting ([`Waits::next`]).
+#[cfg(feature = "tower")]
+pub(crate) enum Next {
+    /// Serve it.
+    Admit,
+    /// The limiter failed.
+    Fail(Error),
+    /// Refuse it: limited for about this long.
+    Shed(Duration),
+    /// Wait ([`Waits::settle`]): `Some` refusal to queue after, or `None` to ask the limiter
+    /// (for a lease, or because it must await).
+    Wait(Option<Decision>),
+}
+
+#[cfg(feature = "tower")]
+impl Waits {
+    /// Whether a refusal for `retry_after` is worth queueing for.
+    fn queues(self, retry_after: Duration) -> bool {
+        !self.queue.is_zero() && retry_after <= self.queue
+    }
+
+    /// The step for a limiter's immediate `answer` (`None`: the limiter must await).
+    pub(crate) fn next(self, answer: Option<Result<LocalAnswer, Error>>) -> Next {
+        let refused = |retry_after| {
+            if self.queues(retry_after) {
+                Next::Wait(Some(Decision::Denied { retry_after }))
+            } else {
+                Next::Shed(retry_after)
+            }
+        };
+        match answer {
+            Some(Ok(LocalAnswer::Allowed)) => Next::Admit,
+            Some(Err(e)) => Next::Fail(e),
+            Some(Ok(LocalAnswer::Denied { retry_after })) => refused(retry_after),
+            // No lease wait: "no answer yet" is a refusal for about one round trip.
+            Some(Ok(LocalAnswer::NeedsLease { retry_after })) if self.lease_wait.is_zero() => {
+                refused(retry_after)
+            }
+            Some(Ok(LocalAnswer::NeedsLease { .. })) | None => Next::Wait(None),
+        }
+    }
+
+    /// The decision for a request that waits ([`Next::Wait`]): `first` if it is a refusal,
+    /// else the limiter's answer within the lease wait (`lease()`); then, for a refusal that
+    /// fits in `queue`, the next token within it (`queue(self.queue)`).
+    ///
+    /// # Errors
+    /// The limiter's.
+    pub(crate) async fn settle<L, Q>(
+        self,
+        first: Option<Decision>,
+        lease: impl FnOnce() -> L,
+        queue: impl FnOnce(Duration) -> Q,
+    ) -> Result<Decision, Error>
+    where
+        L: Future<Output = Result<Decision, Error>>,
+        Q: Future<Output = Result<Decision, Error>>,
+    {
+        let decision = match first {
+            Some(refused) => refused,
+            None => lease().await?,
+        };
+        match decision {
+            Decision::Denied { retry_after } if self.queues(retry_after) => queue(self.queue).await,
+            decision => Ok(decision),
+        }
+    }
+}
 
 impl From<Decision> for LocalAnswer {
     fn from(decision: Decision) -> Self {
@@ -263,4 +408,54 @@ pub(crate) fn check_tokens(n: u64, burst: u64) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "tower"))]
+mod tests {
+    use super::*;
+
+    fn step(waits: Waits, answer: LocalAnswer) -> &'static str {
+        match waits.next(Some(Ok(answer))) {
+            Next::Admit => "admit",
+            Next::Fail(_) => "fail",
+            Next::Shed(_) => "shed",
+            Next::Wait(None) => "ask",
+            Next::Wait(Some(_)) => "queue",
+        }
+    }
+
+    #[test]
+    fn a_lease_is_waited_for_a_refusal_only_if_it_fits_in_the_queue() {
+        let ms = Duration::from_millis;
+        let lease = LocalAnswer::NeedsLease { retry_after: ms(2) };
+        let refused = LocalAnswer::Denied {
+            retry_after: ms(30),
+        };
+        let default = Waits::default();
+        assert_eq!(default.lease_wait, DEFAULT_LEASE_WAIT);
+        assert_eq!(step(default, LocalAnswer::Allowed), "admit");
+        assert_eq!(step(default, lease), "ask");
+        assert_eq!(step(default, refused), "shed");
+        assert!(matches!(
+            default.next(Some(Err(Error::Closed))),
+            Next::Fail(Error::Closed)
+        ));
+        assert!(matches!(default.next(None), Next::Wait(None)), "must await");
+        let no_lease_wait = Waits {
+            lease_wait: Duration::ZERO,
+            ..default
+        };
+        assert!(matches!(no_lease_wait.next(Some(Ok(lease))), Next::Shed(d) if d == ms(2)));
+        let queue = |queue| Waits {
+            queue,
+            ..no_lease_wait
+        };
+        assert_eq!(step(queue(ms(30)), refused), "queue");
+        assert_eq!(step(queue(ms(29)), refused), "shed");
+        assert_eq!(
+            step(queue(ms(2)), lease),
+            "queue",
+            "no lease wait: a refusal"
+        );
+    }
 }

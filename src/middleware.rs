@@ -48,11 +48,16 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::Error;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
+pub use crate::limiter::DEFAULT_LEASE_WAIT;
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, Next, Waits};
 
-/// How long a keyed request may wait for a new key's first lease, unless
-/// [`KeyedRateLimitLayer::lease_wait`] says otherwise: a lease round trip with room to spare.
-pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
+/// The old name of [`DEFAULT_LEASE_WAIT`], the default of the one wait
+/// [`KeyedRateLimitLayer::max_wait`] set.
+#[deprecated(
+    note = "use DEFAULT_LEASE_WAIT: `max_wait` became `lease_wait` (a key's first lease) and \
+            `queue` (the next token of a refused key, off by default)"
+)]
+pub const DEFAULT_MAX_WAIT: Duration = DEFAULT_LEASE_WAIT;
 
 /// The error type of the services here, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -346,10 +351,7 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
             limiter,
             key: Arc::new(key),
             tokens: 1,
-            waits: Waits {
-                lease_wait: DEFAULT_LEASE_WAIT,
-                queue: Duration::ZERO,
-            },
+            waits: Waits::default(),
         }
     }
 
@@ -372,6 +374,18 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
     pub fn queue(mut self, queue: Duration) -> Self {
         self.waits.queue = queue;
         self
+    }
+
+    /// The old single wait, for a new key's lease and for a refused key's next token alike:
+    /// [`lease_wait(max_wait)`](Self::lease_wait) and [`queue(max_wait)`](Self::queue). Queueing
+    /// on an over-limit key makes a server serve at the limit's pace; set `lease_wait` alone
+    /// to shed such requests.
+    #[deprecated(
+        note = "use `lease_wait` (a key's first lease) and `queue` (the next token of a \
+                refused key): `.max_wait(d)` is `.lease_wait(d).queue(d)`"
+    )]
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.lease_wait(max_wait).queue(max_wait)
     }
 }
 
@@ -442,23 +456,11 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key)(&req);
         let (tokens, waits) = (self.tokens, self.waits);
-        let answer = if waits.lease_wait.is_zero() {
-            self.limiter
-                .try_acquire_now(&key, tokens)
-                .map(|r| r.map(LocalAnswer::from))
-        } else {
-            self.limiter.try_acquire_local(&key, tokens)
-        };
-        // `None`: ask the limiter (for a lease, or because it must await); `Some`: a refusal
-        // worth queueing for.
-        let first = match answer {
-            Some(Ok(LocalAnswer::Allowed)) => return ResponseFuture::inner(self.inner.call(req)),
-            Some(Err(e)) => return ResponseFuture::failed(e),
-            Some(Ok(LocalAnswer::Denied { retry_after })) if !waits.queues(retry_after) => {
-                return ResponseFuture::failed(Limited { retry_after })
-            }
-            Some(Ok(LocalAnswer::Denied { retry_after })) => Some(Decision::Denied { retry_after }),
-            Some(Ok(LocalAnswer::NeedsLease { .. })) | None => None,
+        let first = match waits.next(self.limiter.try_acquire_local(&key, tokens)) {
+            Next::Admit => return ResponseFuture::inner(self.inner.call(req)),
+            Next::Fail(e) => return ResponseFuture::failed(e),
+            Next::Shed(retry_after) => return ResponseFuture::failed(Limited { retry_after }),
+            Next::Wait(first) => first,
         };
         // Decide inside the response future. The inner service that was polled ready goes
         // into it (it is the one allowed to be called); a clone takes its place here, to be
@@ -467,37 +469,12 @@ where
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         ResponseFuture::boxed(Box::pin(async move {
-            let mut decision = match first {
-                Some(denied) => denied,
-                None => {
-                    limiter
-                        .try_acquire_or_lease(&key, tokens, waits.lease_wait)
-                        .await?
-                }
-            };
-            if let Decision::Denied { retry_after } = decision {
-                if waits.queues(retry_after) {
-                    decision = limiter.try_acquire_for(&key, tokens, waits.queue).await?;
-                }
-            }
-            match decision {
+            let lease = || limiter.try_acquire_or_lease(&key, tokens, waits.lease_wait);
+            let queue = |queue| limiter.try_acquire_for(&key, tokens, queue);
+            match waits.settle(first, lease, queue).await? {
                 Decision::Allowed => inner.call(req).await.map_err(Into::into),
                 Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
             }
         }))
-    }
-}
-
-/// The two waits of a keyed request.
-#[derive(Debug, Clone, Copy)]
-struct Waits {
-    lease_wait: Duration,
-    queue: Duration,
-}
-
-impl Waits {
-    /// Whether a refusal for `retry_after` is worth queueing for.
-    fn queues(&self, retry_after: Duration) -> bool {
-        !self.queue.is_zero() && retry_after <= self.queue
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! With central configuration ([`crate::config`]) every reply carries the quota the store ran
 //! under; the limiter keeps the last one (for [`Limiter::quota`] and the burst check), behind
-//! a mutex that is only touched next to a store call. An unconfigured name answered
+//! a mutex that is only touched next to a store call, and the local rate of its failure policy
+//! follows it (as a hybrid limiter's does), so an outage is answered at the share of the quota
+//! in force, not of the builder's. An unconfigured name answered
 //! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
 //! unlimited name costs no store calls in between.
 //!
@@ -42,6 +44,7 @@ use crate::failure::{Circuit, FailurePolicy, LocalRate, ProbeGate};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
+use crate::store::names::{self, Registration, Scope};
 use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
 use crate::telemetry::CallMetrics;
 use crate::time;
@@ -124,6 +127,10 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
 
     /// Builds the limiter.
     ///
+    /// Another limiter of this process on the same store, name, algorithm and budget shares
+    /// this one's bucket; if it was built with a different quota, this logs a warning (see
+    /// [`crate::config`], "One name, one quota").
+    ///
     /// # Errors
     /// [`Error::Config`] for an empty or overlong name; for a window whose burst is not its
     /// rate; for an algorithm other than the token bucket with an [`Unconfigured`] other than
@@ -139,6 +146,16 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             Some(metrics) => metrics,
             None => Arc::new(CallMetrics::pure(&self.name)),
         };
+        // A key's limiter of a keyed limiter (which shares its circuit) is made per call: the
+        // keyed limiter registers its name instead. The builder's quota matters only where an
+        // unconfigured name runs under it.
+        let registration = (self.outage.is_none() && self.unconfigured.falls_back()).then(|| {
+            let scope = Scope::Named {
+                algorithm: self.algorithm,
+                client,
+            };
+            names::register(&self.store, &self.name, scope, self.quota)
+        });
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
@@ -157,6 +174,8 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
                     .outage
                     .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
                 meter: GrantMeter::default(),
+                share_mtps: AtomicU64::new(0),
+                _registration: registration.flatten(),
             }),
         })
     }
@@ -198,6 +217,12 @@ struct State {
     outage: Arc<Outage>,
     /// The rate this node is granted: its share, for [`FailurePolicy::LastKnownShare`].
     meter: GrantMeter,
+    /// The share last measured by `meter`, millitokens per second (0: none yet): what the
+    /// fallback keeps when the quota changes.
+    share_mtps: AtomicU64,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone.
+    _registration: Option<Registration>,
 }
 
 /// The rate a pure-mode node is granted, over windows of at least [`GrantMeter::WINDOW`]:
@@ -425,7 +450,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
             self.state.absent_until_ns.store(until, Ordering::Relaxed);
             return self.absent();
         }
-        *self.state.effective.lock() = reply.quota;
+        let changed = std::mem::replace(&mut *s.effective.lock(), reply.quota) != reply.quota;
+        if let (true, Some(failure), Some(local)) = (changed, self.failure, &s.fallback) {
+            // A central change: the fallback follows it (as the hybrid task's `adopt` does).
+            // Relaxed: a hint; a share measured at this moment is taken up by its own call.
+            local.follow(failure, &reply.quota, s.share_mtps.load(Ordering::Relaxed));
+        }
         check_request(&reply.quota, n)?;
         self.state.metrics.decided(n, reply.granted >= n);
         // Only a policy that falls back to the learnt share measures it: no clock read and no
@@ -433,6 +463,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         if let (true, Some(local)) = (reply.granted >= n, &s.fallback) {
             if self.failure.is_some_and(|f| f.learns_share()) {
                 if let Some(share) = s.meter.granted(self.now_ns(), n) {
+                    s.share_mtps.store(share, Ordering::Relaxed);
                     local.set_share_mtps(&reply.quota, share);
                 }
             }

@@ -31,6 +31,12 @@ pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Whether a period that ends at `until_ns` (0: there was none) has not ended, or ended less
+/// than `window` before `now_ns` (all in ns since one origin).
+pub(crate) fn ended_within(until_ns: u64, window: Duration, now_ns: u64) -> bool {
+    until_ns != 0 && until_ns.saturating_add(nanos(window)) > now_ns
+}
+
 /// Microseconds of `d`, saturating at `u64::MAX`.
 pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)

@@ -9,7 +9,8 @@
 //!   refresh, one changed through the same store at once, and in between a pure call sends
 //!   the bucket's key alone (the config is not read);
 //! - bad values get typed errors and leave the state alone;
-//! - `Budget::PerClient` gives each client a bucket of its own, `Overall` one for all.
+//! - `Budget::PerClient` gives each client a bucket of its own, `Overall` one for all;
+//! - a pure limiter's failure policy answers an outage at the share of the stored quota.
 
 mod support;
 
@@ -18,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratelease::{
-    Budget, ConfigStore, Error, FakeClock, HybridLimiter, LeaseRequest, LeaseStore, NodeLease,
-    Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
+    Budget, ConfigStore, Error, FailurePolicy, FakeClock, HybridLimiter, LeaseRequest, LeaseStore,
+    NodeLease, Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
 };
 use support::{BucketState, RedisServer};
 
@@ -441,4 +442,46 @@ async fn per_client_budgets_are_separate_and_overall_is_shared() {
         h.shutdown().await;
     }
     assert_eq!(got, 20, "two hybrid clients, ten each");
+}
+
+/// A pure limiter whose name has a stored quota (5 an hour) answers an outage at the share of
+/// that quota, not of its builder's (1 000 a minute): its fallback follows the quota the store
+/// last reported, as a hybrid limiter's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pure_limiters_fallback_follows_the_stored_quota_into_an_outage() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .lazy_connect()
+        .connect_timeout(Duration::from_millis(50))
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let builder = Quota::per_minute(1_000).unwrap();
+    let stored = Quota::new(5, Duration::from_secs(3_600)).unwrap();
+    let policies = [
+        FailurePolicy::local_fallback(1),
+        FailurePolicy::last_known_share(1),
+    ];
+    let mut limiters = Vec::new();
+    for (i, policy) in policies.into_iter().enumerate() {
+        let name = format!("pure-fallback-{i}");
+        assert!(store.init_config(&name, &stored).await.unwrap().1);
+        let limiter = RedisLimiter::builder(name, builder, store.clone())
+            .on_store_failure(policy)
+            .build()
+            .unwrap();
+        assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+        assert_eq!(limiter.quota(), stored);
+        limiters.push((policy, limiter));
+    }
+    server.stop();
+    for (policy, limiter) in limiters {
+        let mut admitted = 0;
+        for _ in 0..50 {
+            admitted += u64::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+        }
+        assert!(limiter.circuit_open(), "{policy:?}");
+        assert_eq!(admitted, 5, "{policy:?}: the stored quota's burst");
+    }
 }

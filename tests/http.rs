@@ -199,6 +199,47 @@ async fn a_key_under_its_limit_is_never_refused_while_its_leases_ramp_up() {
     assert!(limiter.stats().leases < 500, "{:?}", limiter.stats());
 }
 
+/// Drives key `hot` (at [`hot_key`]'s rate) through an outage of `store`: 200 ms failing,
+/// then until the limiter's circuit has closed again.
+async fn through_an_outage(
+    layer: LimitLayer<impl ratelease::http::Gate>,
+    store: &Wrapped,
+    circuit_open: impl Fn() -> bool,
+) {
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(counting(Arc::default()));
+    let burst = || async {
+        for _ in 0..50 {
+            svc.clone().oneshot(as_key("hot")).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    store.failing.store(true, Ordering::SeqCst);
+    for _ in 0..20 {
+        burst().await;
+    }
+    assert!(circuit_open(), "the outage opened the circuit");
+    store.failing.store(false, Ordering::SeqCst);
+    while circuit_open() {
+        burst().await;
+    }
+}
+
+/// Only the store's refusal makes a miss a refusal: once an outage is over, the back-off it
+/// left behind does not, and a key under its limit is not shed while its leases ramp up again
+/// (`tests/hybrid.rs` has the same for a global limit's `try_acquire_local`).
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_a_key_far_from_its_limit_is_not_shed_while_its_leases_ramp_up() {
+    let quota = Quota::per_second(10_000).unwrap().with_burst(100).unwrap();
+    let store = slow_store();
+    let keyed = KeyedHybridLimiter::new("http-outage", quota, store.clone()).unwrap();
+    let layer = || LimitLayer::keyed(keyed.clone(), HeaderKey::new(API_KEY));
+    through_an_outage(layer(), &store, || keyed.stats().circuit_open).await;
+    let run = hot_key(layer()).await;
+    assert_eq!((run.admitted, run.shed), (5_000, 0));
+}
+
 #[tokio::test]
 async fn a_global_limit_sheds_with_headers_and_its_first_request_waits_for_the_lease() {
     let quota = Quota::per_minute(3).unwrap();

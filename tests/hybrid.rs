@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ratelease::{
     AdaptiveLease, Decision, Error, FailurePolicy, HybridLimiter, HybridStats, LeaseRequest,
-    LeaseStore, MemoryStore, Quota, StoreError,
+    LeaseStore, LocalAnswer, MemoryStore, Quota, StoreError,
 };
 
 mod wrapped;
@@ -624,4 +624,59 @@ async fn a_limit_far_above_demand_never_denies() {
     let stats = limiter.stats();
     assert!(stats.leases >= 3, "it leased along the way: {stats:?}");
     assert_eq!(denied, 0, "{stats:?}");
+}
+
+/// A miss is a refusal ([`LocalAnswer::Denied`]) within a second of the store refusing the
+/// limiter, but not after an outage: the back-off that errors left behind is no refusal, and
+/// once the circuit closes an empty local bucket waits for its lease
+/// ([`LocalAnswer::NeedsLease`]).
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_a_miss_needs_a_lease_and_after_a_refusal_it_is_denied() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+    let limiter = HybridLimiter::new("recent", quota, store.clone()).unwrap();
+    limiter.ready().await.unwrap();
+    // Spends the local tokens; the first answer that is not `Allowed`.
+    let drain = || loop {
+        match limiter.try_acquire_local(1).unwrap() {
+            LocalAnswer::Allowed => {}
+            other => return other,
+        }
+    };
+    store.failing.store(true, Ordering::SeqCst);
+    // Its miss asks for the lease that fails (no answer yet, so `NeedsLease`).
+    let _ = drain();
+    settle().await;
+    assert!(limiter.stats().circuit_open);
+    store.failing.store(false, Ordering::SeqCst);
+    while limiter.stats().circuit_open {
+        let _ = limiter.try_acquire(1).unwrap();
+        settle().await;
+    }
+    let after_outage = drain();
+    assert!(
+        matches!(after_outage, LocalAnswer::NeedsLease { .. }),
+        "{after_outage:?}"
+    );
+
+    // Take the rest of the store's bucket: refused, the limiter is at its limit.
+    let one = LeaseRequest::exact(1);
+    while store
+        .inner
+        .lease("recent", &quota, &one)
+        .await
+        .unwrap()
+        .granted
+        > 0
+    {}
+    for _ in 0..100 {
+        if limiter.stats().over_limit > 0 {
+            break;
+        }
+        let _ = limiter.try_acquire(1).unwrap();
+        settle().await;
+    }
+    assert!(limiter.stats().over_limit > 0, "{:?}", limiter.stats());
+    let refused = drain();
+    assert!(matches!(refused, LocalAnswer::Denied { .. }), "{refused:?}");
 }

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use ratelease::{
     ConfigStore, Decision, Error, FailurePolicy, KeyedHybridLimiter, KeyedLimiter,
-    KeyedRedisLimiter, KeyedStats, LeaseRequest, LeaseStore, MemoryStore, Quota, TokioClock,
+    KeyedRedisLimiter, KeyedStats, LeaseRequest, LeaseStore, LocalAnswer, MemoryStore, Quota,
+    TokioClock,
 };
 use tokio::time::{sleep, Instant};
 
@@ -449,6 +450,44 @@ async fn a_wait_joins_the_lease_a_try_acquire_queued() {
         (stats.leases, stats.tokens_leased),
         (1, 1),
         "one exact lease: {stats:?}"
+    );
+    limiter.shutdown().await;
+}
+
+/// A lease wait is woken by its own key's lease alone, and counts its tokens as denied once:
+/// the leases of other keys answered while it waits (nine, a millisecond apart) neither wake
+/// it nor count it again, and it is served from the lease its check queued, with no lease of
+/// its own.
+#[tokio::test(start_paused = true)]
+async fn a_lease_wait_is_woken_by_its_own_keys_lease_and_counts_its_denial_once() {
+    let rtt = Duration::from_millis(10);
+    let store = Wrapped::new(rtt);
+    let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+    let limiter = keyed("own", quota, store.clone());
+    for i in 0..9 {
+        let other = format!("other{i}");
+        assert!(!limiter.try_acquire(other.as_str(), 1).unwrap().is_allowed());
+        sleep(Duration::from_millis(1)).await;
+    }
+    let start = Instant::now();
+    let local = limiter.try_acquire_local("k", 1).unwrap();
+    assert!(matches!(local, LocalAnswer::NeedsLease { .. }), "{local:?}");
+    let got = limiter
+        .try_acquire_or_lease("k", 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(got.is_allowed());
+    let waited = start.elapsed();
+    assert!(
+        waited >= rtt && waited <= rtt + Duration::from_millis(1),
+        "served when k's lease landed, after {waited:?}"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.leases, 10, "the wait joined k's lease: {stats:?}");
+    assert_eq!(
+        stats.tokens_denied,
+        9 + 1 + 1,
+        "each other key's check, k's check and k's wait, once each: {stats:?}"
     );
     limiter.shutdown().await;
 }

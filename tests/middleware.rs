@@ -261,6 +261,23 @@ async fn keyed_shedding_does_not_queue_an_over_limit_key_unless_asked() {
     assert!(served > 1_000, "served {served}");
 }
 
+/// The names `max_wait` and `DEFAULT_MAX_WAIT` had before the split still work, deprecated:
+/// `max_wait(d)` sets both waits, as the one setting did.
+#[test]
+#[allow(deprecated)]
+fn the_old_max_wait_sets_both_waits() {
+    use ratelease::middleware::DEFAULT_MAX_WAIT;
+
+    assert_eq!(DEFAULT_MAX_WAIT, DEFAULT_LEASE_WAIT);
+    let quota = Quota::per_second(1).unwrap();
+    let limiter = KeyedRedisLimiter::new("old", quota, MemoryStore::new()).unwrap();
+    let layer = || KeyedRateLimitLayer::new(limiter.clone(), |req: &(String, u32)| req.0.clone());
+    let d = Duration::from_millis(20);
+    let old = format!("{:?}", layer().max_wait(d));
+    assert_eq!(old, format!("{:?}", layer().lease_wait(d).queue(d)));
+    assert_ne!(old, format!("{:?}", layer().lease_wait(d)));
+}
+
 /// `RateLimitLayer` goes straight onto an axum `Router` (which needs a `Sync` service) and
 /// holds requests to the rate there.
 #[tokio::test(start_paused = true)]

@@ -5,9 +5,10 @@
 //! the limiter's `retry_after`, with no allocation either way. Only two cases wait, each
 //! bounded by its own setting of [`Waits`]:
 //!
-//! - **a lease** ([`LocalAnswer::NeedsLease`]: a key new to this process, tokens given back
-//!   while idle) — up to `lease_wait`, on by default: one round trip to the store decides, and
-//!   refusing would answer every new key's first request with a 429;
+//! - **a lease** ([`LocalAnswer::NeedsLease`](crate::LocalAnswer::NeedsLease): a key new to
+//!   this process, tokens given back while idle) — up to `lease_wait`, on by default: one round
+//!   trip to the store decides, and refusing would answer every new key's first request with a
+//!   429;
 //! - **the next token** (a refusal whose `retry_after` fits in `queue`) — off by default: a
 //!   server that waits for tokens of an over-limit key queues its requests instead of
 //!   shedding them.
@@ -24,20 +25,12 @@ use http::Request;
 
 use super::key::{KeyError, KeyExtractor};
 use crate::error::Error;
-use crate::limiter::{Decision, KeyedLimiter, Limiter, LocalAnswer};
+pub use crate::limiter::Waits;
+use crate::limiter::{Decision, KeyedLimiter, Limiter, Next};
 use crate::quota::Quota;
 
 /// A boxed, sendable future: only requests that wait pay for one.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// The two waits a limited request may make; see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waits {
-    /// Longest wait for a lease when the limiter has no answer yet.
-    pub lease_wait: Duration,
-    /// Longest wait for the next token after a refusal (zero: shed at once).
-    pub queue: Duration,
-}
 
 /// What to do with a request, as a [`Gate`] decided.
 #[must_use]
@@ -96,32 +89,17 @@ where
     }
 
     fn check<B>(&self, _request: &Request<B>, tokens: u64, waits: Waits) -> Step {
-        let answer = if waits.lease_wait.is_zero() {
-            self.limiter
-                .try_acquire_now(tokens)
-                .map(|r| r.map(LocalAnswer::from))
-        } else {
-            self.limiter.try_acquire_local(tokens)
-        };
-        step(answer, waits, |first| {
-            let limiter = self.limiter.clone();
-            Box::pin(async move {
-                let decision = match first {
-                    Some(denied) => denied,
-                    None => {
-                        limiter
-                            .try_acquire_or_lease(tokens, waits.lease_wait)
-                            .await?
-                    }
-                };
-                match decision {
-                    Decision::Denied { retry_after } if fits(retry_after, waits.queue) => {
-                        limiter.try_acquire_for(tokens, waits.queue).await
-                    }
-                    decision => Ok(decision),
-                }
-            })
-        })
+        step(
+            waits.next(self.limiter.try_acquire_local(tokens)),
+            |first| {
+                let limiter = self.limiter.clone();
+                Box::pin(async move {
+                    let lease = || limiter.try_acquire_or_lease(tokens, waits.lease_wait);
+                    let queue = |queue| limiter.try_acquire_for(tokens, queue);
+                    waits.settle(first, lease, queue).await
+                })
+            },
+        )
     }
 }
 
@@ -159,61 +137,31 @@ where
             Ok(key) => key,
             Err(e) => return Step::NoKey(e),
         };
-        let answer = if waits.lease_wait.is_zero() {
-            self.limiter
-                .try_acquire_now(&*key, tokens)
-                .map(|r| r.map(LocalAnswer::from))
-        } else {
-            self.limiter.try_acquire_local(&*key, tokens)
-        };
-        step(answer, waits, |first| {
+        let next = waits.next(self.limiter.try_acquire_local(&*key, tokens));
+        step(next, |first| {
             let limiter = self.limiter.clone();
             // The slow path owns its key: the request moves on to the inner service.
             let key: X::Key = Cow::into_owned(key);
             Box::pin(async move {
                 let key: &X::Borrowed = key.borrow();
-                let decision = match first {
-                    Some(denied) => denied,
-                    None => {
-                        limiter
-                            .try_acquire_or_lease(key, tokens, waits.lease_wait)
-                            .await?
-                    }
-                };
-                match decision {
-                    Decision::Denied { retry_after } if fits(retry_after, waits.queue) => {
-                        limiter.try_acquire_for(key, tokens, waits.queue).await
-                    }
-                    decision => Ok(decision),
-                }
+                let lease = || limiter.try_acquire_or_lease(key, tokens, waits.lease_wait);
+                let queue = |queue| limiter.try_acquire_for(key, tokens, queue);
+                waits.settle(first, lease, queue).await
             })
         })
     }
 }
 
-/// Whether a refusal for `retry_after` is worth queueing for, given `queue`.
-fn fits(retry_after: Duration, queue: Duration) -> bool {
-    !queue.is_zero() && retry_after <= queue
-}
-
-/// The step for a limiter's immediate `answer`. `wait(first)` makes the waiting future:
-/// `first` is a refusal to queue after, or `None` to ask the limiter (for a lease, or because
-/// it must await).
-fn step<F>(answer: Option<Result<LocalAnswer, Error>>, waits: Waits, wait: F) -> Step
+/// The step for what the limiter answered at once; `wait(first)` makes the future of a request
+/// that waits (see [`Waits::settle`]).
+fn step<F>(next: Next, wait: F) -> Step
 where
     F: FnOnce(Option<Decision>) -> BoxFuture<Result<Decision, Error>>,
 {
-    match answer {
-        Some(Ok(LocalAnswer::Allowed)) => Step::Admit,
-        Some(Err(e)) => Step::Fail(e),
-        Some(Ok(LocalAnswer::Denied { retry_after })) => {
-            if fits(retry_after, waits.queue) {
-                Step::Wait(wait(Some(Decision::Denied { retry_after })))
-            } else {
-                Step::Shed { retry_after }
-            }
-        }
-        // Only asked for when `lease_wait` is not zero.
-        Some(Ok(LocalAnswer::NeedsLease { .. })) | None => Step::Wait(wait(None)),
+    match next {
+        Next::Admit => Step::Admit,
+        Next::Fail(e) => Step::Fail(e),
+        Next::Shed(retry_after) => Step::Shed { retry_after },
+        Next::Wait(first) => Step::Wait(wait(first)),
     }
 }

@@ -22,12 +22,9 @@ use super::gate::{BoxFuture, Gate, Global, Keyed, Step, Waits};
 use super::headers::{InvalidPolicyName, PolicyHeaders, RATELIMIT_POLICY};
 use super::key::KeyExtractor;
 use super::rejection::Rejection;
+#[cfg(doc)]
+use crate::limiter::DEFAULT_LEASE_WAIT;
 use crate::limiter::{Decision, KeyedLimiter, Limiter};
-
-/// How long a request may wait for a lease when the limiter has no answer for it yet (a new
-/// key's first request), unless [`LimitLayer::lease_wait`] says otherwise: a store round trip
-/// with room to spare.
-pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
 
 /// The policy name in the `RateLimit` headers unless [`LimitLayer::policy_name`] says
 /// otherwise.
@@ -131,10 +128,7 @@ impl<G: Gate> LimitLayer<G> {
             gate: Arc::new(gate),
             config: Arc::new(Config {
                 tokens: 1,
-                waits: Waits {
-                    lease_wait: DEFAULT_LEASE_WAIT,
-                    queue: Duration::ZERO,
-                },
+                waits: Waits::default(),
                 headers,
                 advertise: false,
             }),

@@ -48,6 +48,7 @@ mod layer;
 mod rejection;
 mod trusted;
 
+pub use crate::limiter::DEFAULT_LEASE_WAIT;
 pub use forwarded::{ForwardedHeader, ForwardedIp};
 pub use gate::{Gate, Global, Keyed, Step, Waits};
 pub use headers::{
@@ -55,6 +56,6 @@ pub use headers::{
 };
 pub use key::{HeaderKey, KeyError, KeyExtractor, PeerIp, DEFAULT_MAX_HEADER_KEY};
 pub use key_fn::{KeyFn, RequestHead};
-pub use layer::{Limit, LimitLayer, ResponseFuture, DEFAULT_LEASE_WAIT, DEFAULT_POLICY_NAME};
+pub use layer::{Limit, LimitLayer, ResponseFuture, DEFAULT_POLICY_NAME};
 pub use rejection::Rejection;
 pub use trusted::{InvalidProxy, IpRange, TrustedProxies};

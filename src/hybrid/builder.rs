@@ -16,6 +16,7 @@ use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::retry::{RttEstimate, DEFAULT_RTT};
+use crate::store::names::{self, Scope};
 use crate::store::LeaseStore;
 use crate::telemetry;
 use crate::time::Origin;
@@ -113,6 +114,10 @@ impl<S: LeaseStore> HybridBuilder<S> {
 
     /// Builds the limiter and starts its background task.
     ///
+    /// Another limiter of this process on the same store, name, algorithm and budget shares
+    /// this one's bucket; if it was built with a different quota, this logs a warning (see
+    /// [`crate::config`], "One name, one quota").
+    ///
     /// # Errors
     /// [`Error::Config`] for a bad name, or an algorithm it cannot lease (see
     /// [`algorithm`](Self::algorithm)) or combine with the builder's settings (as
@@ -143,6 +148,15 @@ impl<S: LeaseStore> HybridBuilder<S> {
             .min(self.quota.burst());
         let terms = self.policy.terms(&self.quota);
         let metrics = HybridMetrics::new(&self.name, self.failure.name());
+        let client = (self.budget == Budget::PerClient).then_some(node_id);
+        // The builder's quota matters only where an unconfigured name runs under it.
+        let registration = self.unconfigured.falls_back().then(|| {
+            let scope = Scope::Named {
+                algorithm: self.algorithm,
+                client,
+            };
+            names::register(&self.store, &self.name, scope, self.quota)
+        });
         let shared = Arc::new(Shared {
             local: LocalBucket::default(),
             signal: RefillSignal::new(self.prefetch),
@@ -150,7 +164,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             quota: self.quota,
             burst: AtomicU64::new(self.quota.burst()),
             effective: Mutex::new(self.quota),
-            client: (self.budget == Budget::PerClient).then_some(node_id),
+            client,
             unconfigured: self.unconfigured,
             algorithm: self.algorithm,
             absent: AtomicBool::new(false),
@@ -164,6 +178,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             circuit: Circuit::default(),
             origin: Origin::now(),
             blocked_until_ns: AtomicU64::new(0),
+            refused_until_ns: AtomicU64::new(0),
             round_trip: RttEstimate::default(),
             finished: Notify::new(),
             answered: AtomicBool::new(false),
@@ -178,6 +193,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             handle: Arc::new(Handle {
                 shared,
                 task: Mutex::new(Some(task)),
+                _registration: registration.flatten(),
             }),
         })
     }

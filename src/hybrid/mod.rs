@@ -57,7 +57,9 @@ use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer, RECENTLY_REFUSED};
+use crate::limiter::{
+    bounded, check_tokens, Decision, Limiter, LocalAnswer, Patience, RECENTLY_REFUSED,
+};
 use crate::quota::Quota;
 use crate::retry::MIN_RETRY;
 use crate::store::{LeaseStore, RedisStore};
@@ -244,23 +246,45 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
+        self.wait(n, Patience::Until(None)).await.map(|_| ())
+    }
+
+    /// Takes `n` tokens, after each denial waiting for the outcome of the task's next store
+    /// call (or, unless only a lease is waited for, the `retry_after` it gave); a refusal is
+    /// waited out or returned as `patience` says. Under [`FailurePolicy::FailClosed`], a store
+    /// failure since the call began is its error.
+    async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, Error> {
         let s = &*self.handle.shared;
-        check_tokens(n, s.burst.load(Ordering::Relaxed))?;
         let errors_seen = s.circuit.failures();
+        let failed = || {
+            let closed = s.failure == FailurePolicy::FailClosed;
+            closed.then(|| s.circuit.error_since(errors_seen)).flatten()
+        };
         loop {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);
             finished.as_mut().enable();
-            let retry_after = match self.try_acquire(n)? {
-                Decision::Allowed => return Ok(()),
-                Decision::Denied { retry_after } => retry_after,
-            };
-            // Woken by the next store call's outcome, or when the answer said to retry.
-            let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
-            if s.failure == FailurePolicy::FailClosed {
-                if let Some(e) = s.circuit.error_since(errors_seen) {
-                    return Err(Error::Store(e));
+            let retry_after = match self.try_acquire_local(n)? {
+                LocalAnswer::Allowed => return Ok(Decision::Allowed),
+                LocalAnswer::Denied { retry_after } if patience.sheds(retry_after) => {
+                    return match failed() {
+                        Some(e) => Err(Error::Store(e)),
+                        None => Ok(Decision::Denied { retry_after }),
+                    };
                 }
+                LocalAnswer::Denied { retry_after } | LocalAnswer::NeedsLease { retry_after } => {
+                    retry_after
+                }
+            };
+            // Woken by the next store call's outcome, or when the answer said to retry; a
+            // wait for a lease only by its outcome.
+            if patience == Patience::LeaseOnly {
+                finished.await;
+            } else {
+                let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
+            }
+            if let Some(e) = failed() {
+                return Err(Error::Store(e));
             }
         }
     }
@@ -294,8 +318,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// policy), [`LocalAnswer::Denied`], from an empty local bucket with no word from the store
     /// yet, [`LocalAnswer::NeedsLease`] (the first lease, the first after an idle spell gave
     /// the tokens back, a refill late while demand grows). A limiter the store refused within
-    /// the last second is at its limit: a miss then is `Denied`. Never waits; starts a lease
-    /// as `try_acquire` does.
+    /// the last second (over the limit, or pacing its grants) is at its limit: a miss then is
+    /// `Denied`; a back-off after store errors is no refusal. Never waits; starts a lease as
+    /// `try_acquire` does.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -305,16 +330,13 @@ impl<S: LeaseStore> HybridLimiter<S> {
             Decision::Denied { retry_after } => retry_after,
         };
         let s = &*self.handle.shared;
-        // Relaxed: a hint, as in `blocked_for`.
-        let refused_until = s.blocked_until_ns.load(Ordering::Relaxed);
-        let window = time::nanos(RECENTLY_REFUSED);
-        let refused_lately =
-            refused_until != 0 && refused_until.saturating_add(window) > s.now_ns();
-        Ok(if !refused_lately && !s.circuit.is_open() {
-            LocalAnswer::NeedsLease { retry_after }
-        } else {
-            LocalAnswer::Denied { retry_after }
-        })
+        Ok(
+            if !s.refused_within(RECENTLY_REFUSED) && !s.circuit.is_open() {
+                LocalAnswer::NeedsLease { retry_after }
+            } else {
+                LocalAnswer::Denied { retry_after }
+            },
+        )
     }
 
     /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the
@@ -328,30 +350,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
         n: u64,
         lease_wait: Duration,
     ) -> Result<Decision, Error> {
-        let s = &*self.handle.shared;
-        let deadline = time::from_now(lease_wait);
-        let errors_seen = s.circuit.failures();
-        loop {
-            let finished = s.finished.notified();
-            let mut finished = std::pin::pin!(finished);
-            finished.as_mut().enable();
-            let retry_after = match self.try_acquire_local(n)? {
-                LocalAnswer::Allowed => return Ok(Decision::Allowed),
-                LocalAnswer::Denied { retry_after } => {
-                    if s.failure == FailurePolicy::FailClosed {
-                        if let Some(e) = s.circuit.error_since(errors_seen) {
-                            return Err(Error::Store(e));
-                        }
-                    }
-                    return Ok(Decision::Denied { retry_after });
-                }
-                LocalAnswer::NeedsLease { retry_after } => retry_after,
-            };
-            // Woken by the outcome of the lease the check asked for.
-            if tokio::time::timeout_at(deadline, finished).await.is_err() {
-                return Ok(Decision::Denied { retry_after });
-            }
-        }
+        let wait = self.wait(n, Patience::LeaseOnly);
+        bounded(time::from_now(lease_wait), wait, || {
+            self.handle.shared.rtt()
+        })
+        .await
     }
 
     /// Tokens in the local bucket now.

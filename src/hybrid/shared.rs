@@ -20,6 +20,7 @@ use crate::lease::refill::RefillSignal;
 use crate::limiter::Decision;
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
+use crate::store::names::Registration;
 use crate::store::LeaseStore;
 use crate::time::Origin;
 
@@ -30,6 +31,9 @@ use super::HybridStats;
 pub(super) struct Handle<S: LeaseStore> {
     pub(super) shared: Arc<Shared<S>>,
     pub(super) task: Mutex<Option<JoinHandle<()>>>,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone (not with the task, which may still be giving tokens back).
+    pub(super) _registration: Option<Registration>,
 }
 
 impl<S: LeaseStore> Drop for Handle<S> {
@@ -73,6 +77,10 @@ pub(super) struct Shared<S> {
     pub(super) origin: Origin,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
     pub(super) blocked_until_ns: AtomicU64,
+    /// Until when (ns since `origin`) the store said no tokens would come: its over-limit
+    /// answer, or the pacing it sent with a grant — never an error back-off. Ended early by a
+    /// grant, it reads as ending then. See [`refused_within`](Self::refused_within).
+    pub(super) refused_until_ns: AtomicU64,
     /// Smoothed store round trip.
     pub(super) round_trip: RttEstimate,
     /// Signalled after every store call, and when the task ends.
@@ -221,9 +229,33 @@ impl<S: LeaseStore> Shared<S> {
         self.round_trip.observe(rtt);
     }
 
-    pub(super) fn block_until(&self, deadline: Instant) {
+    /// Denies callers until `deadline`; `refused`: because the store said so (not a back-off
+    /// after an error).
+    pub(super) fn block_until(&self, deadline: Instant, refused: bool) {
         let ns = self.origin.ns_at(deadline);
+        // Relaxed: hints, as in `blocked_for`; each word stands alone.
         self.blocked_until_ns.store(ns, Ordering::Relaxed);
+        if refused {
+            self.refused_until_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// Callers need not wait from now on: a grant ends any block early, and a refusal so ended
+    /// reads as ending now (it stays recent for [`refused_within`](Self::refused_within)).
+    pub(super) fn unblock(&self) {
+        let now = self.now_ns();
+        // Relaxed: hints, as in `blocked_for`.
+        self.blocked_until_ns.fetch_min(now, Ordering::Relaxed);
+        self.refused_until_ns.fetch_min(now, Ordering::Relaxed);
+    }
+
+    /// Whether the store refused this limiter (or paced its grants) until less than `window`
+    /// ago, or still does: a limiter at its limit, whose misses are refusals rather than "no
+    /// answer yet". A back-off after a store error is no refusal.
+    pub(super) fn refused_within(&self, window: Duration) -> bool {
+        // Relaxed: a hint, as in `blocked_for`.
+        let until = self.refused_until_ns.load(Ordering::Relaxed);
+        crate::time::ended_within(until, window, self.now_ns())
     }
 
     pub(super) fn fail(&self, error: StoreError) {

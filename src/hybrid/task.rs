@@ -357,14 +357,8 @@ impl Task {
         self.terms = s.policy.terms(&quota);
         s.burst.store(quota.burst(), Ordering::Relaxed);
         *s.effective.lock() = quota;
-        if let (Some(nodes), Some(local)) = (s.failure.fallback_nodes(), &s.fallback) {
-            match self.fallback_share_mtps {
-                // The share learnt is in tokens per second; only its burst follows the quota.
-                share if share > 0 && s.failure.learns_share() => {
-                    local.set_share_mtps(&quota, share);
-                }
-                _ => local.set_share_of(&quota, nodes),
-            }
+        if let Some(local) = &s.fallback {
+            local.follow(s.failure, &quota, self.fallback_share_mtps);
         }
     }
 
@@ -437,6 +431,9 @@ impl Task {
                 .share_mtps
                 .store(reply.share_mtps, Ordering::Relaxed);
         }
+        // A pause on the store's own answer (over the limit, or a grant's pacing) is a refusal;
+        // a back-off after an error, or an unconfigured name's recheck, is not.
+        let refused = matches!(&result, Ok(reply) if reply.source != QuotaSource::Absent);
         let pause = match result {
             Ok(reply) if reply.source == QuotaSource::Absent => {
                 s.recovered();
@@ -449,9 +446,7 @@ impl Task {
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
-                // Not blocked from now on; a block ended early reads as ending now (a refusal
-                // stays recent for `try_acquire_local`).
-                s.blocked_until_ns.fetch_min(s.now_ns(), Ordering::Relaxed);
+                s.unblock();
                 self.backoff.reset();
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
@@ -479,7 +474,7 @@ impl Task {
         s.low_water
             .store(next.low_water.min(self.quota.burst()), Ordering::Relaxed);
         if let Some(deadline) = pause {
-            s.block_until(deadline);
+            s.block_until(deadline, refused);
         }
         // Release: a caller of `ready` that sees it also sees the tokens added above.
         s.answered.store(true, Ordering::Release);

@@ -16,6 +16,7 @@ use crate::failure::{Circuit, FailurePolicy};
 use crate::lease::policy::{FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
+use crate::store::names::{self, Scope};
 use crate::store::LeaseStore;
 use crate::telemetry::{self};
 use crate::time::Origin;
@@ -143,6 +144,10 @@ where
 
     /// Builds the limiter and starts its worker.
     ///
+    /// Another keyed limiter of this process with the same name on the same store shares
+    /// every key's bucket; if it was built with a different quota, this logs a warning (see
+    /// [`crate::config`], "One name, one quota").
+    ///
     /// # Errors
     /// [`Error::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
     /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
@@ -153,6 +158,7 @@ where
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
         };
         let terms = self.policy.terms(&self.quota);
+        let registration = names::register(&self.store, &self.name, Scope::Keyed, self.quota);
         let idle_ttl = self
             .idle_ttl
             .unwrap_or_else(|| self.quota.time_for(self.quota.burst()) + Duration::from_secs(10));
@@ -183,7 +189,6 @@ where
             closed: AtomicBool::new(false),
             pressure: AtomicBool::new(false),
             wake: Notify::new(),
-            leased: Notify::new(),
             counters: Counters::default(),
             metrics: KeyedMetrics::new(&self.name, self.failure.name()),
             name: self.name,
@@ -204,6 +209,7 @@ where
             handle: Arc::new(Handle {
                 shared,
                 task: Mutex::new(Some(task)),
+                _registration: registration,
             }),
         })
     }

@@ -3,37 +3,36 @@
 //! A [`KeyedHybridLimiter`] denies a request for one of two reasons, and a server that sheds
 //! load must treat them differently:
 //!
-//! - **no answer yet** (`Why::Pending`): the key holds no tokens here and the store has not
-//!   refused it lately — a key new to this process (or evicted while idle), or a refill still
-//!   in flight while the key ramps up. One lease round trip decides; refusing would turn every
-//!   new user's first request (and a growing key's late refill) into a 429.
+//! - **no answer yet** (`Why::Pending`, not refused): the key holds no tokens here and the
+//!   store has not refused it lately — a key new to this process (or evicted while idle), or a
+//!   refill still in flight while the key ramps up. One lease round trip decides; refusing
+//!   would turn every new user's first request (and a growing key's late refill) into a 429.
 //! - **the store's answer** (`Why::Blocked`, or the failure policy's): the key's budget is
 //!   spent until `retry_after`. Waiting for it is queueing, which a shedding server must not
 //!   do (at 1 000/s for one key, waiting requests pile up and throughput collapses to the
 //!   limit). A key the store refused within the last second (`RECENTLY_REFUSED`) is at its
-//!   limit: it runs dry between two small grants, and a miss on it is a refusal too.
+//!   limit: it runs dry between two small grants, and a miss on it is a refusal too. Only
+//!   the store's refusal counts: a key denied while the store was failing is not at its limit
+//!   once the store answers again. The check reads the key's state and the clock once, for
+//!   the miss and this alike.
 //!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
-//! for the first kind only. It is `Shared::wait` with every wait for a known refusal replaced
-//! by the refusal itself, and with the wait for someone else's lease woken by the worker
-//! (`Shared::leased`, notified whenever a lease is answered) rather than by a timer: an
-//! over-limit key's requests that land between two of its leases wait one round trip, not
-//! a timer tick.
+//! for the first kind only. It is `Shared::wait` with [`Patience::LeaseOnly`]: a known refusal
+//! is returned instead of waited out, and a lease is waited for on the worker's reply to this
+//! call (held back by the worker while another lease of the key is in flight, and answered as
+//! soon as that one is), so an over-limit key's requests that land between two of its leases
+//! wait one round trip, not a timer tick, and are woken by no other key's lease.
 
 use std::borrow::Borrow;
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use super::shared::{Outcome, Shared, Why};
-use super::worker::Answer;
+use super::shared::{Outcome, Why};
 use super::KeyedHybridLimiter;
 use crate::error::Error;
-use crate::failure::FailurePolicy;
-use crate::limiter::{Decision, KeyRef, LocalAnswer, RECENTLY_REFUSED};
+use crate::limiter::{bounded, Decision, KeyRef, LocalAnswer, Patience};
 use crate::store::LeaseStore;
 
 impl<K, S, H> KeyedHybridLimiter<K, S, H>
@@ -60,8 +59,8 @@ where
             Outcome::Allowed => LocalAnswer::Allowed,
             Outcome::Denied {
                 retry_after,
-                why: Why::Pending,
-            } if !s.refused_recently(key) => LocalAnswer::NeedsLease { retry_after },
+                why: Why::Pending { refused: false },
+            } => LocalAnswer::NeedsLease { retry_after },
             Outcome::Denied { retry_after, .. } => LocalAnswer::Denied { retry_after },
         })
     }
@@ -84,106 +83,7 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        let deadline = crate::time::from_now(lease_wait);
-        match tokio::time::timeout_at(deadline, s.wait_for_answer(key, n, deadline)).await {
-            Ok(result) => result,
-            Err(_) => Ok(Decision::Denied {
-                retry_after: s.rtt(),
-            }),
-        }
-    }
-}
-
-impl<K, S, H> Shared<K, S, H>
-where
-    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
-    S: LeaseStore,
-    H: BuildHasher + Clone + Send + Sync + 'static,
-{
-    /// Whether the store refused `key` within [`RECENTLY_REFUSED`]: a key at its limit, whose
-    /// misses between two small grants are refusals, not "no answer yet".
-    fn refused_recently<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let now = self.now_ns();
-        self.map
-            .get(key)
-            .is_some_and(|state| state.refused_within(RECENTLY_REFUSED, now))
-    }
-}
-
-impl<K, S, H> Shared<K, S, H>
-where
-    K: Hash + Eq + Clone + Display + Send + Sync + 'static,
-    S: LeaseStore,
-    H: BuildHasher + Clone + Send + Sync + 'static,
-{
-    /// Takes `n` tokens of `key` once the store has answered for it; returns the store's (or
-    /// the failure policy's) refusal as it comes. The caller bounds it with a timeout.
-    async fn wait_for_answer<Q>(
-        &self,
-        key: &Q,
-        n: u64,
-        deadline: Instant,
-    ) -> Result<Decision, Error>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        // Enabled before each look, so an answer landing between the look and the wait is
-        // not missed.
-        let mut leased = std::pin::pin!(self.leased.notified());
-        leased.as_mut().enable();
-        loop {
-            // As in `wait`: under an open circuit a miss queues the probe that closes it.
-            let probe = self.circuit.is_open();
-            let (retry_after, why) = match self.take(key, n, probe)? {
-                Outcome::Allowed => return Ok(Decision::Allowed),
-                Outcome::Denied { retry_after, why } => (retry_after, why),
-            };
-            match why {
-                Why::Blocked | Why::Policy => return Ok(Decision::Denied { retry_after }),
-                Why::Failing => {
-                    return match self.circuit.last_error() {
-                        Some(e) => Err(Error::Store(e)),
-                        None => Ok(Decision::Denied { retry_after }),
-                    }
-                }
-                // A lease of this key is on its way (a refill, or the one the sync check
-                // queued): wait until the worker answers a lease, then look again.
-                Why::Pending if self.lease_queued(key) => {
-                    tokio::time::timeout_at(deadline, leased.as_mut())
-                        .await
-                        .ok();
-                    leased.set(self.leased.notified());
-                    leased.as_mut().enable();
-                }
-                Why::Pending => {
-                    self.ensure_state(key);
-                    match self.ask(key, n).await? {
-                        Answer::Granted => return Ok(Decision::Allowed),
-                        // A refill of this key may have landed meanwhile: take it if so.
-                        Answer::Denied(_) if self.take_local(key, n) => {
-                            return Ok(Decision::Allowed)
-                        }
-                        Answer::Denied(retry_after) => return Ok(Decision::Denied { retry_after }),
-                        Answer::Failed(e) if self.failure == FailurePolicy::FailClosed => {
-                            return Err(Error::Store(e))
-                        }
-                        // The circuit is open now: the next check answers by the policy.
-                        Answer::Failed(_) => continue,
-                        Answer::TooLarge(burst) => {
-                            return Err(Error::ExceedsBurst {
-                                requested: n,
-                                burst,
-                            })
-                        }
-                        Answer::Closed => return Err(Error::Closed),
-                    }
-                }
-            }
-        }
+        let wait = s.wait(key, n, Patience::LeaseOnly);
+        bounded(crate::time::from_now(lease_wait), wait, || s.rtt()).await
     }
 }

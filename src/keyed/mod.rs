@@ -32,7 +32,10 @@
 //! most one queued per key); a retry then finds the tokens.
 //! [`acquire`](KeyedHybridLimiter::acquire) and
 //! [`try_acquire_for`](KeyedHybridLimiter::try_acquire_for) send their own request with a
-//! reply channel and get their tokens straight from the grant, one round trip later. When the
+//! reply channel and get their tokens straight from the grant, one round trip later; while a
+//! lease of the key is already queued or in flight, the worker holds such a request back and
+//! answers it once that lease is answered (from the key's new tokens, or with a lease of its
+//! own), so a waiter is woken by its key's answer only. When the
 //! store says the key's bucket is empty, its `retry_after` is kept in the key: callers are
 //! denied locally until then, so an over-limit key costs one store call per `retry_after`.
 //!
@@ -128,7 +131,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::failure::FailurePolicy;
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, LocalAnswer};
+use crate::limiter::{bounded, Decision, KeyRef, KeyedLimiter, LocalAnswer, Patience};
 use crate::quota::Quota;
 use crate::store::{LeaseStore, RedisStore};
 use crate::time;
@@ -272,7 +275,8 @@ where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        self.handle.shared.wait(key, n, None).await.map(|_| ())
+        let s = &*self.handle.shared;
+        s.wait(key, n, Patience::Until(None)).await.map(|_| ())
     }
 
     /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
@@ -292,12 +296,8 @@ where
     {
         let s = &*self.handle.shared;
         let deadline = time::from_now(timeout);
-        match tokio::time::timeout_at(deadline, s.wait(key, n, Some(deadline))).await {
-            Ok(result) => result,
-            Err(_) => Ok(Decision::Denied {
-                retry_after: s.rtt(),
-            }),
-        }
+        let wait = s.wait(key, n, Patience::Until(Some(deadline)));
+        bounded(deadline, wait, || s.rtt()).await
     }
 
     /// Tokens of `key` held locally now (0 for a key without state).

@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::pure::{Outage, RedisLimiter};
 use crate::quota::Quota;
+use crate::store::names::{self, Registration, Scope};
 use crate::store::{LeaseStore, RedisStore};
 use crate::telemetry::CallMetrics;
 
@@ -46,10 +47,16 @@ pub struct KeyedRedisLimiter<S = RedisStore> {
     /// One circuit for every key: while the store is failing, one call at a time probes it
     /// and the others return its error at once.
     outage: Arc<Outage>,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone.
+    _registration: Option<Arc<Registration>>,
 }
 
 impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
-    /// A keyed limiter `name` giving every key `quota` on `store`.
+    /// A keyed limiter `name` giving every key `quota` on `store`. Another keyed limiter of
+    /// this process with the same name on the same store shares every key's bucket; if it was
+    /// built with a different quota, this logs a warning (see [`crate::config`], "One name,
+    /// one quota").
     ///
     /// # Errors
     /// [`Error::Config`] for a bad name (see
@@ -58,12 +65,14 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         let name = name.into();
         name::validate_keyed_name(&name)?;
         let metrics = Arc::new(CallMetrics::keyed_pure(&name));
+        let registration = names::register(&store, &name, Scope::Keyed, quota).map(Arc::new);
         Ok(KeyedRedisLimiter {
             name,
             quota,
             store,
             metrics,
             outage: Arc::new(Outage::new(None)),
+            _registration: registration,
         })
     }
 

@@ -18,12 +18,12 @@ use tokio::time::Instant;
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::policy::LeasePolicy;
-use crate::limiter::{check_tokens, Decision, KeyRef};
+use crate::limiter::{check_tokens, Decision, KeyRef, Patience, RECENTLY_REFUSED};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
+use crate::store::names::Registration;
 use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
-use crate::time;
 use crate::time::Origin;
 
 use super::state::KeyState;
@@ -118,6 +118,9 @@ pub(super) fn ticks(d: Duration) -> u32 {
 pub(super) struct Handle<K, S, H> {
     pub(super) shared: Arc<Shared<K, S, H>>,
     pub(super) task: Mutex<Option<JoinHandle<()>>>,
+    /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
+    /// last clone.
+    pub(super) _registration: Option<Registration>,
 }
 
 impl<K, S, H> Drop for Handle<K, S, H> {
@@ -159,9 +162,6 @@ pub(super) struct Shared<K, S, H> {
     pub(super) pressure: AtomicBool,
     /// Wakes the worker for `closed` and `pressure`.
     pub(super) wake: Notify,
-    /// Woken by the worker whenever a key's lease is answered (granted, refused, failed):
-    /// callers waiting for a lease queued by someone else (`lease_wait.rs`).
-    pub(super) leased: Notify,
     pub(super) counters: Counters,
     /// Metric handles, published by the worker's task ([`publisher`]).
     pub(super) metrics: KeyedMetrics,
@@ -176,8 +176,10 @@ pub(super) enum Outcome {
 /// Why a local check denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Why {
-    /// No tokens yet: a lease may bring some.
-    Pending,
+    /// No tokens yet: a lease may bring some. `refused`: the store refused the key within
+    /// [`RECENTLY_REFUSED`] — a key at its limit, whose misses between two small grants are
+    /// refusals rather than "no answer yet".
+    Pending { refused: bool },
     /// The store said when the key's bucket can serve again (or the circuit said when to
     /// probe): waiting is the answer.
     Blocked,
@@ -252,10 +254,25 @@ where
     S: LeaseStore,
     H: BuildHasher + Clone + Send + Sync + 'static,
 {
-    /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy and (if
-    /// `queue`) queues a lease. Never waits.
+    /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy, (if `queue`)
+    /// queues a lease, and counts the denied tokens. Never waits.
     #[inline]
     pub(super) fn take<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        let outcome = self.check(key, n, queue)?;
+        if let Outcome::Denied { .. } = outcome {
+            count(&self.counters.tokens_denied, n);
+        }
+        Ok(outcome)
+    }
+
+    /// [`take`](Self::take) without counting a denial: for a wait's checks after its first,
+    /// which was counted.
+    #[inline]
+    pub(super) fn check<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -271,17 +288,6 @@ where
             return self.miss(key, Some(&state), n, queue);
         }
         self.miss(key, None, n, queue)
-    }
-
-    /// Whether a lease of `key` is queued or in flight.
-    pub(super) fn lease_queued<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.map
-            .get(key)
-            .is_some_and(|state| state.flags() & super::state::QUEUED != 0)
     }
 
     /// Takes `n` of `key`'s local tokens if it holds them; no lease, no denial counted.
@@ -324,7 +330,14 @@ where
         if let Some(state) = state {
             state.seen(self.tick());
         }
-        let blocked = state.map_or(Duration::ZERO, |s| s.blocked_for(self.now_ns()));
+        // One clock reading for the block and the recent refusal.
+        let (blocked, refused) = match state {
+            Some(s) => {
+                let now = self.now_ns();
+                (s.blocked_for(now), s.refused_within(RECENTLY_REFUSED, now))
+            }
+            None => (Duration::ZERO, false),
+        };
         let mut outcome = None;
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback, state) {
@@ -366,14 +379,10 @@ where
                 None => self.admit(key, n),
             }
         }
-        let outcome = outcome.unwrap_or(Outcome::Denied {
+        Ok(outcome.unwrap_or(Outcome::Denied {
             retry_after: self.rtt(),
-            why: Why::Pending,
-        });
-        if matches!(outcome, Outcome::Denied { .. }) {
-            count(&self.counters.tokens_denied, n);
-        }
-        Ok(outcome)
+            why: Why::Pending { refused },
+        }))
     }
 
     /// Queues a lease for `key` unless one is queued already.
@@ -491,23 +500,35 @@ where
         answer.await.map_err(|_| Error::Closed)
     }
 
-    /// Waits for `n` tokens of `key`, until `deadline` if given.
+    /// Waits for `n` tokens of `key`; a refusal (by the store, or by the failure policy) is
+    /// waited out or returned as `patience` says. While the key has no answer yet, the call
+    /// asks the worker for a lease and waits for its reply: if a lease of the key is already
+    /// queued or in flight, the worker holds the request back and answers it once that lease
+    /// is answered (`worker.rs`), so a waiter wakes for its own key's answer and nothing else.
+    /// The call's tokens are counted as denied once, at its first miss, however often it
+    /// looks again.
     pub(super) async fn wait<Q>(
         &self,
         key: &Q,
         n: u64,
-        deadline: Option<Instant>,
+        patience: Patience,
     ) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
+        let mut first = true;
         loop {
             // While the store is failing, a miss also queues a lease, as `try_acquire` does:
             // that is the probe that closes the circuit again (the worker sends it when the
             // back-off allows), else callers that only wait would never probe.
             let probe = self.circuit.is_open();
-            let (retry_after, why) = match self.take(key, n, probe)? {
+            let outcome = if std::mem::take(&mut first) {
+                self.take(key, n, probe)?
+            } else {
+                self.check(key, n, probe)?
+            };
+            let (retry_after, why) = match outcome {
                 Outcome::Allowed => return Ok(Decision::Allowed),
                 Outcome::Denied { retry_after, why } => (retry_after, why),
             };
@@ -517,10 +538,7 @@ where
                     Some(e) => return Err(Error::Store(e)),
                     None => retry_after,
                 },
-                // A lease of this key is on its way (a refill, or the one a `try_acquire`
-                // just queued): wait for it instead of leasing a second batch.
-                Why::Pending if self.lease_queued(key) => self.rtt(),
-                Why::Pending => {
+                Why::Pending { .. } => {
                     self.ensure_state(key);
                     match self.ask(key, n).await? {
                         Answer::Granted => return Ok(Decision::Allowed),
@@ -543,7 +561,7 @@ where
                     }
                 }
             };
-            if deadline.is_some_and(|d| time::from_now(wait) > d) {
+            if patience.sheds(wait) {
                 return Ok(Decision::Denied { retry_after: wait });
             }
             tokio::time::sleep(wait).await;

@@ -24,6 +24,8 @@ pub(crate) const QUEUED: u32 = 1;
 pub(crate) const USED: u32 = 2;
 /// The worker granted this key tokens at least once (`granted_at` is valid).
 pub(crate) const GRANTED: u32 = 4;
+/// The last block (`blocked_until`) was the store's refusal, not a failing store's back-off.
+pub(crate) const REFUSED: u32 = 8;
 
 /// One key's state.
 #[derive(Debug, Default)]
@@ -37,7 +39,7 @@ pub(crate) struct KeyState {
     pub(crate) fallback_tat: AtomicU64,
     /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
     last_use: AtomicU32,
-    /// [`QUEUED`], [`USED`], [`GRANTED`].
+    /// [`QUEUED`], [`USED`], [`GRANTED`], [`REFUSED`].
     flags: AtomicU32,
     /// Request a lease when a hit leaves fewer tokens than this (0: only when denied).
     low_water: AtomicU32,
@@ -167,16 +169,27 @@ impl KeyState {
         )
     }
 
-    /// Whether the store refused this key (a block) that ended less than `window` before
-    /// `now_ns` or has not ended yet.
+    /// Whether the store refused this key (a block, not a back-off after a store error) that
+    /// ended less than `window` before `now_ns` or has not ended yet.
     pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {
-        let until = self.blocked_until.load(Ordering::Relaxed);
-        until != 0 && until.saturating_add(crate::time::nanos(window)) > now_ns
+        self.flags() & REFUSED != 0
+            && crate::time::ended_within(self.blocked_until.load(Ordering::Relaxed), window, now_ns)
     }
 
-    /// Denies callers locally until `until_ns`.
+    /// Denies callers locally until `until_ns`, while the store is failing: no refusal.
     pub(crate) fn block_until(&self, until_ns: u64) {
         self.blocked_until.store(until_ns, Ordering::Relaxed);
+        if self.flags() & REFUSED != 0 {
+            self.flags.fetch_and(!REFUSED, Ordering::Relaxed);
+        }
+    }
+
+    /// Denies callers locally until `until_ns`, the store having refused the key until then.
+    pub(crate) fn refuse_until(&self, until_ns: u64) {
+        self.blocked_until.store(until_ns, Ordering::Relaxed);
+        if self.flags() & REFUSED == 0 {
+            self.flags.fetch_or(REFUSED, Ordering::Relaxed);
+        }
     }
 
     /// Adds `n` tokens.
@@ -282,6 +295,11 @@ mod tests {
         let second = Duration::from_secs(1);
         assert!(!s.refused_within(second, 5_000_000_000), "never refused");
         s.block_until(9_000_000_000);
+        assert!(
+            !s.refused_within(second, 1_000_000_000),
+            "a store error's back-off is no refusal"
+        );
+        s.refuse_until(9_000_000_000);
         assert!(s.refused_within(second, 1_000_000_000), "blocked now");
         // Granted at 2 s: the block ends early, and reads as ending then.
         s.grant(1, 0, 0, 2_000, 2_000_000_000);

@@ -11,8 +11,18 @@
 //! Store calls run as tasks of a `JoinSet`, so a `RedisStore` pipelines them on its
 //! connection; everything else runs in the worker and never awaits while holding a reference
 //! into the map. Releases wait in a queue of their own and start as slots free up.
+//!
+//! A waiting caller's request for a key whose lease is already queued or in flight (a sync
+//! caller's [`QUEUED`] lease: a first lease or a refill) is held back, in a map the worker
+//! alone owns, until that lease is answered; then it is answered from what that lease brought
+//! (or by the key's refusal), and only if neither serves it does it lease for itself. So a
+//! key's waiters share its one lease, and each is woken by its own key's answer alone.
+//! Callers set and clear `QUEUED` with relaxed atomics, so the worker can read it stale: a
+//! flag read as clear only costs a second lease; one read as set after a caller cleared it
+//! (its queue was full: no lease will come) is found at the next tick, which resumes the
+//! requests held for it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::Ordering;
@@ -100,6 +110,9 @@ struct Worker<K, S, H> {
     /// A probe is in flight.
     probing: bool,
     next_sweep: Instant,
+    /// Waiting callers' requests held back until their key's queued lease is answered (see
+    /// the module docs).
+    parked: HashMap<K, Vec<Request<K>>, H>,
 }
 
 /// The worker: runs until the limiter closes, then gives every token back.
@@ -111,6 +124,7 @@ where
 {
     let mut w = Worker {
         next_sweep: Instant::now() + s.sweep_every,
+        parked: HashMap::with_hasher(s.map.hasher().clone()),
         s,
         jobs: JoinSet::new(),
         releases: VecDeque::new(),
@@ -140,6 +154,7 @@ where
             Some(request) = requests.fresh.recv(), if can_create => w.start(request),
             () = tokio::time::sleep_until(tick.unwrap_or_else(Instant::now)), if tick.is_some() => {
                 w.advance_clock();
+                w.recheck_parked();
                 if Instant::now() >= w.next_sweep {
                     w.sweep();
                     w.next_sweep = Instant::now() + w.s.sweep_every;
@@ -163,7 +178,9 @@ where
 
     /// The next tick, if there is anything to keep time for.
     fn next_tick(&self) -> Option<Instant> {
-        let busy = self.s.live.load(Ordering::Relaxed) > 0 || !self.releases.is_empty();
+        let busy = self.s.live.load(Ordering::Relaxed) > 0
+            || !self.releases.is_empty()
+            || !self.parked.is_empty();
         busy.then(|| self.s.origin.instant() + TICK * (self.s.tick() + 1))
     }
 
@@ -179,20 +196,24 @@ where
             self.answer_failing(request, now);
             return;
         }
-        let ask = {
-            let state = self.s.map.get(&request.key);
-            match self.size(state.as_deref(), &request) {
-                Some(ask) => ask,
-                None => {
-                    // Served meanwhile (a grant landed since the caller asked).
-                    if let Some(state) = state {
-                        state.unqueue();
-                    }
-                    self.s.leased.notify_waiters();
-                    return;
-                }
+        let state = self.s.map.get(&request.key);
+        // A waiting caller's key with a lease queued or in flight: that lease answers it.
+        let queued = state.as_deref().is_some_and(|s| s.flags() & QUEUED != 0);
+        if request.reply.is_some() && queued {
+            drop(state);
+            self.park(request);
+            return;
+        }
+        let Some(ask) = self.size(state.as_deref(), &request) else {
+            // Served meanwhile (a grant landed since the caller asked).
+            if let Some(state) = &state {
+                state.unqueue();
             }
+            drop(state);
+            self.resume_parked(&request.key);
+            return;
         };
+        drop(state);
         let probe = self.s.circuit.is_open();
         self.probing |= probe;
         let name = bucket_name(&self.s.name, &request.key);
@@ -264,13 +285,92 @@ where
                 state.unqueue();
             }
         }
-        self.s.leased.notify_waiters();
-        if let Some(reply) = request.reply {
-            let answer = match self.s.circuit.last_error() {
-                Some(e) => Answer::Failed(e),
-                None => Answer::Denied((until - now).max(MIN_RETRY)),
-            };
-            let _ = reply.send(answer);
+        match request.reply {
+            Some(reply) => {
+                let answer = match self.s.circuit.last_error() {
+                    Some(e) => Answer::Failed(e),
+                    None => Answer::Denied((until - now).max(MIN_RETRY)),
+                };
+                let _ = reply.send(answer);
+            }
+            None => self.resume_parked(&request.key),
+        }
+    }
+
+    /// Holds back a waiting caller's `request` until its key's queued lease is answered.
+    fn park(&mut self, request: Request<K>) {
+        self.parked
+            .entry(request.key.clone())
+            .or_default()
+            .push(request);
+    }
+
+    /// `key`'s queued lease was answered (its `QUEUED` flag cleared): answers the requests
+    /// held back for it.
+    fn resume_parked(&mut self, key: &K) {
+        if self.parked.is_empty() {
+            return;
+        }
+        for request in self.parked.remove(key).unwrap_or_default() {
+            self.resume(request);
+        }
+    }
+
+    /// Answers a request held back for its key's lease: from the key's tokens if it now holds
+    /// enough, with the key's refusal if the store refused it, else by starting it (a lease
+    /// of its own, or the failing store's answer).
+    fn resume(&mut self, request: Request<K>) {
+        // The caller gave up meanwhile: nothing to answer, and nothing to lease for it.
+        if request.reply.as_ref().is_none_or(|reply| reply.is_closed()) {
+            return;
+        }
+        let refused = match self.s.map.get(&request.key) {
+            Some(state) => {
+                if self.s.take_held(&state, request.n).is_some() {
+                    let told = request
+                        .reply
+                        .is_some_and(|reply| reply.send(Answer::Granted).is_ok());
+                    if !told {
+                        // It left after all: the tokens stay with the key.
+                        state.add(request.n);
+                    }
+                    return;
+                }
+                let blocked = state.blocked_for(self.s.now_ns());
+                (!blocked.is_zero() && !self.s.circuit.is_open()).then_some(blocked)
+            }
+            None => None,
+        };
+        match (refused, request.reply) {
+            (Some(blocked), Some(reply)) => {
+                let _ = reply.send(Answer::Denied(blocked));
+            }
+            (_, reply) => self.start(Request { reply, ..request }),
+        }
+    }
+
+    /// Resumes held-back requests whose key has no lease queued any more without the worker
+    /// having answered one (a caller whose queue was full clears the flag itself), and drops
+    /// those whose caller gave up. Runs on every tick.
+    fn recheck_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let s = &self.s;
+        let mut free = Vec::new();
+        self.parked.retain(|key, requests| {
+            requests.retain(|r| r.reply.as_ref().is_some_and(|reply| !reply.is_closed()));
+            let queued = s
+                .map
+                .get(key)
+                .is_some_and(|state| state.flags() & QUEUED != 0);
+            if !requests.is_empty() && !queued {
+                free.push(key.clone());
+            }
+            !requests.is_empty()
+        });
+        for key in free {
+            self.resume_parked(&key);
         }
     }
 
@@ -329,6 +429,8 @@ where
         }
         let sync = request.reply.is_none();
         let state = s.map.get(&request.key);
+        // `(answer, block)`; a block on the store's own answer is a refusal (`refused`).
+        let mut refused = false;
         let (answer, block) = match result {
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
@@ -368,6 +470,7 @@ where
             Ok(reply) => {
                 self.recovered();
                 count(&c.over_limit, 1);
+                refused = true;
                 if reply.retry_after.is_zero() && ask.min > reply.quota.burst() {
                     (
                         Some(Answer::TooLarge(reply.quota.burst())),
@@ -387,16 +490,21 @@ where
             }
         };
         if let Some(state) = &state {
-            if let Some(until) = block {
-                state.block_until(self.ns_at(until));
+            match block {
+                Some(until) if refused => state.refuse_until(self.ns_at(until)),
+                Some(until) => state.block_until(self.ns_at(until)),
+                None => {}
             }
             if sync {
                 state.unqueue();
             }
         }
-        s.leased.notify_waiters();
+        drop(state);
         if let (Some(answer), Some(waiter)) = (answer, request.reply) {
             let _ = waiter.send(answer);
+        }
+        if sync {
+            self.resume_parked(&request.key);
         }
     }
 
@@ -536,8 +644,16 @@ where
         }
     }
 
-    /// Shutdown: answer what is queued, finish what is in flight, give every token back.
+    /// Shutdown: answer what is held back or queued, finish what is in flight, give every
+    /// token back.
     async fn close(mut self, requests: Requests<K>) {
+        for (_, held) in self.parked.drain() {
+            for request in held {
+                if let Some(reply) = request.reply {
+                    let _ = reply.send(Answer::Closed);
+                }
+            }
+        }
         for mut queue in [requests.known, requests.fresh] {
             queue.close();
             while let Some(request) = queue.recv().await {

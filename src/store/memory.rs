@@ -92,6 +92,12 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// An identity its clones share and no other live store has: the address of the shared
+    /// state (see [`names`](super::names)).
+    pub(crate) fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// A store on real monotonic time.
     pub fn new() -> Self {
         Self::with_clock(MonotonicClock::new())

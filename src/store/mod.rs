@@ -12,8 +12,12 @@
 //!
 //! A request names its [`Algorithm`] (default the token bucket); the others run their own
 //! scripts and twins ([`crate::algorithm`]) on keys of their own.
+//!
+//! `names.rs` is the process's registry of which limiter spends which bucket under which
+//! quota: builders register, and a second quota on one bucket is a warning.
 
 mod memory;
+pub(crate) mod names;
 mod redis_store;
 
 use std::future::Future;

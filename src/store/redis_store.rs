@@ -92,6 +92,13 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// An identity its clones share and no other live store has: the address of its prefix,
+    /// which each connected store allocates once and its clones share (see
+    /// [`names`](super::names)).
+    pub(crate) fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.prefix).cast::<u8>() as usize
+    }
+
     /// A builder for a store at `url` (`redis://`, `rediss://` or `redis+unix://`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Target::Url(url.into()))
