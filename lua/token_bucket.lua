@@ -214,6 +214,20 @@ rate, period, burst = q.rate, q.period, q.burst
 local scale, inc, cap = q.scale, q.inc, q.cap
 local STATE, STATE_LEN = '<Bddddddddd', 73
 
+-- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
+-- Returns the tokens granted, the level left and when a lease of `min` could succeed (µs).
+local function take_anonymous(level)
+  local granted, retry = 0, 0
+  local whole = floor_div(level, scale)
+  if whole >= min then
+    granted = math.min(whole, want)
+    level = level - granted * scale
+  end
+  local need = min * scale - level
+  if need > 0 then retry = ceil_div(need, inc) end
+  return granted, level, retry
+end
+
 -- A pure-mode decision: an anonymous lease on a bucket written under this very quota with no
 -- leaser on record. It is the one call a pure-mode limiter makes per request, so it runs here
 -- without the general path's machinery (leasers, rescaling, old formats, the closures below),
@@ -237,14 +251,8 @@ if op == 'lease' and node == '' and min <= burst then
         end
         t = now
       end
-      local granted, retry = 0, 0
-      local whole = floor_div(level, scale)
-      if whole >= min then
-        granted = math.min(whole, want)
-        level = level - granted * scale
-      end
-      local need = min * scale - level
-      if need > 0 then retry = ceil_div(need, inc) end
+      local granted, retry
+      granted, level, retry = take_anonymous(level)
       local reset = ceil_div(top - level, inc)
       if level >= cap and out == 0 then
         redis.call('DEL', unpack(KEYS, 1, math.min(#KEYS, 3)))
@@ -427,13 +435,7 @@ local expiry = nil
 if op == 'lease' and min > burst then
   -- Above the effective burst (it shrank below the caller's): never grantable.
 elseif op == 'lease' and node == '' then
-  local whole = floor_div(level, scale)
-  if whole >= min then
-    granted = math.min(whole, want)
-    level = level - granted * scale
-  end
-  local need = min * scale - level
-  if need > 0 then retry = ceil_div(need, inc) end
+  granted, level, retry = take_anonymous(level)
 elseif op == 'lease' then
   local r = parse(redis.call('HGET', KEYS[2], node))
   local fresh = r == nil
