@@ -8,8 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
@@ -26,6 +24,7 @@ use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time;
 use crate::time::Origin;
 
+use super::map::KeyMap;
 use super::state::KeyState;
 use super::worker::{Answer, Request};
 
@@ -86,7 +85,9 @@ where
             Some(0)
         } else if summed_at.is_none_or(|at| now >= at + PUBLISH_INTERVAL) {
             summed_at = Some(now);
-            Some(s.map.iter().map(|state| state.tokens()).sum::<u64>())
+            let mut sum = 0;
+            s.map.for_each(|_, state| sum += state.tokens());
+            Some(sum)
         } else {
             None
         };
@@ -132,7 +133,11 @@ pub(super) struct Shared<K, S, H> {
     pub(super) quota: Quota,
     pub(super) store: S,
     pub(super) policy: Box<dyn LeasePolicy>,
-    pub(super) map: DashMap<K, KeyState, H>,
+    pub(super) map: KeyMap<K, KeyState, H>,
+    /// The arrival-time word of [`FailurePolicy::LocalFallback`]'s rate, per key: used only
+    /// while the store fails, so it is kept out of the key's state (created on a key's first
+    /// miss under an open circuit, removed with the key).
+    pub(super) fallback_words: KeyMap<K, AtomicU64, H>,
     /// Keys in `map`, reserved before each insert (so never above `max_keys`).
     pub(super) live: AtomicUsize,
     pub(super) max_keys: usize,
@@ -332,9 +337,9 @@ where
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     Some(rate),
-                    Some(s),
-                ) => rate
-                    .try_take_at(&s.fallback_tat, n)
+                    Some(_),
+                ) => self
+                    .fallback_take(key, rate, n)
                     .map_err(|wait| (wait, Why::Policy)),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
@@ -374,6 +379,26 @@ where
             count(&self.counters.tokens_denied, n);
         }
         Ok(outcome)
+    }
+
+    /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
+    /// says how long until it could.
+    #[cold]
+    fn fallback_take<Q>(&self, key: &Q, rate: &LocalRate, n: u64) -> Result<(), Duration>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        if let Some(word) = self.fallback_words.get(key) {
+            return rate.try_take_at(&word, n);
+        }
+        self.fallback_words
+            .insert_new(key.to_owned(), || AtomicU64::new(0));
+        match self.fallback_words.get(key) {
+            Some(word) => rate.try_take_at(&word, n),
+            // Removed with its key meanwhile: the key is gone, so is its rate.
+            None => Err(self.rtt()),
+        }
     }
 
     /// Queues a lease for `key` unless one is queued already.
@@ -417,21 +442,18 @@ where
         if !self.reserve_slot() {
             return;
         }
-        match self.map.entry(key.to_owned()) {
-            Entry::Vacant(slot) => {
-                let key = slot.key().clone();
-                slot.insert(KeyState::new(self.fresh_tick(), super::state::QUEUED));
-                count(&self.counters.keys_created, 1);
-                permit.send(Request {
-                    key,
-                    n,
-                    reply: None,
-                });
-            }
+        let key = key.to_owned();
+        let state = || KeyState::new(self.fresh_tick(), super::state::QUEUED);
+        if self.map.insert_new(key.clone(), state) {
+            count(&self.counters.keys_created, 1);
+            permit.send(Request {
+                key,
+                n,
+                reply: None,
+            });
+        } else {
             // Another caller created it meanwhile.
-            Entry::Occupied(_) => {
-                self.live.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.live.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -444,14 +466,13 @@ where
         if self.map.contains_key(key) || !self.reserve_slot() {
             return;
         }
-        match self.map.entry(key.to_owned()) {
-            Entry::Vacant(slot) => {
-                slot.insert(KeyState::new(self.fresh_tick(), 0));
-                count(&self.counters.keys_created, 1);
-            }
-            Entry::Occupied(_) => {
-                self.live.fetch_sub(1, Ordering::Relaxed);
-            }
+        if self
+            .map
+            .insert_new(key.to_owned(), || KeyState::new(self.fresh_tick(), 0))
+        {
+            count(&self.counters.keys_created, 1);
+        } else {
+            self.live.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -1,19 +1,31 @@
-//! One key's local state: 48 bytes of atomics, stored inline in the keyed limiter's map.
+//! One key's local state: 32 bytes of atomics, stored inline beside the key in the keyed
+//! limiter's map (`map.rs`).
 //!
-//! Callers touch only `tokens` (one CAS), and on a hit `last_use` and `flags` (a load each,
-//! and a store only when they change: once per tick and once per key). Everything else is
-//! read on the denial path or written by the worker.
+//! Callers touch only the first 20 bytes on a hit: `tokens` (one CAS), `last_use` and `flags`
+//! (a load each, and a store only when they change: once per tick and once per key) and
+//! `low_water` (a load). Everything else is read on the denial path or written by the worker.
+//! The rate word of [`FailurePolicy::LocalFallback`](crate::FailurePolicy) is not here: it is
+//! used only while the store fails, so it lives in a side map (`Shared::fallback_words`).
+//!
+//! To fit 32 bytes, three values are narrower than a word: the largest denied request shares
+//! the flags word (28 bits, saturating: the request in hand still sizes its own lease);
+//! `granted_at_ms` is a wrapping millisecond clock (demand is measured over far less than 49
+//! days); `blocked_until_us` a wrapping microsecond clock, valid while [`BLOCKED`] is set, so a
+//! block is at most [`MAX_BLOCK`] long (a key refused for longer asks the store again then, and
+//! is refused again) and the sweep clears blocks that ended long ago
+//! ([`forget_old_block`](KeyState::forget_old_block)) before the clock can wrap onto them.
 //!
 //! # Memory ordering
 //!
 //! Every field is `Relaxed`. `tokens` is conserved by its own read-modify-writes (a CAS that
 //! takes, a `fetch_add` that grants, a `swap` that gives back), and nothing else is published
 //! through it. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
-//! stale value requests a lease once too often or too late, and the next call corrects it. No
-//! caller ever waits on a flag (async callers have their own reply channel), so there is no
-//! lost-wake-up pattern to order. Eviction reads the fields under the map shard's write lock,
-//! which excludes every caller holding a reference to the state; the lock's acquire and
-//! release order those reads after every caller's last write.
+//! stale value requests a lease once too often or too late, and the next call corrects it (a
+//! caller that sees [`BLOCKED`] with the previous block's time reads an older block, the same
+//! kind of staleness). No caller ever waits on a flag (async callers have their own reply
+//! channel), so there is no lost-wake-up pattern to order. Eviction reads the fields under the
+//! map shard's write lock, which excludes every caller holding a reference to the state; the
+//! lock's acquire and release order those reads after every caller's last write.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,38 +34,54 @@ use std::time::Duration;
 pub(crate) const QUEUED: u32 = 1;
 /// A caller got tokens of this key at least once (evicted last under a flood).
 pub(crate) const USED: u32 = 2;
-/// The worker granted this key tokens at least once (`granted_at` is valid).
+/// The worker granted this key tokens at least once (`granted_at_ms` is valid).
 pub(crate) const GRANTED: u32 = 4;
+/// The key was blocked (`blocked_until_us` is valid).
+pub(crate) const BLOCKED: u32 = 8;
+/// The flags' bits of the flags word; the largest denied request is above them.
+const FLAG_BITS: u32 = 4;
+const FLAG_MASK: u32 = (1 << FLAG_BITS) - 1;
+/// The largest denied request the flags word holds.
+const MAX_DENIED: u64 = (u32::MAX >> FLAG_BITS) as u64;
+/// Longest block kept: half the range of the wrapping microsecond clock is 35 minutes.
+pub(crate) const MAX_BLOCK: Duration = Duration::from_secs(30 * 60);
+/// A block that ended this long ago is forgotten by the sweep (see the module docs).
+const FORGET_BLOCK_AFTER: Duration = Duration::from_secs(60);
 
 /// One key's state.
 #[derive(Debug, Default)]
+#[repr(C)] // the fields a hit reads first, together
 pub(crate) struct KeyState {
     /// Leased tokens not yet spent.
     tokens: AtomicU64,
-    /// Until when (ns since the limiter's origin) the store said no lease can succeed, or the
-    /// circuit said not to try: callers are denied locally until then.
-    blocked_until: AtomicU64,
-    /// The arrival time word of the local fallback rate (ns since origin).
-    pub(crate) fallback_tat: AtomicU64,
     /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
     last_use: AtomicU32,
-    /// [`QUEUED`], [`USED`], [`GRANTED`].
+    /// [`QUEUED`], [`USED`], [`GRANTED`], [`BLOCKED`] in the low [`FLAG_BITS`]; above them the
+    /// largest request denied since the worker last leased (saturating at [`MAX_DENIED`]).
     flags: AtomicU32,
     /// Request a lease when a hit leaves fewer tokens than this (0: only when denied).
     low_water: AtomicU32,
-    /// The largest request denied since the worker last leased (saturating).
-    denied: AtomicU32,
-    /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
-    granted_at_ms: AtomicU32,
     /// Worker only: tokens held right after the last grant, plus any handed to a waiter
     /// (saturating). What is missing at the next lease was spent.
     after_grant: AtomicU32,
+    /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
+    granted_at_ms: AtomicU32,
+    /// Until when (µs since the limiter's origin, wrapping; valid with [`BLOCKED`]) the store
+    /// said no lease can succeed, or the circuit said not to try: callers are denied locally
+    /// until then.
+    blocked_until_us: AtomicU32,
 }
 
-const _: () = assert!(std::mem::size_of::<KeyState>() == 48);
+const _: () = assert!(std::mem::size_of::<KeyState>() == 32);
 
 fn saturate(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The wrapping microsecond clock at `ns`.
+fn micros(ns: u64) -> u32 {
+    // Truncated on purpose: a wrapping clock.
+    (ns / 1_000) as u32
 }
 
 impl KeyState {
@@ -131,7 +159,7 @@ impl KeyState {
 
     /// The flags.
     pub(crate) fn flags(&self) -> u32 {
-        self.flags.load(Ordering::Relaxed)
+        self.flags.load(Ordering::Relaxed) & FLAG_MASK
     }
 
     /// The tick of the last hit (or of creation).
@@ -147,36 +175,64 @@ impl KeyState {
 
     /// Remembers a denied request of `n` tokens, so the next lease takes at least that many.
     pub(crate) fn note_denied(&self, n: u64) {
-        let n = saturate(n);
-        if self.denied.load(Ordering::Relaxed) < n {
-            self.denied.fetch_max(n, Ordering::Relaxed);
+        let n = n.min(MAX_DENIED) as u32;
+        let denied = |word: u32| word >> FLAG_BITS;
+        if denied(self.flags.load(Ordering::Relaxed)) < n {
+            let _ = self
+                .flags
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                    (denied(word) < n).then_some((word & FLAG_MASK) | (n << FLAG_BITS))
+                });
         }
     }
 
     /// The largest request denied since the last call.
     pub(crate) fn take_denied(&self) -> u64 {
-        u64::from(self.denied.swap(0, Ordering::Relaxed))
+        u64::from(self.flags.fetch_and(FLAG_MASK, Ordering::Relaxed) >> FLAG_BITS)
+    }
+
+    /// The end of the block, in ns since origin, read at `now_ns` (`None` if not blocked).
+    fn block_end(&self, now_ns: u64) -> Option<u64> {
+        if self.flags() & BLOCKED == 0 {
+            return None;
+        }
+        let until = self.blocked_until_us.load(Ordering::Relaxed);
+        // Signed distance on the wrapping clock: blocks are shorter than half its range.
+        let ahead = i64::from(until.wrapping_sub(micros(now_ns)) as i32);
+        let end_us = (now_ns / 1_000) as i64 + ahead;
+        Some(end_us.max(0) as u64 * 1_000)
     }
 
     /// How long callers are still denied locally at `now_ns` (zero if not blocked).
     pub(crate) fn blocked_for(&self, now_ns: u64) -> Duration {
-        Duration::from_nanos(
-            self.blocked_until
-                .load(Ordering::Relaxed)
-                .saturating_sub(now_ns),
-        )
+        let end = self.block_end(now_ns).unwrap_or(0);
+        Duration::from_nanos(end.saturating_sub(now_ns))
     }
 
     /// Whether the store refused this key (a block) that ended less than `window` before
     /// `now_ns` or has not ended yet.
     pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {
-        let until = self.blocked_until.load(Ordering::Relaxed);
-        until != 0 && until.saturating_add(crate::time::nanos(window)) > now_ns
+        self.block_end(now_ns)
+            .is_some_and(|end| end.saturating_add(crate::time::nanos(window)) > now_ns)
     }
 
-    /// Denies callers locally until `until_ns`.
-    pub(crate) fn block_until(&self, until_ns: u64) {
-        self.blocked_until.store(until_ns, Ordering::Relaxed);
+    /// Denies callers locally until `until_ns` (at most [`MAX_BLOCK`] after `now_ns`).
+    /// Worker only.
+    pub(crate) fn block_until(&self, until_ns: u64, now_ns: u64) {
+        let until = until_ns.min(now_ns.saturating_add(crate::time::nanos(MAX_BLOCK)));
+        self.blocked_until_us
+            .store(micros(until.div_ceil(1_000) * 1_000), Ordering::Relaxed);
+        self.flags.fetch_or(BLOCKED, Ordering::Relaxed);
+    }
+
+    /// Forgets a block that ended long before `now_ns`, before the wrapping clock could make
+    /// it look current again. Worker only (the sweep).
+    pub(crate) fn forget_old_block(&self, now_ns: u64) {
+        if self.flags() & BLOCKED != 0
+            && !self.refused_within(FORGET_BLOCK_AFTER, now_ns)
+        {
+            self.flags.fetch_and(!BLOCKED, Ordering::Relaxed);
+        }
     }
 
     /// Adds `n` tokens.
@@ -186,7 +242,7 @@ impl KeyState {
 
     /// Adds a grant at `now_ms` (`now_ns`), of which `to_waiter` went straight to a waiting
     /// caller and the rest into the key; sets the next low-water mark and ends any block
-    /// (remembering when it ended, for [`refused_within`](Self::refused_within)).
+    /// (remembering when it ended, for [`refused_within`](Self::refused_within)). Worker only.
     pub(crate) fn grant(
         &self,
         rest: u64,
@@ -200,8 +256,12 @@ impl KeyState {
             .store(saturate(held + to_waiter), Ordering::Relaxed);
         self.granted_at_ms.store(now_ms, Ordering::Relaxed);
         self.low_water.store(saturate(low_water), Ordering::Relaxed);
-        // Not blocked from now on; a block that was ended early reads as ending now.
-        self.blocked_until.fetch_min(now_ns, Ordering::Relaxed);
+        // Not blocked from now on; a block that was ended early reads as ending now (only the
+        // worker writes the block, so a load and a store suffice).
+        if self.block_end(now_ns).is_some_and(|end| end > now_ns) {
+            self.blocked_until_us
+                .store(micros(now_ns.div_ceil(1_000) * 1_000), Ordering::Relaxed);
+        }
         let used = if to_waiter > 0 { USED } else { 0 };
         self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
     }
@@ -271,7 +331,7 @@ mod tests {
         s.note_denied(4);
         assert_eq!(s.take_denied(), 9);
         assert_eq!(s.take_denied(), 0);
-        s.block_until(1_000);
+        s.block_until(1_000, 0);
         assert_eq!(s.blocked_for(400), Duration::from_nanos(600));
         assert_eq!(s.blocked_for(2_000), Duration::ZERO);
     }
@@ -281,12 +341,41 @@ mod tests {
         let s = KeyState::new(0, 0);
         let second = Duration::from_secs(1);
         assert!(!s.refused_within(second, 5_000_000_000), "never refused");
-        s.block_until(9_000_000_000);
+        s.block_until(9_000_000_000, 0);
         assert!(s.refused_within(second, 1_000_000_000), "blocked now");
         // Granted at 2 s: the block ends early, and reads as ending then.
         s.grant(1, 0, 0, 2_000, 2_000_000_000);
         assert_eq!(s.blocked_for(2_000_000_000), Duration::ZERO);
         assert!(s.refused_within(second, 2_999_999_999));
         assert!(!s.refused_within(second, 3_000_000_000));
+    }
+    #[test]
+    fn narrow_fields_keep_their_meaning() {
+        let s = KeyState::new(0, 0);
+        // The largest denied request shares the flags word without disturbing the flags.
+        assert!(s.mark_queued());
+        s.note_denied(u64::MAX);
+        s.note_denied(3);
+        assert_eq!(s.flags(), QUEUED);
+        assert_eq!(s.take_denied(), MAX_DENIED, "saturates");
+        assert_eq!((s.flags(), s.take_denied()), (QUEUED, 0));
+        // Days after the origin (the microsecond clock has wrapped many times), a block far
+        // ahead is cut to `MAX_BLOCK` and reads right.
+        let day = 86_400_000_000_000u64;
+        let now = 3 * day + 123;
+        s.block_until(now + day, now);
+        let left = s.blocked_for(now);
+        assert!(left >= MAX_BLOCK && left < MAX_BLOCK + Duration::from_micros(1), "{left:?}");
+        assert_eq!(s.flags(), QUEUED | BLOCKED);
+        // Ended 61 s ago: still a refusal for a long enough window, then forgotten by the
+        // sweep before the clock can wrap onto it.
+        let later = now + crate::time::nanos(MAX_BLOCK) + 61_000_000_000;
+        assert_eq!(s.blocked_for(later), Duration::ZERO);
+        assert!(s.refused_within(Duration::from_secs(120), later));
+        s.forget_old_block(later - 2_000_000_000);
+        assert_ne!(s.flags() & BLOCKED, 0, "ended 59 s before: kept");
+        s.forget_old_block(later);
+        assert_eq!(s.flags(), QUEUED);
+        assert!(!s.refused_within(Duration::from_secs(120), later));
     }
 }

@@ -259,7 +259,7 @@ where
     fn answer_failing(&mut self, request: Request<K>, now: Instant) {
         let until = self.probe_at.unwrap_or(now).max(now);
         if let Some(state) = self.s.map.get(&request.key) {
-            state.block_until(self.ns_at(until));
+            state.block_until(self.ns_at(until), self.ns_at(now));
             if request.reply.is_none() {
                 state.unqueue();
             }
@@ -388,7 +388,7 @@ where
         };
         if let Some(state) = &state {
             if let Some(until) = block {
-                state.block_until(self.ns_at(until));
+                state.block_until(self.ns_at(until), self.ns_at(now));
             }
             if sync {
                 state.unqueue();
@@ -442,11 +442,16 @@ where
         let removed = self
             .s
             .map
-            .remove_if(key, |_, state| state.flags() & QUEUED == 0 && still(state));
+            .remove_if(key, |state| state.flags() & QUEUED == 0 && still(state));
         let Some((key, state)) = removed else {
             return false;
         };
         self.s.live.fetch_sub(1, Ordering::Relaxed);
+        // Its fallback rate word, if the store failed while it lived (created under the
+        // key's shard read lock, so it is there by now if ever).
+        if !self.s.fallback_words.is_empty() {
+            self.s.fallback_words.remove_if(&key, |_| true);
+        }
         let tokens = state.take_all();
         if tokens > 0 {
             self.give_back(bucket_name(&self.s.name, &key), tokens);
@@ -459,20 +464,21 @@ where
     fn sweep(&mut self) {
         let tick = self.s.tick();
         let (ttl, give_back) = (self.s.ttl_ticks, self.s.give_back_ticks);
+        let now_ns = self.s.now_ns();
         let idle = |state: &KeyState| tick.saturating_sub(state.last_use());
         let mut expired = Vec::new();
         let mut holding = Vec::new();
-        for entry in self.s.map.iter() {
-            let state = entry.value();
+        self.s.map.for_each(|key, state| {
+            state.forget_old_block(now_ns);
             if state.flags() & QUEUED != 0 {
-                continue;
+                return;
             }
             if idle(state) >= ttl {
-                expired.push(entry.key().clone());
+                expired.push(key.clone());
             } else if idle(state) >= give_back && state.tokens() > 0 {
-                holding.push(entry.key().clone());
+                holding.push(key.clone());
             }
-        }
+        });
         for key in expired {
             if self.evict(&key, |state| idle(state) >= ttl) {
                 count(&self.s.counters.evicted_idle, 1);
@@ -497,11 +503,11 @@ where
         }
         let target = (self.s.max_keys / 16).max(1);
         let mut ranks: BTreeMap<u64, usize> = BTreeMap::new();
-        for entry in self.s.map.iter() {
-            if entry.flags() & QUEUED == 0 {
-                *ranks.entry(entry.eviction_rank()).or_default() += 1;
+        self.s.map.for_each(|_, state| {
+            if state.flags() & QUEUED == 0 {
+                *ranks.entry(state.eviction_rank()).or_default() += 1;
             }
-        }
+        });
         // The lowest ranks that add up to `target`: all below `threshold`, and `at_threshold`
         // of the keys at it.
         let (mut threshold, mut at_threshold, mut below) = (u64::MAX, usize::MAX, 0);
@@ -512,23 +518,20 @@ where
             }
             below += count;
         }
-        let mut victims = Vec::with_capacity(target.min(self.s.map.len()));
-        for entry in self.s.map.iter() {
-            if victims.len() >= target {
-                break;
-            }
-            let rank = entry.eviction_rank();
-            if entry.flags() & QUEUED != 0 || rank > threshold {
-                continue;
+        let mut victims = Vec::with_capacity(target);
+        self.s.map.for_each(|key, state| {
+            let rank = state.eviction_rank();
+            if victims.len() >= target || state.flags() & QUEUED != 0 || rank > threshold {
+                return;
             }
             if rank == threshold {
                 if at_threshold == 0 {
-                    continue;
+                    return;
                 }
                 at_threshold -= 1;
             }
-            victims.push(entry.key().clone());
-        }
+            victims.push(key.clone());
+        });
         for key in victims {
             if self.evict(&key, |state| state.eviction_rank() <= threshold) {
                 count(&self.s.counters.evicted_at_cap, 1);
@@ -550,16 +553,17 @@ where
             self.finish(done);
         }
         let mut held = Vec::new();
-        for entry in self.s.map.iter() {
-            let tokens = entry.take_all();
+        self.s.map.for_each(|key, state| {
+            let tokens = state.take_all();
             if tokens > 0 {
-                held.push((bucket_name(&self.s.name, entry.key()), tokens));
+                held.push((bucket_name(&self.s.name, key), tokens));
             }
-        }
+        });
         for (name, tokens) in held {
             self.give_back(name, tokens);
         }
         self.s.map.clear();
+        self.s.fallback_words.clear();
         self.s.live.store(0, Ordering::Relaxed);
         loop {
             self.start_releases();
