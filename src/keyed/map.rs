@@ -1,11 +1,19 @@
 //! The keyed limiter's key map: open-addressing tables (hashbrown's `HashTable`: SIMD control
-//! bytes, entries inline) under one `RwLock` per shard, with a seeded hasher.
+//! bytes, entries inline) under one `Mutex` per shard, with a seeded hasher.
 //!
 //! An entry is the key and its value side by side, so a hit reads the shard's header (its lock
 //! word and table pointer), one group of control bytes and the entry: no pointer to follow for
-//! keys that are plain values (`u64`, `IpAddr`), and no allocation per key. A hit takes the
-//! shard's read lock (one atomic read-modify-write to take it, one to drop it); inserts and
-//! removals take its write lock, one key at a time.
+//! keys that are plain values (`u64`, `IpAddr`), and no allocation per key.
+//!
+//! **A mutex, not a read-write lock.** A hit holds its shard's lock for a few nanoseconds: one
+//! atomic read-modify-write to take it and one to drop it, whether the lock is a mutex or a
+//! read lock. Under a mutex the key's state is also the caller's alone meanwhile, so taking
+//! tokens is a load and a store instead of a third read-modify-write (`KeyState::take`): that
+//! is a third of a hot key's cost (BENCHMARKS.md, issue 15). The price is that calls on keys
+//! of one shard run one at a time — for a few nanoseconds each, on one shard of hundreds or
+//! thousands — and that every hold must stay short: nothing that holds a value waits, looks
+//! up another key of this map, or wakes a task it could avoid waking; walks over the map
+//! ([`for_each`](KeyMap::for_each)) let go of the shard every [`SCAN_CHUNK`] buckets.
 //!
 //! **Shards are sized for the cap.** hashbrown tables have a power-of-two number of buckets and
 //! grow when 7/8 full, so bytes per key swing by 2× as a table grows. The limiter knows its cap
@@ -26,12 +34,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
-use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 /// Keys per shard at the cap: 80 % of a 4 096-bucket table.
 pub(super) const KEYS_PER_SHARD: usize = 3_277;
 /// Fewest shards, so that threads on different keys rarely share a lock word.
 const MIN_SHARDS: usize = 8;
+/// Buckets a walk over the map reads per hold of a shard's lock (about a microsecond).
+pub(super) const SCAN_CHUNK: usize = 256;
 
 /// A key and its value, side by side in the table.
 struct Slot<K, V> {
@@ -39,7 +49,7 @@ struct Slot<K, V> {
     value: V,
 }
 
-type Shard<K, V> = CachePadded<RwLock<HashTable<Slot<K, V>>>>;
+type Shard<K, V> = CachePadded<Mutex<HashTable<Slot<K, V>>>>;
 
 /// A concurrent map from keys to values that are shared by reference (atomics).
 pub(super) struct KeyMap<K, V, H> {
@@ -49,8 +59,8 @@ pub(super) struct KeyMap<K, V, H> {
     len: AtomicUsize,
 }
 
-/// A value held under its shard's read lock.
-pub(super) type Ref<'a, V> = MappedRwLockReadGuard<'a, V>;
+/// A value held under its shard's lock.
+pub(super) type Ref<'a, V> = MappedMutexGuard<'a, V>;
 
 impl<K, V, H> KeyMap<K, V, H>
 where
@@ -62,7 +72,7 @@ where
         let shards = max_keys.div_ceil(KEYS_PER_SHARD).max(MIN_SHARDS);
         KeyMap {
             shards: (0..shards)
-                .map(|_| CachePadded::new(RwLock::new(HashTable::new())))
+                .map(|_| CachePadded::new(Mutex::new(HashTable::new())))
                 .collect(),
             hasher,
             len: AtomicUsize::new(0),
@@ -70,7 +80,7 @@ where
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<HashTable<Slot<K, V>>> {
+    fn shard(&self, hash: u64) -> &Mutex<HashTable<Slot<K, V>>> {
         // Multiply-shift: any number of shards, from 32 bits the table does not use.
         let bits = (hash >> 24) & u64::from(u32::MAX);
         let index = (bits * self.shards.len() as u64) >> 32;
@@ -82,9 +92,9 @@ where
         self.hasher.hash_one(key)
     }
 
-    /// The value of `key`, held under its shard's read lock until the guard drops. Do not look
-    /// up another key while holding it: a writer waiting on the same shard would block the
-    /// second read.
+    /// The value of `key`, held under its shard's lock until the guard drops. Keep it short:
+    /// do not look up another key of this map while holding it (the same shard would
+    /// deadlock), nor wait.
     #[inline]
     pub(super) fn get<Q>(&self, key: &Q) -> Option<Ref<'_, V>>
     where
@@ -92,10 +102,10 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let table = self.shard(hash).read();
-        RwLockReadGuard::try_map(table, |t| {
-            t.find(hash, |slot| slot.key.borrow() == key)
-                .map(|slot| &slot.value)
+        let table = self.shard(hash).lock();
+        MutexGuard::try_map(table, |t| {
+            t.find_mut(hash, |slot| slot.key.borrow() == key)
+                .map(|slot| &mut slot.value)
         })
         .ok()
     }
@@ -112,7 +122,7 @@ where
     /// Inserts `key` with `value()` unless it is present; true if it inserted.
     pub(super) fn insert_new(&self, key: K, value: impl FnOnce() -> V) -> bool {
         let hash = self.hash(&key);
-        let mut table = self.shard(hash).write();
+        let mut table = self.shard(hash).lock();
         match table.entry(
             hash,
             |slot| slot.key == key,
@@ -131,15 +141,15 @@ where
         }
     }
 
-    /// Removes `key` if `keep_out` says so, under the shard's write lock (no reader holds the
-    /// value meanwhile); returns the key and value removed.
+    /// Removes `key` if `keep_out` says so, under the shard's lock (nobody holds the value
+    /// meanwhile); returns the key and value removed.
     pub(super) fn remove_if<Q>(&self, key: &Q, keep_out: impl FnOnce(&V) -> bool) -> Option<(K, V)>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let mut table = self.shard(hash).write();
+        let mut table = self.shard(hash).lock();
         let entry = table
             .find_entry(hash, |slot| slot.key.borrow() == key)
             .ok()?;
@@ -151,15 +161,33 @@ where
         Some((slot.key, slot.value))
     }
 
-    /// Calls `f` on every entry, one shard at a time under its read lock (readers go on;
-    /// inserts and removals in that shard wait for the shard's turn to end).
+    /// Calls `f` on every entry, [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
+    /// inserted meanwhile may be missed, and if its shard grows meanwhile (an insert) some
+    /// entries may be seen twice or missed: this is for sweeps, which run again.
     pub(super) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
         for shard in self.shards.iter() {
-            let table = shard.read();
-            for slot in table.iter() {
-                f(&slot.key, &slot.value);
+            let mut start = 0;
+            loop {
+                let table = shard.lock();
+                let end = (start + SCAN_CHUNK).min(table.num_buckets());
+                for slot in (start..end).filter_map(|i| table.get_bucket(i)) {
+                    f(&slot.key, &slot.value);
+                }
+                if end >= table.num_buckets() {
+                    break;
+                }
+                start = end;
             }
         }
+    }
+
+    /// The sum of `f` over every entry, each shard read whole under its lock (no entry is
+    /// missed or counted twice, however the shard changes between shards).
+    pub(super) fn sum(&self, f: impl Fn(&V) -> u64) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().iter().map(|slot| f(&slot.value)).sum::<u64>())
+            .sum()
     }
 
     /// Whether the map is empty (a hint while others insert or remove).
@@ -170,7 +198,7 @@ where
     /// Removes every entry and frees the tables.
     pub(super) fn clear(&self) {
         for shard in self.shards.iter() {
-            let mut table = shard.write();
+            let mut table = shard.lock();
             self.len.fetch_sub(table.len(), Ordering::Relaxed);
             *table = HashTable::new();
         }
@@ -194,6 +222,7 @@ mod tests {
         assert!(!m.insert_new("a".to_owned(), || unreachable!("present")));
         assert!(m.contains_key("a"));
         m.get("a").unwrap().fetch_add(1, Ordering::Relaxed);
+        assert_eq!(m.sum(|v| v.load(Ordering::Relaxed)), 2);
         assert_eq!(m.get("a").unwrap().load(Ordering::Relaxed), 2);
         assert!(m.remove_if("a", |v| v.load(Ordering::Relaxed) > 5).is_none());
         let (k, v) = m.remove_if("a", |_| true).unwrap();
@@ -219,7 +248,7 @@ mod tests {
         });
         assert_eq!((n, sum), (20_000, (0..20_000).sum()));
         // The keys spread over every shard.
-        assert!(m.shards.iter().all(|s| s.read().len() > 100));
+        assert!(m.shards.iter().all(|s| s.lock().len() > 100));
         m.clear();
         assert!(m.is_empty());
     }

@@ -24,7 +24,7 @@ use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time;
 use crate::time::Origin;
 
-use super::map::KeyMap;
+use super::map::{KeyMap, Ref};
 use super::state::KeyState;
 use super::worker::{Answer, Request};
 
@@ -85,9 +85,7 @@ where
             Some(0)
         } else if summed_at.is_none_or(|at| now >= at + PUBLISH_INTERVAL) {
             summed_at = Some(now);
-            let mut sum = 0;
-            s.map.for_each(|_, state| sum += state.tokens());
-            Some(sum)
+            Some(s.map.sum(KeyState::tokens))
         } else {
             None
         };
@@ -266,16 +264,19 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         check_tokens(n, self.quota.burst())?;
-        if let Some(state) = self.map.get(key) {
-            if let Some(left) = self.take_held(&state, n) {
-                if state.below_low_water(left) {
-                    self.request(key, &state, 0);
-                }
-                return Ok(Outcome::Allowed);
+        let Some(state) = self.map.get(key) else {
+            return self.miss(key, None, n, queue);
+        };
+        let Some(left) = self.take_held(&state, n) else {
+            return self.miss(key, Some(state), n, queue);
+        };
+        if state.below_low_water(left) {
+            if let Some(queue) = self.claim_request(&state) {
+                drop(state);
+                self.send_request(key, queue, 0);
             }
-            return self.miss(key, Some(&state), n, queue);
         }
-        self.miss(key, None, n, queue)
+        Ok(Outcome::Allowed)
     }
 
     /// Whether a lease of `key` is queued or in flight.
@@ -308,14 +309,14 @@ where
         Some(left)
     }
 
-    /// The slow half of `take`: `state` is the key's (held under its shard's read lock), or
-    /// `None` if the key has no state.
+    /// The slow half of `take`: `state` is the key's (held under its shard's lock, let go of
+    /// before queueing anything), or `None` if the key has no state.
     #[cold]
     #[inline(never)]
     pub(super) fn miss<Q>(
         &self,
         key: &Q,
-        state: Option<&KeyState>,
+        state: Option<Ref<'_, KeyState>>,
         n: u64,
         queue: bool,
     ) -> Result<Outcome, Error>
@@ -326,13 +327,15 @@ where
         if self.is_closed() {
             return Err(Error::Closed);
         }
-        if let Some(state) = state {
+        if let Some(state) = &state {
             state.seen(self.tick());
         }
-        let blocked = state.map_or(Duration::ZERO, |s| s.blocked_for(self.now_ns()));
+        let blocked = state
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.blocked_for(self.now_ns()));
         let mut outcome = None;
         if self.circuit.is_open() {
-            let admit = match (self.failure, &self.fallback, state) {
+            let admit = match (self.failure, &self.fallback, &state) {
                 (FailurePolicy::FailOpen, _, _) => Ok(()),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
@@ -366,7 +369,10 @@ where
             match state {
                 Some(s) => {
                     s.note_denied(n);
-                    self.request(key, s, n);
+                    if let Some(queue) = self.claim_request(&s) {
+                        drop(s);
+                        self.send_request(key, queue, n);
+                    }
                 }
                 None => self.admit(key, n),
             }
@@ -401,22 +407,34 @@ where
         }
     }
 
-    /// Queues a lease for `key` unless one is queued already.
-    pub(super) fn request<Q>(&self, key: &Q, state: &KeyState, n: u64)
+    /// Marks a lease of the key in `state` as queued, unless one is already; if this call
+    /// did, returns the queue to send it to with [`send_request`](Self::send_request), once the
+    /// shard's lock is let go of.
+    fn claim_request(&self, state: &KeyState) -> Option<&mpsc::Sender<Request<K>>> {
+        state.mark_queued().then(|| self.queue_for(Some(state)))
+    }
+
+    /// Queues a lease of `n` tokens for `key`, claimed by
+    /// [`claim_request`](Self::claim_request). Called without holding the key's shard: sending
+    /// may wake the worker.
+    fn send_request<Q>(&self, key: &Q, queue: &mpsc::Sender<Request<K>>, n: u64)
     where
-        Q: ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
     {
-        if !state.mark_queued() {
-            return;
-        }
-        match self.queue_for(Some(state)).try_reserve() {
+        match queue.try_reserve() {
             Ok(permit) => permit.send(Request {
                 key: key.to_owned(),
                 n,
                 reply: None,
             }),
-            // The queue is full (or closed): a later call asks again.
-            Err(_) => state.unqueue(),
+            // The queue is full (or closed): a later call asks again. The key is still there:
+            // a key with a lease queued is never evicted.
+            Err(_) => {
+                if let Some(state) = self.map.get(key) {
+                    state.unqueue();
+                }
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! One key's local state: 32 bytes of atomics, stored inline beside the key in the keyed
 //! limiter's map (`map.rs`).
 //!
-//! Callers touch only the first 20 bytes on a hit: `tokens` (one CAS), `last_use` and `flags`
+//! Callers touch only the first 20 bytes on a hit: `tokens` (a load and a store), `last_use` and `flags`
 //! (a load each, and a store only when they change: once per tick and once per key) and
 //! `low_water` (a load). Everything else is read on the denial path or written by the worker.
 //! The rate word of [`FailurePolicy::LocalFallback`](crate::FailurePolicy) is not here: it is
@@ -17,15 +17,19 @@
 //!
 //! # Memory ordering
 //!
-//! Every field is `Relaxed`. `tokens` is conserved by its own read-modify-writes (a CAS that
-//! takes, a `fetch_add` that grants, a `swap` that gives back), and nothing else is published
-//! through it. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
+//! Every field is `Relaxed`. A state is only ever reached through its map shard's mutex
+//! (`map.rs`), callers and worker alike, so every access to it is ordered by that lock:
+//! `tokens` is conserved because a take (a load and a store), a grant (`fetch_add`) and a give
+//! back (`swap`) never overlap, and nothing else is published through it. The fields are
+//! atomics anyway so that a value can be shared by reference (`&KeyState`) and stay sound if a
+//! caller ever reads it outside the lock. `flags`, `last_use` and the worker's fields are
+//! hints: a caller that sees a
 //! stale value requests a lease once too often or too late, and the next call corrects it (a
 //! caller that sees [`BLOCKED`] with the previous block's time reads an older block, the same
 //! kind of staleness). No caller ever waits on a flag (async callers have their own reply
-//! channel), so there is no lost-wake-up pattern to order. Eviction reads the fields under the
-//! map shard's write lock, which excludes every caller holding a reference to the state; the
-//! lock's acquire and release order those reads after every caller's last write.
+//! channel), so there is no lost-wake-up pattern to order. Eviction removes the state under
+//! the shard's lock, after every caller's last hold of it; the lock's acquire and release
+//! order its reads after every caller's last write, and no caller can reach it afterwards.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -93,22 +97,14 @@ impl KeyState {
         state
     }
 
-    /// Takes `n` tokens and returns what is left, or `None` if there are fewer.
+    /// Takes `n` tokens and returns what is left, or `None` if there are fewer. The caller
+    /// holds the state's shard lock, so no other change to `tokens` can come between the
+    /// load and the store (see the module docs).
     #[inline]
     pub(crate) fn take(&self, n: u64) -> Option<u64> {
-        let mut current = self.tokens.load(Ordering::Relaxed);
-        while current >= n {
-            match self.tokens.compare_exchange_weak(
-                current,
-                current - n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(current - n),
-                Err(actual) => current = actual,
-            }
-        }
-        None
+        let left = self.tokens.load(Ordering::Relaxed).checked_sub(n)?;
+        self.tokens.store(left, Ordering::Relaxed);
+        Some(left)
     }
 
     /// Records a hit at `tick`: stores only what changed, so a busy key's line is not

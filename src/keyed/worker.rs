@@ -181,17 +181,16 @@ where
         }
         let ask = {
             let state = self.s.map.get(&request.key);
-            match self.size(state.as_deref(), &request) {
-                Some(ask) => ask,
-                None => {
-                    // Served meanwhile (a grant landed since the caller asked).
-                    if let Some(state) = state {
-                        state.unqueue();
-                    }
-                    self.s.leased.notify_waiters();
-                    return;
-                }
+            let ask = self.size(state.as_deref(), &request);
+            if let (None, Some(state)) = (&ask, state) {
+                // Served meanwhile (a grant landed since the caller asked).
+                state.unqueue();
             }
+            ask
+        };
+        let Some(ask) = ask else {
+            self.s.leased.notify_waiters();
+            return;
         };
         let probe = self.s.circuit.is_open();
         self.probing |= probe;
@@ -328,7 +327,9 @@ where
             self.probing = false;
         }
         let sync = request.reply.is_none();
-        let state = s.map.get(&request.key);
+        // The key's state is looked up for each use rather than held: its shard's lock must
+        // not be held while a waiter is woken. Only this worker evicts, so a key present at
+        // one look is present at the next.
         let (answer, block) = match result {
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
@@ -344,13 +345,14 @@ where
                     0
                 };
                 let rest = reply.granted - to_waiter;
-                match &state {
-                    Some(state) => {
-                        let now_ns = self.ns_at(now);
-                        state.grant(rest, to_waiter, ask.low_water, self.now_ms(), now_ns)
-                    }
-                    None if rest > 0 => self.give_back(bucket_name(&s.name, &request.key), rest),
-                    None => {}
+                let (now_ms, now_ns) = (self.now_ms(), self.ns_at(now));
+                let kept = s
+                    .map
+                    .get(&request.key)
+                    .map(|state| state.grant(rest, to_waiter, ask.low_water, now_ms, now_ns))
+                    .is_some();
+                if !kept && rest > 0 {
+                    self.give_back(bucket_name(&s.name, &request.key), rest);
                 }
                 let told = request
                     .reply
@@ -358,9 +360,9 @@ where
                     .is_some_and(|w| w.send(Answer::Granted).is_ok());
                 if to_waiter > 0 && !told {
                     // The waiter left meanwhile: its tokens stay with the key (or go back).
-                    match &state {
-                        Some(state) => state.add(to_waiter),
-                        None => self.give_back(bucket_name(&s.name, &request.key), to_waiter),
+                    let kept = s.map.get(&request.key).map(|state| state.add(to_waiter));
+                    if kept.is_none() {
+                        self.give_back(bucket_name(&s.name, &request.key), to_waiter);
                     }
                 }
                 (None, None)
@@ -386,12 +388,14 @@ where
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
         };
-        if let Some(state) = &state {
-            if let Some(until) = block {
-                state.block_until(self.ns_at(until), self.ns_at(now));
-            }
-            if sync {
-                state.unqueue();
+        if block.is_some() || sync {
+            if let Some(state) = s.map.get(&request.key) {
+                if let Some(until) = block {
+                    state.block_until(self.ns_at(until), self.ns_at(now));
+                }
+                if sync {
+                    state.unqueue();
+                }
             }
         }
         s.leased.notify_waiters();
@@ -436,7 +440,7 @@ where
     }
 
     /// Removes `key` if it has no lease queued and `still` holds; queues its tokens for
-    /// release. Under the shard's write lock no caller holds the state, so nothing is spent
+    /// release. Under the shard's lock no caller holds the state, so nothing is spent
     /// after this takes the tokens.
     fn evict(&mut self, key: &K, still: impl FnOnce(&KeyState) -> bool) -> bool {
         let removed = self
@@ -448,7 +452,7 @@ where
         };
         self.s.live.fetch_sub(1, Ordering::Relaxed);
         // Its fallback rate word, if the store failed while it lived (created under the
-        // key's shard read lock, so it is there by now if ever).
+        // key's shard lock, so it is there by now if ever).
         if !self.s.fallback_words.is_empty() {
             self.s.fallback_words.remove_if(&key, |_| true);
         }
