@@ -156,10 +156,22 @@ fn live_keys(group: &mut Group<'_>, rt: &tokio::runtime::Runtime) {
         let denied = AtomicU64::new(0);
         let leases = limiter.stats().leases;
         for (law, keys) in &sequences {
-            bench_draws(group, "hybrid_keyed", &format!("{id}-{law}"), keys, hybrid_op(&limiter, &denied));
+            bench_draws(
+                group,
+                "hybrid_keyed",
+                &format!("{id}-{law}"),
+                keys,
+                hybrid_op(&limiter, &denied),
+            );
         }
         if id == "1k" {
-            bench_draws(group, "hybrid_keyed", "hot", &[0], hybrid_op(&limiter, &denied));
+            bench_draws(
+                group,
+                "hybrid_keyed",
+                "hot",
+                &[0],
+                hybrid_op(&limiter, &denied),
+            );
         }
         eprintln!(
             "keyed/hybrid_keyed/{id}-*: {} denied, {} leases during the cases, {} live keys",

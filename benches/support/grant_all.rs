@@ -43,4 +43,3 @@ fn reply(quota: &Quota, granted: u64) -> LeaseReply {
         at: None,
     }
 }
-

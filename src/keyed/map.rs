@@ -20,9 +20,9 @@
 //! ([`max_keys`](super::KeyedHybridBuilder::max_keys)), so the number of shards is chosen for
 //! it: at the cap each shard holds about [`KEYS_PER_SHARD`] keys, 80 % of a 4 096-bucket table
 //! (the margin keeps a shard that draws more keys than the mean from doubling). A full limiter
-//! thus spends `entry / 0.8` bytes per key plus one control byte; a partly full one the same
-//! swing as any hashbrown table. Shards also bound what a resize costs: a shard grows under its
-//! write lock, and none holds more than a few thousand keys.
+//! thus spends `(entry + 1) / 0.8` bytes per key (the 1: its control byte); a partly full one
+//! swings as any hashbrown table does. Shards also bound what a resize costs: a shard grows
+//! under its lock, and none holds more than a few thousand keys.
 //!
 //! Shards are picked with bits 24–55 of the hash: hashbrown takes the bucket from the low bits
 //! and the control byte from the top seven, so all three stay independent.
@@ -55,7 +55,7 @@ type Shard<K, V> = CachePadded<Mutex<HashTable<Slot<K, V>>>>;
 pub(super) struct KeyMap<K, V, H> {
     shards: Box<[Shard<K, V>]>,
     hasher: H,
-    /// Entries, counted under the shards' write locks.
+    /// Entries, counted under the shards' locks.
     len: AtomicUsize,
 }
 
@@ -224,7 +224,9 @@ mod tests {
         m.get("a").unwrap().fetch_add(1, Ordering::Relaxed);
         assert_eq!(m.sum(|v| v.load(Ordering::Relaxed)), 2);
         assert_eq!(m.get("a").unwrap().load(Ordering::Relaxed), 2);
-        assert!(m.remove_if("a", |v| v.load(Ordering::Relaxed) > 5).is_none());
+        assert!(m
+            .remove_if("a", |v| v.load(Ordering::Relaxed) > 5)
+            .is_none());
         let (k, v) = m.remove_if("a", |_| true).unwrap();
         assert_eq!((k.as_str(), v.into_inner()), ("a", 2));
         assert!(m.get("a").is_none());

@@ -19,44 +19,14 @@
 //! [`max_in_flight`](KeyedHybridBuilder::max_in_flight) store calls at a time (a `RedisStore`
 //! pipelines them), and it runs the eviction sweeps.
 //!
-//! **The hot path** for a key that has tokens is a map read (hash the key with foldhash, take
-//! its shard's read lock: one atomic read-modify-write, and one to drop it; one group of
-//! control bytes, then the entry, key and state side by side) and one CAS on the key's token
-//! word; on a hit it also records the coarse time of use (a load, and a store once per 100 ms
-//! tick). No clock read, no allocation, no I/O. A hit waits only while a writer holds its
-//! shard: an insert or removal of one key (the worker evicts one key per write lock, so a
-//! sweep never holds a shard for more than one removal), or a shard's resize (a few thousand
-//! keys at most).
-//!
-//! # The key map
-//!
-//! `map.rs`: hashbrown's `HashTable` (SIMD control bytes, entries inline) under one
-//! `parking_lot::RwLock` per shard, shards chosen by the cap, keys hashed with foldhash seeded
-//! at random per limiter ([`DefaultKeyHasher`]). What decided it (numbers in BENCHMARKS.md,
-//! issue 15):
-//!
-//! - **Lookups that touch few lines.** A hit reads the shard header (lock and table pointer:
-//!   1 024 shards fit in 128 KiB, so they stay cached), a control group and the entry: for
-//!   `u64` keys a 40-byte entry. Maps that box each entry (papaya, flurry; DashMap with a
-//!   boxed value) add a dependent load to every hit and an allocation per key; they were ruled
-//!   out on that ground, not measured (none is in the tree). scc's lock-free `HashMap` was not
-//!   measured either.
-//! - **The hasher.** std's SipHash was about a third of a hit on a `u64` key (32 ns vs 14 ns
-//!   with foldhash, DashMap unchanged). foldhash, already in the tree through hashbrown, with a
-//!   random seed, is hashbrown's own default.
-//! - **Memory.** DashMap picks its shard count from the cores (8 here), so each shard is a
-//!   power-of-two table and its fill at a given key count is luck: 119.5 bytes per key at a
-//!   million `u64` keys with the 48-byte state. Here the shard count comes from
-//!   [`max_keys`](KeyedHybridBuilder::max_keys): at the cap every shard holds about 80 % of a
-//!   4 096-bucket table, so a full limiter spends about `(entry + 1) / 0.8` bytes per key —
-//!   51.5 for `u64` (goal: 64), 71.5 for `IpAddr` (a 17-byte key pads its entry to 56 bytes;
-//!   governor: 69.2). Below the cap the tables are part-grown, as any hashbrown table.
-//! - **A read lock, not lock-free reads.** The lock is what makes eviction exact (no token is
-//!   spent after the worker took a key's tokens back) and lets tables move entries when they
-//!   grow; lock-free reads would need epochs or entries that never move, and this crate has no
-//!   `unsafe` code. The read lock costs two uncontended atomic operations on a line that stays
-//!   cached; the numbers say it is enough (hot key, 1M and 10M keys against governor, whose
-//!   `DashMap` takes the same kind of lock).
+//! **The hot path** for a key that has tokens is a map lookup (below, "The key map": hash the
+//! key with foldhash, take its shard's mutex: one atomic read-modify-write, and one to let go;
+//! one group of control bytes, then the entry, key and state side by side), a load and a store of the
+//! key's token word under that lock, and on a hit the coarse time of use (a load, and a store
+//! once per 100 ms tick). No clock read, no allocation, no I/O. A call waits only while
+//! another holds its shard: another call on a key of that shard (nanoseconds), an insert or
+//! removal of one key, a shard's resize (a few thousand keys at most), or a sweep's look at
+//! 256 buckets of it. Nothing that holds a shard waits or wakes a task.
 //!
 //! **A key without tokens.** A sync [`try_acquire`](KeyedHybridLimiter::try_acquire) cannot
 //! wait, so the first call on a new key (or on a key whose tokens are spent) answers
@@ -97,8 +67,9 @@
 //! plus 10 s, as Redis funnel limiters keep theirs, so a key is never forgotten while its store answer
 //! could still differ from a fresh bucket's) is removed, and its tokens are returned to the
 //! store. A key with a lease queued or in flight is never evicted. Eviction removes the state
-//! under the shard's write lock, which no caller can hold at the same time, so no token is
-//! spent after it was given back.
+//! under the shard's lock, which no caller can hold at the same time, so no token is spent
+//! after it was given back. The sweep evicts one key per hold of a shard's lock and looks at
+//! 256 buckets per hold, so callers wait for it a microsecond at most (`benches/sweep.rs`).
 //!
 //! **The cap.** At most [`max_keys`](KeyedHybridBuilder::max_keys) keys are live (an atomic
 //! counter reserved before every insert: the cap is exact). A new key at the cap is not
@@ -130,6 +101,41 @@
 //! config stored under a key's bucket name ([`KeyedHybridLimiter::bucket_name`]) applies to
 //! that key alone; there is no name-wide config, since one script call can only read keys of
 //! one cluster slot and every key has a slot of its own.
+//!
+//! # The key map
+//!
+//! `map.rs`: hashbrown's `HashTable` (SIMD control bytes, entries inline) under one
+//! `parking_lot::Mutex` per shard, shards chosen by the cap, keys hashed with foldhash seeded
+//! at random per limiter ([`DefaultKeyHasher`]). What decided it (numbers in BENCHMARKS.md,
+//! issue 15; all in one criterion run against governor's keyed limiter):
+//!
+//! - **Lookups that touch few lines.** A hit reads the shard header (lock and table pointer:
+//!   a thousand shards fit in 128 KiB, so they stay cached), a control group and the entry:
+//!   for `u64` keys a 40-byte entry. Maps that box each entry (papaya, flurry) add a dependent
+//!   load to every hit and an allocation per key; they were ruled out on that ground, not
+//!   measured (neither is in the tree); nor was scc's `HashMap`.
+//! - **The hasher.** std's SipHash was about half of a hot hit on a `u64` key (DashMap: 19.6 ns
+//!   against 11.2 ns with foldhash in one run). foldhash, already in the tree through
+//!   hashbrown, with a random seed, is hashbrown's own default.
+//! - **Memory.** DashMap picks its shard count from the cores (8 here), so each shard is a
+//!   power-of-two table whose fill at a given key count is luck: 119.5 bytes per key at a
+//!   million `u64` keys with the 48-byte state. Here the shard count comes from
+//!   [`max_keys`](KeyedHybridBuilder::max_keys): at the cap every shard holds about 80 % of a
+//!   4 096-bucket table, so a full limiter spends about `(entry + 1) / 0.8` bytes per key —
+//!   about 52 for `u64` (goal: 64), 72 for `IpAddr` (a 17-byte key pads its entry to 56
+//!   bytes; governor: 69). Below the cap the tables are part-grown, as any hashbrown table
+//!   (up to about 77 bytes per `u64` key at two thirds of the cap).
+//! - **A mutex per shard, not a read-write lock, not lock-free reads.** Lock-free reads would
+//!   need epochs or entries that never move, and this crate has no `unsafe` code; a lock is
+//!   also what makes eviction exact (no token is spent after the worker took a key's tokens
+//!   back). A read lock costs the same two atomic operations as a mutex but leaves the token
+//!   word shared, so taking tokens needs a CAS, a third; under the mutex it is a load and a
+//!   store. Measured in one pair of runs, one right after the other (BENCHMARKS.md), read
+//!   lock then mutex: a hot key 13.2 ns (2.35× the plain limiter in its run) then 12.6 ns
+//!   (1.77×); a random key of a million 90.5 then 83.8 ns (0.30× and 0.32× governor); of ten
+//!   million 318 then 147 ns (0.76× and 0.34× governor). With ten million keys every entry is
+//!   fetched from memory, and there the CAS cost far more than a load and a store (why, exactly,
+//!   was not isolated).
 //!
 //! # Where things are
 //!

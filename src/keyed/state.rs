@@ -224,9 +224,7 @@ impl KeyState {
     /// Forgets a block that ended long before `now_ns`, before the wrapping clock could make
     /// it look current again. Worker only (the sweep).
     pub(crate) fn forget_old_block(&self, now_ns: u64) {
-        if self.flags() & BLOCKED != 0
-            && !self.refused_within(FORGET_BLOCK_AFTER, now_ns)
-        {
+        if self.flags() & BLOCKED != 0 && !self.refused_within(FORGET_BLOCK_AFTER, now_ns) {
             self.flags.fetch_and(!BLOCKED, Ordering::Relaxed);
         }
     }
@@ -361,7 +359,10 @@ mod tests {
         let now = 3 * day + 123;
         s.block_until(now + day, now);
         let left = s.blocked_for(now);
-        assert!(left >= MAX_BLOCK && left < MAX_BLOCK + Duration::from_micros(1), "{left:?}");
+        assert!(
+            left >= MAX_BLOCK && left < MAX_BLOCK + Duration::from_micros(1),
+            "{left:?}"
+        );
         assert_eq!(s.flags(), QUEUED | BLOCKED);
         // Ended 61 s ago: still a refusal for a long enough window, then forgotten by the
         // sweep before the clock can wrap onto it.
