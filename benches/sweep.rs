@@ -23,77 +23,24 @@ use ratelease::{Decision, KeyedHybridLimiter, Quota};
 
 #[path = "support/grant_all.rs"]
 mod grant_all;
+#[path = "support/histogram.rs"]
+mod histogram;
 use grant_all::GrantAll;
+use histogram::Histogram;
 
 /// Keys in use throughout, timed by the caller thread.
 const ACTIVE: u64 = 1_024;
-/// Latencies up to this many ns are counted one by one; longer ones are kept as they are.
-const EXACT_NS: usize = 100_000;
-
-/// Latencies of one phase.
-struct Histogram {
-    counts: Vec<u64>,
-    long: Vec<u64>,
-    n: u64,
-}
-
-impl Histogram {
-    fn new() -> Self {
-        Histogram {
-            counts: vec![0; EXACT_NS],
-            long: Vec::new(),
-            n: 0,
-        }
+/// One row of the results table for a phase's latencies.
+fn row(h: &mut Histogram, phase: &str) -> String {
+    if h.count == 0 {
+        return format!("| {phase} | 0 | | | | | | |");
     }
-
-    fn record(&mut self, ns: u64) {
-        self.n += 1;
-        match self.counts.get_mut(ns as usize) {
-            Some(c) => *c += 1,
-            None => self.long.push(ns),
-        }
-    }
-
-    /// The latency at quantile `q` (0..=1), ns.
-    fn quantile(&mut self, q: f64) -> u64 {
-        let rank = ((self.n as f64 * q).ceil() as u64).clamp(1, self.n.max(1));
-        let mut seen = 0;
-        for (ns, &c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return ns as u64;
-            }
-        }
-        self.long.sort_unstable();
-        self.long[(rank - seen - 1) as usize]
-    }
-
-    fn above(&self, ns: u64) -> u64 {
-        let exact: u64 = self.counts.iter().skip(ns as usize + 1).sum();
-        exact + self.long.iter().filter(|&&l| l > ns).count() as u64
-    }
-
-    fn row(&mut self, phase: &str) -> String {
-        if self.n == 0 {
-            return format!("| {phase} | 0 | | | | | | |");
-        }
-        let max = self
-            .long
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or_else(|| self.counts.iter().rposition(|&c| c > 0).unwrap_or(0) as u64);
-        let q = [0.5, 0.99, 0.999, 0.9999].map(|q| self.quantile(q));
-        format!(
-            "| {phase} | {} | {} | {} | {} | {} | {max} | {} |",
-            self.n,
-            q[0],
-            q[1],
-            q[2],
-            q[3],
-            self.above(10_000),
-        )
-    }
+    let q = [0.5, 0.99, 0.999, 0.9999].map(|q| h.quantile(q));
+    let (max, long) = (h.max(), h.at_least(10_000));
+    format!(
+        "| {phase} | {} | {} | {} | {} | {} | {max} | {long} |",
+        h.count, q[0], q[1], q[2], q[3],
+    )
 }
 
 fn quota() -> Quota {
@@ -200,14 +147,14 @@ fn main() {
         caller.join().expect("caller thread")
     });
     assert_eq!(limiter.live_keys() as u64, ACTIVE, "every idle key evicted");
-    println!("| phase | calls | p50 ns | p99 ns | p99.9 ns | p99.99 ns | max ns | calls > 10 µs |");
+    println!("| phase | calls | p50 ns | p99 ns | p99.9 ns | p99.99 ns | max ns | calls ≥ 10 µs |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (h, name) in
         hists
             .iter_mut()
             .zip(["before the sweep", "during the sweep", "after the sweep"])
     {
-        println!("{}", h.row(name));
+        println!("{}", row(h, name));
     }
     rt.block_on(limiter.shutdown());
 }
