@@ -271,12 +271,24 @@ where
             return self.miss(key, Some(state), n, queue);
         };
         if state.below_low_water(left) {
-            if let Some(queue) = self.claim_request(&state) {
-                drop(state);
-                self.send_request(key, queue, 0);
-            }
+            self.refill(key, state);
         }
         Ok(Outcome::Allowed)
+    }
+
+    /// A hit left `key` below its low-water mark: queue its next lease, unless one is queued.
+    /// Out of line, so that the hit path stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn refill<Q>(&self, key: &Q, state: Ref<'_, KeyState>)
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        if let Some(queue) = self.claim_request(&state) {
+            drop(state);
+            self.send_request(key, queue, 0);
+        }
     }
 
     /// Whether a lease of `key` is queued or in flight.
