@@ -123,9 +123,9 @@
 //!   million `u64` keys with the 48-byte state. Here the shard count comes from
 //!   [`max_keys`](KeyedHybridBuilder::max_keys): at the cap every shard holds about 80 % of a
 //!   4 096-bucket table, so a full limiter spends about `(entry + 1) / 0.8` bytes per key —
-//!   about 52 for `u64` (goal: 64), 72 for `IpAddr` (a 17-byte key pads its entry to 56
-//!   bytes; governor: 69). Below the cap the tables are part-grown, as any hashbrown table
-//!   (up to about 77 bytes per `u64` key at two thirds of the cap).
+//!   about 52 for `u64` (goal: 64), 67 for `IpAddr` (a 17-byte key beside the 4-byte-aligned
+//!   state makes a 52-byte entry; governor: 69). Below the cap the tables are part-grown, as
+//!   any hashbrown table (up to about 77 bytes per `u64` key at two thirds of the cap).
 //! - **A mutex per shard, not a read-write lock, not lock-free reads.** Lock-free reads would
 //!   need epochs or entries that never move, and this crate has no `unsafe` code; a lock is
 //!   also what makes eviction exact (no token is spent after the worker took a key's tokens

@@ -1,5 +1,6 @@
-//! One key's local state: 32 bytes of atomics, stored inline beside the key in the keyed
-//! limiter's map (`map.rs`).
+//! One key's local state: 32 bytes of atomics, 4-byte aligned, stored inline beside the key
+//! in the keyed limiter's map (`map.rs`): a 40-byte entry with a `u64` key, 52 with an
+//! `IpAddr` (17 bytes; 56 if the state were 8-byte aligned).
 //!
 //! Callers touch only the first 20 bytes on a hit: `tokens` (a load and a store), `last_use` and `flags`
 //! (a load each, and a store only when they change: once per tick and once per key) and
@@ -7,7 +8,9 @@
 //! The rate word of [`FailurePolicy::LocalFallback`](crate::FailurePolicy) is not here: it is
 //! used only while the store fails, so it lives in a side map (`Shared::fallback_words`).
 //!
-//! To fit 32 bytes, three values are narrower than a word: the largest denied request shares
+//! The token count is 64 bits kept as two 32-bit halves: every access holds the shard's lock
+//! (below), so the count needs no single atomic word, and the halves keep the state 4-byte
+//! aligned. To fit, three values are narrower than a word: the largest denied request shares
 //! the flags word (28 bits, saturating: the request in hand still sizes its own lease);
 //! `granted_at_ms` is a wrapping millisecond clock (demand is measured over far less than 49
 //! days); `blocked_until_us` a wrapping microsecond clock, valid while [`BLOCKED`] is set, so a
@@ -19,11 +22,11 @@
 //!
 //! Every field is `Relaxed`. A state is only ever reached through its map shard's mutex
 //! (`map.rs`), callers and worker alike, so every access to it is ordered by that lock:
-//! `tokens` is conserved because a take (a load and a store), a grant (`fetch_add`) and a give
-//! back (`swap`) never overlap, and nothing else is published through it. The fields are
-//! atomics anyway so that a value can be shared by reference (`&KeyState`) and stay sound if a
-//! caller ever reads it outside the lock. `flags`, `last_use` and the worker's fields are
-//! hints: a caller that sees a
+//! `tokens` is conserved because a take, a grant and a give back (each a load and a store of
+//! both halves) never overlap, and nothing else is published through it. The fields are
+//! atomics so that a value can be shared by reference (`&KeyState`) without `unsafe` code; a
+//! read of `tokens` outside the lock could see halves of two counts, and nothing reads it
+//! there. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
 //! stale value requests a lease once too often or too late, and the next call corrects it (a
 //! caller that sees [`BLOCKED`] with the previous block's time reads an older block, the same
 //! kind of staleness). No caller ever waits on a flag (async callers have their own reply
@@ -31,7 +34,7 @@
 //! the shard's lock, after every caller's last hold of it; the lock's acquire and release
 //! order its reads after every caller's last write, and no caller can reach it afterwards.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// A lease for the key is queued or in flight (at most one per key from sync callers).
@@ -56,8 +59,8 @@ const FORGET_BLOCK_AFTER: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 #[repr(C)] // the fields a hit reads first, together
 pub(crate) struct KeyState {
-    /// Leased tokens not yet spent.
-    tokens: AtomicU64,
+    /// Leased tokens not yet spent: the low and the high 32 bits.
+    tokens: [AtomicU32; 2],
     /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
     last_use: AtomicU32,
     /// [`QUEUED`], [`USED`], [`GRANTED`], [`BLOCKED`] in the low [`FLAG_BITS`]; above them the
@@ -77,6 +80,7 @@ pub(crate) struct KeyState {
 }
 
 const _: () = assert!(std::mem::size_of::<KeyState>() == 32);
+const _: () = assert!(std::mem::align_of::<KeyState>() == 4);
 
 fn saturate(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
@@ -97,13 +101,29 @@ impl KeyState {
         state
     }
 
+    /// The token count. Every caller holds the state's shard lock (see the module docs).
+    #[inline]
+    fn load_tokens(&self) -> u64 {
+        let [low, high] = &self.tokens;
+        u64::from(low.load(Ordering::Relaxed)) | u64::from(high.load(Ordering::Relaxed)) << 32
+    }
+
+    /// Sets the token count, under the state's shard lock.
+    #[inline]
+    fn store_tokens(&self, n: u64) {
+        let [low, high] = &self.tokens;
+        // Truncated on purpose: the two halves.
+        low.store(n as u32, Ordering::Relaxed);
+        high.store((n >> 32) as u32, Ordering::Relaxed);
+    }
+
     /// Takes `n` tokens and returns what is left, or `None` if there are fewer. The caller
     /// holds the state's shard lock, so no other change to `tokens` can come between the
     /// load and the store (see the module docs).
     #[inline]
     pub(crate) fn take(&self, n: u64) -> Option<u64> {
-        let left = self.tokens.load(Ordering::Relaxed).checked_sub(n)?;
-        self.tokens.store(left, Ordering::Relaxed);
+        let left = self.load_tokens().checked_sub(n)?;
+        self.store_tokens(left);
         Some(left)
     }
 
@@ -133,13 +153,15 @@ impl KeyState {
 
     /// Tokens held now.
     pub(crate) fn tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
+        self.load_tokens()
     }
 
     /// Takes every token (to give them back); none can be spent afterwards.
     pub(crate) fn take_all(&self) -> u64 {
         self.after_grant.store(0, Ordering::Relaxed);
-        self.tokens.swap(0, Ordering::Relaxed)
+        let all = self.load_tokens();
+        self.store_tokens(0);
+        all
     }
 
     /// Sets [`QUEUED`]; true if this call set it (and must queue the lease).
@@ -231,7 +253,7 @@ impl KeyState {
 
     /// Adds `n` tokens.
     pub(crate) fn add(&self, n: u64) {
-        self.tokens.fetch_add(n, Ordering::Relaxed);
+        self.store_tokens(self.load_tokens() + n);
     }
 
     /// Adds a grant at `now_ms` (`now_ns`), of which `to_waiter` went straight to a waiting
@@ -245,7 +267,8 @@ impl KeyState {
         now_ms: u32,
         now_ns: u64,
     ) {
-        let held = self.tokens.fetch_add(rest, Ordering::Relaxed) + rest;
+        let held = self.load_tokens() + rest;
+        self.store_tokens(held);
         self.after_grant
             .store(saturate(held + to_waiter), Ordering::Relaxed);
         self.granted_at_ms.store(now_ms, Ordering::Relaxed);
@@ -343,6 +366,18 @@ mod tests {
         assert!(s.refused_within(second, 2_999_999_999));
         assert!(!s.refused_within(second, 3_000_000_000));
     }
+    #[test]
+    fn token_counts_above_32_bits_survive_the_halves() {
+        let s = KeyState::new(0, 0);
+        let big = (1u64 << 52) + 7;
+        s.grant(big, 0, 0, 0, 0);
+        assert_eq!(s.tokens(), big);
+        assert_eq!(s.take(8), Some(big - 8));
+        s.add(u64::from(u32::MAX));
+        assert_eq!(s.take_all(), big - 8 + u64::from(u32::MAX));
+        assert_eq!(s.tokens(), 0);
+    }
+
     #[test]
     fn narrow_fields_keep_their_meaning() {
         let s = KeyState::new(0, 0);
