@@ -1,6 +1,8 @@
 //! Bytes per live key of a keyed limiter, measured with a byte-counting global allocator (not
 //! estimated): ratelease's `KeyedHybridLimiter` next to governor's keyed limiter (its default
-//! `DashMap` state store), for `u64` and `IpAddr` keys, at 100 000 and 1 000 000 keys.
+//! `DashMap` state store), for `u64` keys at 100 000, 1 000 000 and 10 000 000 keys and
+//! `IpAddr` keys at the first two; ratelease with its cap (`max_keys`) at the key count, which
+//! its map is sized for, and at 1.5 times it (the tables part-grown).
 //!
 //! ```sh
 //! cargo bench --bench key_memory
@@ -20,10 +22,11 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use ratelease::{
-    KeyedHybridLimiter, LeaseReply, LeaseRequest, LeaseStore, Quota, QuotaSource, ReleaseRequest,
-    StoreError,
-};
+use ratelease::{KeyedHybridLimiter, Quota};
+
+#[path = "support/grant_all.rs"]
+mod grant_all;
+use grant_all::GrantAll;
 
 /// Live heap bytes of the whole process.
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -64,57 +67,21 @@ fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// Grants every lease in full and stores nothing: the limiter's own memory is all there is.
-#[derive(Clone, Copy)]
-struct GrantAll;
-
-impl LeaseStore for GrantAll {
-    async fn lease(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        req: &LeaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        Ok(reply(quota, req.want))
-    }
-
-    async fn release(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        _req: &ReleaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        Ok(reply(quota, 0))
-    }
-}
-
-fn reply(quota: &Quota, granted: u64) -> LeaseReply {
-    LeaseReply {
-        granted,
-        remaining: quota.burst(),
-        retry_after: Duration::ZERO,
-        reset_after: Duration::ZERO,
-        share_mtps: 0,
-        quota: *quota,
-        source: QuotaSource::Caller,
-        at: None,
-    }
-}
-
 fn quota() -> Quota {
     Quota::per_second(1_000)
         .and_then(|q| q.with_burst(1_000))
         .expect("valid quota")
 }
 
-/// Bytes per key of ratelease's keyed hybrid limiter holding `keys` live keys.
-fn ratelease_bytes<K>(rt: &tokio::runtime::Runtime, keys: &[K]) -> f64
+/// Bytes per key of ratelease's keyed hybrid limiter holding `keys` live keys, with a cap of
+/// `max_keys`.
+fn ratelease_bytes<K>(rt: &tokio::runtime::Runtime, keys: &[K], max_keys: usize) -> f64
 where
     K: Hash + Eq + Clone + std::fmt::Display + Send + Sync + 'static,
 {
     let before = live();
     let limiter = KeyedHybridLimiter::<K, GrantAll>::builder("memory", quota(), GrantAll)
-        .max_keys(keys.len())
+        .max_keys(max_keys)
         .idle_ttl(Duration::from_secs(3_600))
         .give_back_after(Duration::from_secs(3_600))
         .runtime(rt.handle().clone())
@@ -168,7 +135,7 @@ fn main() {
     // a smoke run with a few keys, which still checks every count.
     let bench = std::env::args().any(|a| a == "--bench");
     let sizes: &[usize] = if bench {
-        &[100_000, 1_000_000]
+        &[100_000, 1_000_000, 10_000_000]
     } else {
         &[10_000]
     };
@@ -177,8 +144,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("| keys | key type | ratelease keyed hybrid, bytes/key | governor keyed, bytes/key | ratio |");
-    println!("| ---: | --- | ---: | ---: | ---: |");
+    println!(
+        "| keys | key type | cap (`max_keys`) | ratelease keyed hybrid, bytes/key | governor \
+         keyed, bytes/key | ratio |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: |");
     for &n in sizes {
         let ints: Vec<u64> = (0..n as u64)
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -186,10 +156,18 @@ fn main() {
         let ips: Vec<IpAddr> = (0..n as u32)
             .map(|i| IpAddr::V4(Ipv4Addr::from(i.wrapping_mul(2_654_435_761))))
             .collect();
-        let (r, g) = (ratelease_bytes(&rt, &ints), governor_bytes(&ints));
-        println!("| {n} | u64 | {r:.1} | {g:.1} | {:.2}× |", r / g);
+        let g = governor_bytes(&ints);
+        // At the cap (the map is sized for it), and at two thirds of it (tables part-grown:
+        // near the worst case of a power-of-two table).
+        for cap in [n, n * 3 / 2] {
+            let r = ratelease_bytes(&rt, &ints, cap);
+            println!("| {n} | u64 | {cap} | {r:.1} | {g:.1} | {:.2}× |", r / g);
+        }
         drop(ints);
-        let (r, g) = (ratelease_bytes(&rt, &ips), governor_bytes(&ips));
-        println!("| {n} | IpAddr | {r:.1} | {g:.1} | {:.2}× |", r / g);
+        if n > 1_000_000 {
+            continue; // IpAddr at 10M: the u64 rows show the scaling
+        }
+        let (r, g) = (ratelease_bytes(&rt, &ips, n), governor_bytes(&ips));
+        println!("| {n} | IpAddr | {n} | {r:.1} | {g:.1} | {:.2}× |", r / g);
     }
 }

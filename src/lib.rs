@@ -126,8 +126,8 @@ pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
 pub use keyed::{
-    KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
+    DefaultKeyHasher, KeyedHybridBuilder, KeyedHybridLimiter, KeyedRedisLimiter, KeyedStats,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
 };
 pub use lease::policy::{
     AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,

@@ -406,7 +406,10 @@ async fn a_pure_limiter_alone_on_a_migrating_slot_is_redirected_not_stalled() {
         slowest < pause,
         "a pure call took {slowest:?} during a {migration:?} migration"
     );
-    assert!(during > 50, "only {during} calls during a {migration:?} migration");
+    assert!(
+        during > 50,
+        "only {during} calls during a {migration:?} migration"
+    );
     // Exact, and the state moved with the key.
     let mut total = admitted.load(Ordering::Relaxed);
     for chunk in [100, 10, 1] {

@@ -9,10 +9,11 @@
 //!
 //! Results land in `target/criterion/<group>/<id>/`; the ids are fixed by issue 5 so runs can be
 //! compared: `hot_path/{atomic_fetch_sub,governor_check,hybrid_try_acquire}/{1,2}`,
-//! `keyed/governor_keyed/1m`, `keyed/hybrid_keyed/{1k,1m}`,
+//! `keyed/{governor,hybrid}_keyed/{1k,1m,10m}-{uniform,zipf}` (issue 15; they replace issue 5's
+//! `keyed/governor_keyed/1m` and `keyed/hybrid_keyed/{1k,1m}`),
 //! `redis/{pure_redis,hybrid_redis}/{seq,64tasks}`,
 //! `concurrency/{pure_redis,hybrid_redis}/acquire_drop`; besides those,
-//! `keyed/hybrid_try_acquire/1` and `keyed/hybrid_keyed/{hot,hot-foldhash,1m-foldhash}`.
+//! `keyed/hybrid_try_acquire/1` and `keyed/{governor,hybrid}_keyed/{hot,new-key}`.
 //!
 //! Multi-threaded cases use `iter_custom`: each worker thread does `iters` operations, and an
 //! iteration is one operation *per thread*, so `Throughput::Elements(threads)` makes criterion
@@ -27,6 +28,9 @@ use criterion::{criterion_group, criterion_main};
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
+
+#[path = "../support/grant_all.rs"]
+mod grant_all;
 
 mod common;
 mod concurrency;

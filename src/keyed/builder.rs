@@ -1,13 +1,11 @@
 //! The builder of a [`KeyedHybridLimiter`]: settings checked, the worker started.
 
-use std::collections::hash_map::RandomState;
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
@@ -21,13 +19,14 @@ use crate::store::LeaseStore;
 use crate::telemetry::{self};
 use crate::time::Origin;
 
+use super::map::KeyMap;
 use super::metrics::KeyedMetrics;
 use super::shared::{publisher, ticks, Counters, Handle, Shared};
 use super::{KeyedHybridLimiter, MAX_QUEUE, MIN_IDLE_TTL, TICK};
 
 /// Configures a [`KeyedHybridLimiter`].
 #[must_use]
-pub struct KeyedHybridBuilder<K, S, H = RandomState> {
+pub struct KeyedHybridBuilder<K, S, H = super::DefaultKeyHasher> {
     pub(super) name: String,
     pub(super) quota: Quota,
     pub(super) store: S,
@@ -114,10 +113,9 @@ where
         self
     }
 
-    /// Hashes keys with `hasher` (default: std's `RandomState`, SipHash with a random key).
-    /// Hashing is about a third of a hit on a `u64` key; a faster hasher (such as
-    /// `foldhash::fast::RandomState`) is fine where keys cannot be chosen by an attacker, or
-    /// if it is seeded at random too — an unseeded one lets crafted keys collide in one shard.
+    /// Hashes keys with `hasher` (default: [`DefaultKeyHasher`](super::DefaultKeyHasher),
+    /// foldhash with a random seed per limiter). Any hasher must be seeded at random where
+    /// keys come from outside: an unseeded one lets crafted keys collide in one shard.
     pub fn hasher<H2>(self, hasher: H2) -> KeyedHybridBuilder<K, S, H2> {
         KeyedHybridBuilder {
             name: self.name,
@@ -171,7 +169,8 @@ where
         let (known, known_requests) = mpsc::channel(self.max_keys.min(MAX_QUEUE));
         let (fresh, fresh_requests) = mpsc::channel((self.max_keys / 4).clamp(1, MAX_QUEUE));
         let shared = Arc::new(Shared {
-            map: DashMap::with_hasher(self.hasher),
+            map: KeyMap::new(self.hasher.clone(), self.max_keys),
+            fallback_words: KeyMap::new(self.hasher, self.max_keys),
             live: AtomicUsize::new(0),
             tick: AtomicU32::new(0),
             origin: Origin::now(),

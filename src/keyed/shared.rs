@@ -8,8 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
@@ -26,6 +24,7 @@ use crate::store::LeaseStore;
 use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time::Origin;
 
+use super::map::{KeyMap, Ref};
 use super::state::KeyState;
 use super::worker::{Answer, Request};
 
@@ -86,7 +85,7 @@ where
             Some(0)
         } else if summed_at.is_none_or(|at| now >= at + PUBLISH_INTERVAL) {
             summed_at = Some(now);
-            Some(s.map.iter().map(|state| state.tokens()).sum::<u64>())
+            Some(s.map.sum(KeyState::tokens))
         } else {
             None
         };
@@ -135,7 +134,11 @@ pub(super) struct Shared<K, S, H> {
     pub(super) quota: Quota,
     pub(super) store: S,
     pub(super) policy: Box<dyn LeasePolicy>,
-    pub(super) map: DashMap<K, KeyState, H>,
+    pub(super) map: KeyMap<K, KeyState, H>,
+    /// The arrival-time word of [`FailurePolicy::LocalFallback`]'s rate, per key: used only
+    /// while the store fails, so it is kept out of the key's state (created on a key's first
+    /// miss under an open circuit, removed with the key).
+    pub(super) fallback_words: KeyMap<K, AtomicU64, H>,
     /// Keys in `map`, reserved before each insert (so never above `max_keys`).
     pub(super) live: AtomicUsize,
     pub(super) max_keys: usize,
@@ -278,16 +281,31 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         check_tokens(n, self.quota.burst())?;
-        if let Some(state) = self.map.get(key) {
-            if let Some(left) = self.take_held(&state, n) {
-                if state.below_low_water(left) {
-                    self.request(key, &state, 0);
-                }
-                return Ok(Outcome::Allowed);
-            }
-            return self.miss(key, Some(&state), n, queue);
+        let Some(state) = self.map.get(key) else {
+            return self.miss(key, None, n, queue);
+        };
+        let Some(left) = self.take_held(&state, n) else {
+            return self.miss(key, Some(state), n, queue);
+        };
+        if state.below_low_water(left) {
+            self.refill(key, state);
         }
-        self.miss(key, None, n, queue)
+        Ok(Outcome::Allowed)
+    }
+
+    /// A hit left `key` below its low-water mark: queue its next lease, unless one is queued.
+    /// Out of line, so that the hit path stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn refill<Q>(&self, key: &Q, state: Ref<'_, KeyState>)
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        if let Some(queue) = self.claim_request(&state) {
+            drop(state);
+            self.send_request(key, queue, 0);
+        }
     }
 
     /// Takes `n` of `key`'s local tokens if it holds them; no lease, no denial counted.
@@ -309,14 +327,14 @@ where
         Some(left)
     }
 
-    /// The slow half of `take`: `state` is the key's (held under its shard's read lock), or
-    /// `None` if the key has no state.
+    /// The slow half of `take`: `state` is the key's (held under its shard's lock, let go of
+    /// before queueing anything), or `None` if the key has no state.
     #[cold]
     #[inline(never)]
     pub(super) fn miss<Q>(
         &self,
         key: &Q,
-        state: Option<&KeyState>,
+        state: Option<Ref<'_, KeyState>>,
         n: u64,
         queue: bool,
     ) -> Result<Outcome, Error>
@@ -327,11 +345,11 @@ where
         if self.is_closed() {
             return Err(Error::Closed);
         }
-        if let Some(state) = state {
+        if let Some(state) = &state {
             state.seen(self.tick());
         }
         // One clock reading for the block and the recent refusal.
-        let (blocked, refused) = match state {
+        let (blocked, refused) = match &state {
             Some(s) => {
                 let now = self.now_ns();
                 (s.blocked_for(now), s.refused_within(RECENTLY_REFUSED, now))
@@ -340,14 +358,14 @@ where
         };
         let mut outcome = None;
         if self.circuit.is_open() {
-            let admit = match (self.failure, &self.fallback, state) {
+            let admit = match (self.failure, &self.fallback, &state) {
                 (FailurePolicy::FailOpen, _, _) => Ok(()),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     Some(rate),
-                    Some(s),
-                ) => rate
-                    .try_take_at(&s.fallback_tat, n)
+                    Some(_),
+                ) => self
+                    .fallback_take(key, rate, n)
                     .map_err(|wait| (wait, Why::Policy)),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
@@ -374,7 +392,10 @@ where
             match state {
                 Some(s) => {
                     s.note_denied(n);
-                    self.request(key, s, n);
+                    if let Some(queue) = self.claim_request(&s) {
+                        drop(s);
+                        self.send_request(key, queue, n);
+                    }
                 }
                 None => self.admit(key, n),
             }
@@ -385,22 +406,54 @@ where
         }))
     }
 
-    /// Queues a lease for `key` unless one is queued already.
-    pub(super) fn request<Q>(&self, key: &Q, state: &KeyState, n: u64)
+    /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
+    /// says how long until it could.
+    #[cold]
+    fn fallback_take<Q>(&self, key: &Q, rate: &LocalRate, n: u64) -> Result<(), Duration>
     where
-        Q: ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
     {
-        if !state.mark_queued() {
-            return;
+        if let Some(word) = self.fallback_words.get(key) {
+            return rate.try_take_at(&word, n);
         }
-        match self.queue_for(Some(state)).try_reserve() {
+        self.fallback_words
+            .insert_new(key.to_owned(), || AtomicU64::new(0));
+        match self.fallback_words.get(key) {
+            Some(word) => rate.try_take_at(&word, n),
+            // Removed with its key meanwhile: the key is gone, so is its rate.
+            None => Err(self.rtt()),
+        }
+    }
+
+    /// Marks a lease of the key in `state` as queued, unless one is already; if this call
+    /// did, returns the queue to send it to with [`send_request`](Self::send_request), once the
+    /// shard's lock is let go of.
+    fn claim_request(&self, state: &KeyState) -> Option<&mpsc::Sender<Request<K>>> {
+        state.mark_queued().then(|| self.queue_for(Some(state)))
+    }
+
+    /// Queues a lease of `n` tokens for `key`, claimed by
+    /// [`claim_request`](Self::claim_request). Called without holding the key's shard: sending
+    /// may wake the worker.
+    fn send_request<Q>(&self, key: &Q, queue: &mpsc::Sender<Request<K>>, n: u64)
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        match queue.try_reserve() {
             Ok(permit) => permit.send(Request {
                 key: key.to_owned(),
                 n,
                 reply: None,
             }),
-            // The queue is full (or closed): a later call asks again.
-            Err(_) => state.unqueue(),
+            // The queue is full (or closed): a later call asks again. The key is still there:
+            // a key with a lease queued is never evicted.
+            Err(_) => {
+                if let Some(state) = self.map.get(key) {
+                    state.unqueue();
+                }
+            }
         }
     }
 
@@ -426,21 +479,18 @@ where
         if !self.reserve_slot() {
             return;
         }
-        match self.map.entry(key.to_owned()) {
-            Entry::Vacant(slot) => {
-                let key = slot.key().clone();
-                slot.insert(KeyState::new(self.fresh_tick(), super::state::QUEUED));
-                count(&self.counters.keys_created, 1);
-                permit.send(Request {
-                    key,
-                    n,
-                    reply: None,
-                });
-            }
+        let key = key.to_owned();
+        let state = || KeyState::new(self.fresh_tick(), super::state::QUEUED);
+        if self.map.insert_new(key.clone(), state) {
+            count(&self.counters.keys_created, 1);
+            permit.send(Request {
+                key,
+                n,
+                reply: None,
+            });
+        } else {
             // Another caller created it meanwhile.
-            Entry::Occupied(_) => {
-                self.live.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.live.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -453,14 +503,13 @@ where
         if self.map.contains_key(key) || !self.reserve_slot() {
             return;
         }
-        match self.map.entry(key.to_owned()) {
-            Entry::Vacant(slot) => {
-                slot.insert(KeyState::new(self.fresh_tick(), 0));
-                count(&self.counters.keys_created, 1);
-            }
-            Entry::Occupied(_) => {
-                self.live.fetch_sub(1, Ordering::Relaxed);
-            }
+        if self
+            .map
+            .insert_new(key.to_owned(), || KeyState::new(self.fresh_tick(), 0))
+        {
+            count(&self.counters.keys_created, 1);
+        } else {
+            self.live.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -1,61 +1,98 @@
-//! One key's local state: 48 bytes of atomics, stored inline in the keyed limiter's map.
+//! One key's local state: 32 bytes of atomics, 4-byte aligned, stored inline beside the key
+//! in the keyed limiter's map (`map.rs`): a 40-byte entry with a `u64` key, 52 with an
+//! `IpAddr` (17 bytes; 56 if the state were 8-byte aligned).
 //!
-//! Callers touch only `tokens` (one CAS), and on a hit `last_use` and `flags` (a load each,
-//! and a store only when they change: once per tick and once per key). Everything else is
-//! read on the denial path or written by the worker.
+//! Callers touch only the first 20 bytes on a hit: `tokens` (a load and a store), `last_use` and `flags`
+//! (a load each, and a store only when they change: once per tick and once per key) and
+//! `low_water` (a load). Everything else is read on the denial path or written by the worker.
+//! The rate word of [`FailurePolicy::LocalFallback`](crate::FailurePolicy) is not here: it is
+//! used only while the store fails, so it lives in a side map (`Shared::fallback_words`).
+//!
+//! The token count is 64 bits kept as two 32-bit halves: every access holds the shard's lock
+//! (below), so the count needs no single atomic word, and the halves keep the state 4-byte
+//! aligned. To fit, three values are narrower than a word: the largest denied request shares
+//! the flags word (27 bits, saturating: the request in hand still sizes its own lease);
+//! `granted_at_ms` is a wrapping millisecond clock (demand is measured over far less than 49
+//! days); `blocked_until_us` a wrapping microsecond clock, valid while [`BLOCKED`] is set, so a
+//! block is at most [`MAX_BLOCK`] long (a key refused for longer asks the store again then, and
+//! is refused again) and the sweep clears blocks that ended long ago
+//! ([`forget_old_block`](KeyState::forget_old_block)) before the clock can wrap onto them.
 //!
 //! # Memory ordering
 //!
-//! Every field is `Relaxed`. `tokens` is conserved by its own read-modify-writes (a CAS that
-//! takes, a `fetch_add` that grants, a `swap` that gives back), and nothing else is published
-//! through it. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
-//! stale value requests a lease once too often or too late, and the next call corrects it. No
-//! caller ever waits on a flag (async callers have their own reply channel), so there is no
-//! lost-wake-up pattern to order. Eviction reads the fields under the map shard's write lock,
-//! which excludes every caller holding a reference to the state; the lock's acquire and
-//! release order those reads after every caller's last write.
+//! Every field is `Relaxed`. A state is only ever reached through its map shard's mutex
+//! (`map.rs`), callers and worker alike, so every access to it is ordered by that lock:
+//! `tokens` is conserved because a take, a grant and a give back (each a load and a store of
+//! both halves) never overlap, and nothing else is published through it. The fields are
+//! atomics so that a value can be shared by reference (`&KeyState`) without `unsafe` code; a
+//! read of `tokens` outside the lock could see halves of two counts, and nothing reads it
+//! there. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
+//! stale value requests a lease once too often or too late, and the next call corrects it (a
+//! caller that sees [`BLOCKED`] with the previous block's time reads an older block, the same
+//! kind of staleness). No caller ever waits on a flag (async callers have their own reply
+//! channel), so there is no lost-wake-up pattern to order. Eviction removes the state under
+//! the shard's lock, after every caller's last hold of it; the lock's acquire and release
+//! order its reads after every caller's last write, and no caller can reach it afterwards.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// A lease for the key is queued or in flight (at most one per key from sync callers).
 pub(crate) const QUEUED: u32 = 1;
 /// A caller got tokens of this key at least once (evicted last under a flood).
 pub(crate) const USED: u32 = 2;
-/// The worker granted this key tokens at least once (`granted_at` is valid).
+/// The worker granted this key tokens at least once (`granted_at_ms` is valid).
 pub(crate) const GRANTED: u32 = 4;
-/// The last block (`blocked_until`) was the store's refusal, not a failing store's back-off.
-pub(crate) const REFUSED: u32 = 8;
+/// The key is blocked (`blocked_until_us` is valid).
+pub(crate) const BLOCKED: u32 = 8;
+/// The block is the store's refusal, not a failing store's back-off.
+pub(crate) const REFUSED: u32 = 16;
+/// The flags' bits of the flags word; the largest denied request is above them.
+const FLAG_BITS: u32 = 5;
+const FLAG_MASK: u32 = (1 << FLAG_BITS) - 1;
+/// The largest denied request the flags word holds.
+const MAX_DENIED: u64 = (u32::MAX >> FLAG_BITS) as u64;
+/// Longest block kept: half the range of the wrapping microsecond clock is 35 minutes.
+pub(crate) const MAX_BLOCK: Duration = Duration::from_secs(30 * 60);
+/// A block that ended this long ago is forgotten by the sweep (see the module docs).
+const FORGET_BLOCK_AFTER: Duration = Duration::from_secs(60);
 
 /// One key's state.
 #[derive(Debug, Default)]
+#[repr(C)] // the fields a hit reads first, together
 pub(crate) struct KeyState {
-    /// Leased tokens not yet spent.
-    tokens: AtomicU64,
-    /// Until when (ns since the limiter's origin) the store said no lease can succeed, or the
-    /// circuit said not to try: callers are denied locally until then.
-    blocked_until: AtomicU64,
-    /// The arrival time word of the local fallback rate (ns since origin).
-    pub(crate) fallback_tat: AtomicU64,
+    /// Leased tokens not yet spent: the low and the high 32 bits.
+    tokens: [AtomicU32; 2],
     /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
     last_use: AtomicU32,
-    /// [`QUEUED`], [`USED`], [`GRANTED`], [`REFUSED`].
+    /// [`QUEUED`], [`USED`], [`GRANTED`], [`BLOCKED`], [`REFUSED`] in the low [`FLAG_BITS`];
+    /// above them the largest request denied since the worker last leased (saturating at
+    /// [`MAX_DENIED`]).
     flags: AtomicU32,
     /// Request a lease when a hit leaves fewer tokens than this (0: only when denied).
     low_water: AtomicU32,
-    /// The largest request denied since the worker last leased (saturating).
-    denied: AtomicU32,
-    /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
-    granted_at_ms: AtomicU32,
     /// Worker only: tokens held right after the last grant, plus any handed to a waiter
     /// (saturating). What is missing at the next lease was spent.
     after_grant: AtomicU32,
+    /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
+    granted_at_ms: AtomicU32,
+    /// Until when (µs since the limiter's origin, wrapping; valid with [`BLOCKED`]) the store
+    /// said no lease can succeed, or the circuit said not to try: callers are denied locally
+    /// until then.
+    blocked_until_us: AtomicU32,
 }
 
-const _: () = assert!(std::mem::size_of::<KeyState>() == 48);
+const _: () = assert!(std::mem::size_of::<KeyState>() == 32);
+const _: () = assert!(std::mem::align_of::<KeyState>() == 4);
 
 fn saturate(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The wrapping microsecond clock at `ns`.
+fn micros(ns: u64) -> u32 {
+    // Truncated on purpose: a wrapping clock.
+    (ns / 1_000) as u32
 }
 
 impl KeyState {
@@ -67,22 +104,30 @@ impl KeyState {
         state
     }
 
-    /// Takes `n` tokens and returns what is left, or `None` if there are fewer.
+    /// The token count. Every caller holds the state's shard lock (see the module docs).
+    #[inline]
+    fn load_tokens(&self) -> u64 {
+        let [low, high] = &self.tokens;
+        u64::from(low.load(Ordering::Relaxed)) | u64::from(high.load(Ordering::Relaxed)) << 32
+    }
+
+    /// Sets the token count, under the state's shard lock.
+    #[inline]
+    fn store_tokens(&self, n: u64) {
+        let [low, high] = &self.tokens;
+        // Truncated on purpose: the two halves.
+        low.store(n as u32, Ordering::Relaxed);
+        high.store((n >> 32) as u32, Ordering::Relaxed);
+    }
+
+    /// Takes `n` tokens and returns what is left, or `None` if there are fewer. The caller
+    /// holds the state's shard lock, so no other change to `tokens` can come between the
+    /// load and the store (see the module docs).
     #[inline]
     pub(crate) fn take(&self, n: u64) -> Option<u64> {
-        let mut current = self.tokens.load(Ordering::Relaxed);
-        while current >= n {
-            match self.tokens.compare_exchange_weak(
-                current,
-                current - n,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(current - n),
-                Err(actual) => current = actual,
-            }
-        }
-        None
+        let left = self.load_tokens().checked_sub(n)?;
+        self.store_tokens(left);
+        Some(left)
     }
 
     /// Records a hit at `tick`: stores only what changed, so a busy key's line is not
@@ -111,13 +156,15 @@ impl KeyState {
 
     /// Tokens held now.
     pub(crate) fn tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
+        self.load_tokens()
     }
 
     /// Takes every token (to give them back); none can be spent afterwards.
     pub(crate) fn take_all(&self) -> u64 {
         self.after_grant.store(0, Ordering::Relaxed);
-        self.tokens.swap(0, Ordering::Relaxed)
+        let all = self.load_tokens();
+        self.store_tokens(0);
+        all
     }
 
     /// Sets [`QUEUED`]; true if this call set it (and must queue the lease).
@@ -133,7 +180,7 @@ impl KeyState {
 
     /// The flags.
     pub(crate) fn flags(&self) -> u32 {
-        self.flags.load(Ordering::Relaxed)
+        self.flags.load(Ordering::Relaxed) & FLAG_MASK
     }
 
     /// The tick of the last hit (or of creation).
@@ -149,57 +196,92 @@ impl KeyState {
 
     /// Remembers a denied request of `n` tokens, so the next lease takes at least that many.
     pub(crate) fn note_denied(&self, n: u64) {
-        let n = saturate(n);
-        if self.denied.load(Ordering::Relaxed) < n {
-            self.denied.fetch_max(n, Ordering::Relaxed);
+        let n = n.min(MAX_DENIED) as u32;
+        let denied = |word: u32| word >> FLAG_BITS;
+        if denied(self.flags.load(Ordering::Relaxed)) < n {
+            let _ = self
+                .flags
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                    (denied(word) < n).then_some((word & FLAG_MASK) | (n << FLAG_BITS))
+                });
         }
     }
 
     /// The largest request denied since the last call.
     pub(crate) fn take_denied(&self) -> u64 {
-        u64::from(self.denied.swap(0, Ordering::Relaxed))
+        u64::from(self.flags.fetch_and(FLAG_MASK, Ordering::Relaxed) >> FLAG_BITS)
+    }
+
+    /// The end of the block, in ns since origin, read at `now_ns` (`None` if not blocked).
+    fn block_end(&self, now_ns: u64) -> Option<u64> {
+        if self.flags() & BLOCKED == 0 {
+            return None;
+        }
+        let until = self.blocked_until_us.load(Ordering::Relaxed);
+        // Signed distance on the wrapping clock: blocks are shorter than half its range.
+        let ahead = i64::from(until.wrapping_sub(micros(now_ns)) as i32);
+        let end_us = (now_ns / 1_000) as i64 + ahead;
+        Some(end_us.max(0) as u64 * 1_000)
     }
 
     /// How long callers are still denied locally at `now_ns` (zero if not blocked).
     pub(crate) fn blocked_for(&self, now_ns: u64) -> Duration {
-        Duration::from_nanos(
-            self.blocked_until
-                .load(Ordering::Relaxed)
-                .saturating_sub(now_ns),
-        )
+        let end = self.block_end(now_ns).unwrap_or(0);
+        Duration::from_nanos(end.saturating_sub(now_ns))
     }
 
     /// Whether the store refused this key (a block, not a back-off after a store error) that
     /// ended less than `window` before `now_ns` or has not ended yet.
     pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {
-        self.flags() & REFUSED != 0
-            && crate::time::ended_within(self.blocked_until.load(Ordering::Relaxed), window, now_ns)
+        self.flags() & REFUSED != 0 && self.blocked_within(window, now_ns)
     }
 
-    /// Denies callers locally until `until_ns`, while the store is failing: no refusal.
-    pub(crate) fn block_until(&self, until_ns: u64) {
-        self.blocked_until.store(until_ns, Ordering::Relaxed);
+    /// Whether a block ended less than `window` before `now_ns` or has not ended yet.
+    fn blocked_within(&self, window: Duration, now_ns: u64) -> bool {
+        self.block_end(now_ns)
+            .is_some_and(|end| end.saturating_add(crate::time::nanos(window)) > now_ns)
+    }
+
+    /// Denies callers locally until `until_ns` (at most [`MAX_BLOCK`] after `now_ns`), while
+    /// the store is failing: no refusal. Worker only.
+    pub(crate) fn block_until(&self, until_ns: u64, now_ns: u64) {
+        self.set_block(until_ns, now_ns);
         if self.flags() & REFUSED != 0 {
             self.flags.fetch_and(!REFUSED, Ordering::Relaxed);
         }
     }
 
-    /// Denies callers locally until `until_ns`, the store having refused the key until then.
-    pub(crate) fn refuse_until(&self, until_ns: u64) {
-        self.blocked_until.store(until_ns, Ordering::Relaxed);
-        if self.flags() & REFUSED == 0 {
-            self.flags.fetch_or(REFUSED, Ordering::Relaxed);
+    /// Denies callers locally until `until_ns` (at most [`MAX_BLOCK`] after `now_ns`), the
+    /// store having refused the key until then. Worker only.
+    pub(crate) fn refuse_until(&self, until_ns: u64, now_ns: u64) {
+        self.set_block(until_ns, now_ns);
+        self.flags.fetch_or(REFUSED, Ordering::Relaxed);
+    }
+
+    fn set_block(&self, until_ns: u64, now_ns: u64) {
+        let until = until_ns.min(now_ns.saturating_add(crate::time::nanos(MAX_BLOCK)));
+        self.blocked_until_us
+            .store(micros(until.div_ceil(1_000) * 1_000), Ordering::Relaxed);
+        self.flags.fetch_or(BLOCKED, Ordering::Relaxed);
+    }
+
+    /// Forgets a block that ended long before `now_ns`, before the wrapping clock could make
+    /// it look current again. Worker only (the sweep).
+    pub(crate) fn forget_old_block(&self, now_ns: u64) {
+        if self.flags() & BLOCKED != 0 && !self.blocked_within(FORGET_BLOCK_AFTER, now_ns) {
+            self.flags
+                .fetch_and(!(BLOCKED | REFUSED), Ordering::Relaxed);
         }
     }
 
     /// Adds `n` tokens.
     pub(crate) fn add(&self, n: u64) {
-        self.tokens.fetch_add(n, Ordering::Relaxed);
+        self.store_tokens(self.load_tokens() + n);
     }
 
     /// Adds a grant at `now_ms` (`now_ns`), of which `to_waiter` went straight to a waiting
     /// caller and the rest into the key; sets the next low-water mark and ends any block
-    /// (remembering when it ended, for [`refused_within`](Self::refused_within)).
+    /// (remembering when it ended, for [`refused_within`](Self::refused_within)). Worker only.
     pub(crate) fn grant(
         &self,
         rest: u64,
@@ -208,13 +290,18 @@ impl KeyState {
         now_ms: u32,
         now_ns: u64,
     ) {
-        let held = self.tokens.fetch_add(rest, Ordering::Relaxed) + rest;
+        let held = self.load_tokens() + rest;
+        self.store_tokens(held);
         self.after_grant
             .store(saturate(held + to_waiter), Ordering::Relaxed);
         self.granted_at_ms.store(now_ms, Ordering::Relaxed);
         self.low_water.store(saturate(low_water), Ordering::Relaxed);
-        // Not blocked from now on; a block that was ended early reads as ending now.
-        self.blocked_until.fetch_min(now_ns, Ordering::Relaxed);
+        // Not blocked from now on; a block that was ended early reads as ending now (only the
+        // worker writes the block, so a load and a store suffice).
+        if self.block_end(now_ns).is_some_and(|end| end > now_ns) {
+            self.blocked_until_us
+                .store(micros(now_ns.div_ceil(1_000) * 1_000), Ordering::Relaxed);
+        }
         let used = if to_waiter > 0 { USED } else { 0 };
         self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
     }
@@ -284,7 +371,7 @@ mod tests {
         s.note_denied(4);
         assert_eq!(s.take_denied(), 9);
         assert_eq!(s.take_denied(), 0);
-        s.block_until(1_000);
+        s.block_until(1_000, 0);
         assert_eq!(s.blocked_for(400), Duration::from_nanos(600));
         assert_eq!(s.blocked_for(2_000), Duration::ZERO);
     }
@@ -294,17 +381,61 @@ mod tests {
         let s = KeyState::new(0, 0);
         let second = Duration::from_secs(1);
         assert!(!s.refused_within(second, 5_000_000_000), "never refused");
-        s.block_until(9_000_000_000);
+        s.block_until(9_000_000_000, 0);
         assert!(
             !s.refused_within(second, 1_000_000_000),
             "a store error's back-off is no refusal"
         );
-        s.refuse_until(9_000_000_000);
+        s.refuse_until(9_000_000_000, 0);
         assert!(s.refused_within(second, 1_000_000_000), "blocked now");
         // Granted at 2 s: the block ends early, and reads as ending then.
         s.grant(1, 0, 0, 2_000, 2_000_000_000);
         assert_eq!(s.blocked_for(2_000_000_000), Duration::ZERO);
         assert!(s.refused_within(second, 2_999_999_999));
         assert!(!s.refused_within(second, 3_000_000_000));
+    }
+    #[test]
+    fn token_counts_above_32_bits_survive_the_halves() {
+        let s = KeyState::new(0, 0);
+        let big = (1u64 << 52) + 7;
+        s.grant(big, 0, 0, 0, 0);
+        assert_eq!(s.tokens(), big);
+        assert_eq!(s.take(8), Some(big - 8));
+        s.add(u64::from(u32::MAX));
+        assert_eq!(s.take_all(), big - 8 + u64::from(u32::MAX));
+        assert_eq!(s.tokens(), 0);
+    }
+
+    #[test]
+    fn narrow_fields_keep_their_meaning() {
+        let s = KeyState::new(0, 0);
+        // The largest denied request shares the flags word without disturbing the flags.
+        assert!(s.mark_queued());
+        s.note_denied(u64::MAX);
+        s.note_denied(3);
+        assert_eq!(s.flags(), QUEUED);
+        assert_eq!(s.take_denied(), MAX_DENIED, "saturates");
+        assert_eq!((s.flags(), s.take_denied()), (QUEUED, 0));
+        // Days after the origin (the microsecond clock has wrapped many times), a block far
+        // ahead is cut to `MAX_BLOCK` and reads right.
+        let day = 86_400_000_000_000u64;
+        let now = 3 * day + 123;
+        s.refuse_until(now + day, now);
+        let left = s.blocked_for(now);
+        assert!(
+            left >= MAX_BLOCK && left < MAX_BLOCK + Duration::from_micros(1),
+            "{left:?}"
+        );
+        assert_eq!(s.flags(), QUEUED | BLOCKED | REFUSED);
+        // Ended 61 s ago: still a refusal for a long enough window, then forgotten by the
+        // sweep before the clock can wrap onto it.
+        let later = now + crate::time::nanos(MAX_BLOCK) + 61_000_000_000;
+        assert_eq!(s.blocked_for(later), Duration::ZERO);
+        assert!(s.refused_within(Duration::from_secs(120), later));
+        s.forget_old_block(later - 2_000_000_000);
+        assert_ne!(s.flags() & BLOCKED, 0, "ended 59 s before: kept");
+        s.forget_old_block(later);
+        assert_eq!(s.flags(), QUEUED);
+        assert!(!s.refused_within(Duration::from_secs(120), later));
     }
 }

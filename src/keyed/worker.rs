@@ -280,7 +280,7 @@ where
     fn answer_failing(&mut self, request: Request<K>, now: Instant) {
         let until = self.probe_at.unwrap_or(now).max(now);
         if let Some(state) = self.s.map.get(&request.key) {
-            state.block_until(self.ns_at(until));
+            state.block_until(self.ns_at(until), self.ns_at(now));
             if request.reply.is_none() {
                 state.unqueue();
             }
@@ -324,23 +324,33 @@ where
         if request.reply.as_ref().is_none_or(|reply| reply.is_closed()) {
             return;
         }
-        let refused = match self.s.map.get(&request.key) {
+        // The shard's lock is let go of before the caller is woken.
+        let (took, refused) = match self.s.map.get(&request.key) {
+            Some(state) if self.s.take_held(&state, request.n).is_some() => (true, None),
             Some(state) => {
-                if self.s.take_held(&state, request.n).is_some() {
-                    let told = request
-                        .reply
-                        .is_some_and(|reply| reply.send(Answer::Granted).is_ok());
-                    if !told {
-                        // It left after all: the tokens stay with the key.
-                        state.add(request.n);
-                    }
-                    return;
-                }
                 let blocked = state.blocked_for(self.s.now_ns());
-                (!blocked.is_zero() && !self.s.circuit.is_open()).then_some(blocked)
+                let refused = !blocked.is_zero() && !self.s.circuit.is_open();
+                (false, refused.then_some(blocked))
             }
-            None => None,
+            None => (false, None),
         };
+        if took {
+            let told = request
+                .reply
+                .is_some_and(|reply| reply.send(Answer::Granted).is_ok());
+            if !told {
+                // It left after all: the tokens stay with the key (or go back if it is gone).
+                let kept = self
+                    .s
+                    .map
+                    .get(&request.key)
+                    .map(|state| state.add(request.n));
+                if kept.is_none() {
+                    self.give_back(bucket_name(&self.s.name, &request.key), request.n);
+                }
+            }
+            return;
+        }
         match (refused, request.reply) {
             (Some(blocked), Some(reply)) => {
                 let _ = reply.send(Answer::Denied(blocked));
@@ -428,7 +438,9 @@ where
             self.probing = false;
         }
         let sync = request.reply.is_none();
-        let state = s.map.get(&request.key);
+        // The key's state is looked up for each use rather than held: its shard's lock must
+        // not be held while a waiter is woken. Only this worker evicts, so a key present at
+        // one look is present at the next.
         // `(answer, block)`; a block on the store's own answer is a refusal (`refused`).
         let mut refused = false;
         let (answer, block) = match result {
@@ -446,13 +458,14 @@ where
                     0
                 };
                 let rest = reply.granted - to_waiter;
-                match &state {
-                    Some(state) => {
-                        let now_ns = self.ns_at(now);
-                        state.grant(rest, to_waiter, ask.low_water, self.now_ms(), now_ns)
-                    }
-                    None if rest > 0 => self.give_back(bucket_name(&s.name, &request.key), rest),
-                    None => {}
+                let (now_ms, now_ns) = (self.now_ms(), self.ns_at(now));
+                let kept = s
+                    .map
+                    .get(&request.key)
+                    .map(|state| state.grant(rest, to_waiter, ask.low_water, now_ms, now_ns))
+                    .is_some();
+                if !kept && rest > 0 {
+                    self.give_back(bucket_name(&s.name, &request.key), rest);
                 }
                 let told = request
                     .reply
@@ -460,9 +473,9 @@ where
                     .is_some_and(|w| w.send(Answer::Granted).is_ok());
                 if to_waiter > 0 && !told {
                     // The waiter left meanwhile: its tokens stay with the key (or go back).
-                    match &state {
-                        Some(state) => state.add(to_waiter),
-                        None => self.give_back(bucket_name(&s.name, &request.key), to_waiter),
+                    let kept = s.map.get(&request.key).map(|state| state.add(to_waiter));
+                    if kept.is_none() {
+                        self.give_back(bucket_name(&s.name, &request.key), to_waiter);
                     }
                 }
                 (None, None)
@@ -489,17 +502,19 @@ where
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
         };
-        if let Some(state) = &state {
-            match block {
-                Some(until) if refused => state.refuse_until(self.ns_at(until)),
-                Some(until) => state.block_until(self.ns_at(until)),
-                None => {}
-            }
-            if sync {
-                state.unqueue();
+        if block.is_some() || sync {
+            if let Some(state) = s.map.get(&request.key) {
+                let now_ns = self.ns_at(now);
+                match block {
+                    Some(until) if refused => state.refuse_until(self.ns_at(until), now_ns),
+                    Some(until) => state.block_until(self.ns_at(until), now_ns),
+                    None => {}
+                }
+                if sync {
+                    state.unqueue();
+                }
             }
         }
-        drop(state);
         if let (Some(answer), Some(waiter)) = (answer, request.reply) {
             let _ = waiter.send(answer);
         }
@@ -544,17 +559,22 @@ where
     }
 
     /// Removes `key` if it has no lease queued and `still` holds; queues its tokens for
-    /// release. Under the shard's write lock no caller holds the state, so nothing is spent
+    /// release. Under the shard's lock no caller holds the state, so nothing is spent
     /// after this takes the tokens.
     fn evict(&mut self, key: &K, still: impl FnOnce(&KeyState) -> bool) -> bool {
         let removed = self
             .s
             .map
-            .remove_if(key, |_, state| state.flags() & QUEUED == 0 && still(state));
+            .remove_if(key, |state| state.flags() & QUEUED == 0 && still(state));
         let Some((key, state)) = removed else {
             return false;
         };
         self.s.live.fetch_sub(1, Ordering::Relaxed);
+        // Its fallback rate word, if the store failed while it lived (created under the
+        // key's shard lock, so it is there by now if ever).
+        if !self.s.fallback_words.is_empty() {
+            self.s.fallback_words.remove_if(&key, |_| true);
+        }
         let tokens = state.take_all();
         if tokens > 0 {
             self.give_back(bucket_name(&self.s.name, &key), tokens);
@@ -567,20 +587,21 @@ where
     fn sweep(&mut self) {
         let tick = self.s.tick();
         let (ttl, give_back) = (self.s.ttl_ticks, self.s.give_back_ticks);
+        let now_ns = self.s.now_ns();
         let idle = |state: &KeyState| tick.saturating_sub(state.last_use());
         let mut expired = Vec::new();
         let mut holding = Vec::new();
-        for entry in self.s.map.iter() {
-            let state = entry.value();
+        self.s.map.for_each(|key, state| {
+            state.forget_old_block(now_ns);
             if state.flags() & QUEUED != 0 {
-                continue;
+                return;
             }
             if idle(state) >= ttl {
-                expired.push(entry.key().clone());
+                expired.push(key.clone());
             } else if idle(state) >= give_back && state.tokens() > 0 {
-                holding.push(entry.key().clone());
+                holding.push(key.clone());
             }
-        }
+        });
         for key in expired {
             if self.evict(&key, |state| idle(state) >= ttl) {
                 count(&self.s.counters.evicted_idle, 1);
@@ -605,11 +626,11 @@ where
         }
         let target = (self.s.max_keys / 16).max(1);
         let mut ranks: BTreeMap<u64, usize> = BTreeMap::new();
-        for entry in self.s.map.iter() {
-            if entry.flags() & QUEUED == 0 {
-                *ranks.entry(entry.eviction_rank()).or_default() += 1;
+        self.s.map.for_each(|_, state| {
+            if state.flags() & QUEUED == 0 {
+                *ranks.entry(state.eviction_rank()).or_default() += 1;
             }
-        }
+        });
         // The lowest ranks that add up to `target`: all below `threshold`, and `at_threshold`
         // of the keys at it.
         let (mut threshold, mut at_threshold, mut below) = (u64::MAX, usize::MAX, 0);
@@ -620,23 +641,20 @@ where
             }
             below += count;
         }
-        let mut victims = Vec::with_capacity(target.min(self.s.map.len()));
-        for entry in self.s.map.iter() {
-            if victims.len() >= target {
-                break;
-            }
-            let rank = entry.eviction_rank();
-            if entry.flags() & QUEUED != 0 || rank > threshold {
-                continue;
+        let mut victims = Vec::with_capacity(target);
+        self.s.map.for_each(|key, state| {
+            let rank = state.eviction_rank();
+            if victims.len() >= target || state.flags() & QUEUED != 0 || rank > threshold {
+                return;
             }
             if rank == threshold {
                 if at_threshold == 0 {
-                    continue;
+                    return;
                 }
                 at_threshold -= 1;
             }
-            victims.push(entry.key().clone());
-        }
+            victims.push(key.clone());
+        });
         for key in victims {
             if self.evict(&key, |state| state.eviction_rank() <= threshold) {
                 count(&self.s.counters.evicted_at_cap, 1);
@@ -666,16 +684,17 @@ where
             self.finish(done);
         }
         let mut held = Vec::new();
-        for entry in self.s.map.iter() {
-            let tokens = entry.take_all();
+        self.s.map.for_each(|key, state| {
+            let tokens = state.take_all();
             if tokens > 0 {
-                held.push((bucket_name(&self.s.name, entry.key()), tokens));
+                held.push((bucket_name(&self.s.name, key), tokens));
             }
-        }
+        });
         for (name, tokens) in held {
             self.give_back(name, tokens);
         }
         self.s.map.clear();
+        self.s.fallback_words.clear();
         self.s.live.store(0, Ordering::Relaxed);
         loop {
             self.start_releases();

@@ -1,0 +1,262 @@
+//! The keyed limiter's key map: open-addressing tables (hashbrown's `HashTable`: SIMD control
+//! bytes, entries inline) under one `Mutex` per shard, with a seeded hasher.
+//!
+//! An entry is the key and its value side by side, so a hit reads the shard's header (its lock
+//! word and table pointer), one group of control bytes and the entry: no pointer to follow for
+//! keys that are plain values (`u64`, `IpAddr`), and no allocation per key.
+//!
+//! **A mutex, not a read-write lock.** A hit holds its shard's lock for a few nanoseconds: one
+//! atomic read-modify-write to take it and one to drop it, whether the lock is a mutex or a
+//! read lock. Under a mutex the key's state is also the caller's alone meanwhile, so taking
+//! tokens is a load and a store instead of a third read-modify-write (`KeyState::take`): that
+//! is a third of a hot key's cost (BENCHMARKS.md, issue 15). The price is that calls on keys
+//! of one shard run one at a time — for a few nanoseconds each, on one shard of hundreds or
+//! thousands — and that every hold must stay short: nothing that holds a value waits, looks
+//! up another key of this map, or wakes a task it could avoid waking; walks over the map
+//! ([`for_each`](KeyMap::for_each)) let go of the shard every [`SCAN_CHUNK`] buckets.
+//!
+//! **Shards are sized for the cap.** hashbrown tables have a power-of-two number of buckets and
+//! grow when 7/8 full, so bytes per key swing by 2× as a table grows. The limiter knows its cap
+//! ([`max_keys`](super::KeyedHybridBuilder::max_keys)), so the number of shards is chosen for
+//! it: at the cap each shard holds about [`KEYS_PER_SHARD`] keys, 80 % of a 4 096-bucket table
+//! (the margin keeps a shard that draws more keys than the mean from doubling). A full limiter
+//! thus spends `(entry + 1) / 0.8` bytes per key (the 1: its control byte); a partly full one
+//! swings as any hashbrown table does. Shards also bound what a resize costs: a shard grows
+//! under its lock, and none holds more than a few thousand keys.
+//!
+//! Shards are picked with bits 24–55 of the hash: hashbrown takes the bucket from the low bits
+//! and the control byte from the top seven, so all three stay independent.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+
+/// Keys per shard at the cap: 80 % of a 4 096-bucket table.
+pub(super) const KEYS_PER_SHARD: usize = 3_277;
+/// Fewest shards, so that threads on different keys rarely share a lock word.
+const MIN_SHARDS: usize = 8;
+/// Buckets a walk over the map reads per hold of a shard's lock (about a microsecond).
+pub(super) const SCAN_CHUNK: usize = 256;
+
+/// A key and its value, side by side in the table.
+struct Slot<K, V> {
+    key: K,
+    value: V,
+}
+
+type Shard<K, V> = CachePadded<Mutex<HashTable<Slot<K, V>>>>;
+
+/// A concurrent map from keys to values that are shared by reference (atomics).
+pub(super) struct KeyMap<K, V, H> {
+    shards: Box<[Shard<K, V>]>,
+    hasher: H,
+    /// Entries, counted under the shards' locks.
+    len: AtomicUsize,
+}
+
+/// A value held under its shard's lock.
+pub(super) type Ref<'a, V> = MappedMutexGuard<'a, V>;
+
+impl<K, V, H> KeyMap<K, V, H>
+where
+    K: Hash + Eq,
+    H: BuildHasher,
+{
+    /// A map sharded for at most `max_keys` keys.
+    pub(super) fn new(hasher: H, max_keys: usize) -> Self {
+        let shards = max_keys.div_ceil(KEYS_PER_SHARD).max(MIN_SHARDS);
+        KeyMap {
+            shards: (0..shards)
+                .map(|_| CachePadded::new(Mutex::new(HashTable::new())))
+                .collect(),
+            hasher,
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &Mutex<HashTable<Slot<K, V>>> {
+        // Multiply-shift: any number of shards, from 32 bits the table does not use.
+        let bits = (hash >> 24) & u64::from(u32::MAX);
+        let index = (bits * self.shards.len() as u64) >> 32;
+        &self.shards[index as usize]
+    }
+
+    #[inline]
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The map's hasher (the worker's table of waiting callers hashes keys with it too).
+    pub(super) fn hasher(&self) -> &H {
+        &self.hasher
+    }
+
+    /// The value of `key`, held under its shard's lock until the guard drops. Keep it short:
+    /// do not look up another key of this map while holding it (the same shard would
+    /// deadlock), nor wait.
+    #[inline(always)] // the hit path: without it, a call the hot key pays for
+    pub(super) fn get<Q>(&self, key: &Q) -> Option<Ref<'_, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let table = self.shard(hash).lock();
+        MutexGuard::try_map(table, |t| {
+            t.find_mut(hash, |slot| slot.key.borrow() == key)
+                .map(|slot| &mut slot.value)
+        })
+        .ok()
+    }
+
+    /// Whether `key` is in the map.
+    pub(super) fn contains_key<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.get(key).is_some()
+    }
+
+    /// Inserts `key` with `value()` unless it is present; true if it inserted.
+    pub(super) fn insert_new(&self, key: K, value: impl FnOnce() -> V) -> bool {
+        let hash = self.hash(&key);
+        let mut table = self.shard(hash).lock();
+        match table.entry(
+            hash,
+            |slot| slot.key == key,
+            |slot| self.hasher.hash_one(&slot.key),
+        ) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(vacant) => {
+                vacant.insert(Slot {
+                    key,
+                    value: value(),
+                });
+                // Relaxed: a count, read only to skip work on an empty map.
+                self.len.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
+    }
+
+    /// Removes `key` if `keep_out` says so, under the shard's lock (nobody holds the value
+    /// meanwhile); returns the key and value removed.
+    pub(super) fn remove_if<Q>(&self, key: &Q, keep_out: impl FnOnce(&V) -> bool) -> Option<(K, V)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hash(key);
+        let mut table = self.shard(hash).lock();
+        let entry = table
+            .find_entry(hash, |slot| slot.key.borrow() == key)
+            .ok()?;
+        if !keep_out(&entry.get().value) {
+            return None;
+        }
+        let (slot, _) = entry.remove();
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Some((slot.key, slot.value))
+    }
+
+    /// Calls `f` on every entry, [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
+    /// inserted meanwhile may be missed, and if its shard grows meanwhile (an insert) some
+    /// entries may be seen twice or missed: this is for sweeps, which run again.
+    pub(super) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+        for shard in self.shards.iter() {
+            let mut start = 0;
+            loop {
+                let table = shard.lock();
+                let end = (start + SCAN_CHUNK).min(table.num_buckets());
+                for slot in (start..end).filter_map(|i| table.get_bucket(i)) {
+                    f(&slot.key, &slot.value);
+                }
+                if end >= table.num_buckets() {
+                    break;
+                }
+                start = end;
+            }
+        }
+    }
+
+    /// The sum of `f` over every entry, each shard read whole under its lock (no entry is
+    /// missed or counted twice, however the shard changes between shards).
+    pub(super) fn sum(&self, f: impl Fn(&V) -> u64) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().iter().map(|slot| f(&slot.value)).sum::<u64>())
+            .sum()
+    }
+
+    /// Whether the map is empty (a hint while others insert or remove).
+    pub(super) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    /// Removes every entry and frees the tables.
+    pub(super) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut table = shard.lock();
+            self.len.fetch_sub(table.len(), Ordering::Relaxed);
+            *table = HashTable::new();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn map(max_keys: usize) -> KeyMap<String, AtomicU64, foldhash::fast::RandomState> {
+        KeyMap::new(foldhash::fast::RandomState::default(), max_keys)
+    }
+
+    #[test]
+    fn insert_get_remove() {
+        let m = map(100);
+        assert!(m.is_empty());
+        assert!(m.insert_new("a".to_owned(), || AtomicU64::new(1)));
+        assert!(!m.insert_new("a".to_owned(), || unreachable!("present")));
+        assert!(m.contains_key("a"));
+        m.get("a").unwrap().fetch_add(1, Ordering::Relaxed);
+        assert_eq!(m.sum(|v| v.load(Ordering::Relaxed)), 2);
+        assert_eq!(m.get("a").unwrap().load(Ordering::Relaxed), 2);
+        assert!(m
+            .remove_if("a", |v| v.load(Ordering::Relaxed) > 5)
+            .is_none());
+        let (k, v) = m.remove_if("a", |_| true).unwrap();
+        assert_eq!((k.as_str(), v.into_inner()), ("a", 2));
+        assert!(m.get("a").is_none());
+    }
+
+    #[test]
+    fn every_key_is_found_across_shards_and_resizes() {
+        let m = map(40_000);
+        assert!(m.shards.len() > MIN_SHARDS, "sharded for the cap");
+        for i in 0..20_000u64 {
+            assert!(m.insert_new(i.to_string(), || AtomicU64::new(i)));
+        }
+        for i in 0..20_000u64 {
+            let v = m.get(i.to_string().as_str()).expect("present");
+            assert_eq!(v.load(Ordering::Relaxed), i);
+        }
+        let (mut n, mut sum) = (0, 0);
+        m.for_each(|_, v| {
+            n += 1;
+            sum += v.load(Ordering::Relaxed);
+        });
+        assert_eq!((n, sum), (20_000, (0..20_000).sum()));
+        // The keys spread over every shard.
+        assert!(m.shards.iter().all(|s| s.lock().len() > 100));
+        m.clear();
+        assert!(m.is_empty());
+    }
+}
