@@ -7,17 +7,21 @@
 //! reads it on every call: when it is there it wins over the caller's quota, and every reply
 //! carries the quota the call ran under ([`LeaseReply::quota`](crate::LeaseReply::quota) and
 //! [`source`](crate::LeaseReply::source)). So every process picks up a change at its next
-//! store call, with no pub/sub and no polling: [`HybridLimiter`](crate::HybridLimiter)
-//! re-derives its lease sizing, horizon and fallback rate from the reply, and
-//! [`RedisLimiter`](crate::RedisLimiter) checks requests against it.
+//! lease, with no pub/sub: [`HybridLimiter`](crate::HybridLimiter) re-derives its lease
+//! sizing, horizon and fallback rate from the reply. A pure-mode call
+//! ([`RedisLimiter`](crate::RedisLimiter)) sends the bucket's key alone, under the config as
+//! its store read it within [`RedisStoreBuilder::config_refresh`](crate::RedisStoreBuilder::config_refresh)
+//! (1 s by default; a change made through the same store at once): one key is never split
+//! between two cluster nodes while a slot migrates, and Redis reads no config per decision.
 //!
 //! A change never resets the bucket. The config operations only write the config; the next
 //! lease or release first brings the bucket up to its own time under the quota it was written
 //! with, then rescales its fixed-point level to the new quota's units (whole tokens are kept
 //! exactly; the fraction of a token is floored) and goes on under the new quota. So a fleet
 //! admits at most `burst_old + rate_old × t1 + rate_new × t2` over a run, where `t1` runs up to
-//! the first store call after the change and `t2` after it (an active hybrid fleet makes one
-//! per lease horizon, so `t1` ends within one horizon of the change).
+//! the first store call under the new config and `t2` after it (an active hybrid fleet makes
+//! one per lease horizon, so `t1` ends within one horizon of the change; pure-mode callers
+//! within the config refresh).
 //!
 //! Tokens leased out (outstanding) stay counted across a change. If a new capacity is below
 //! what is outstanding, nothing is taken back: those tokens were granted under the old quota
