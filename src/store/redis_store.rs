@@ -259,9 +259,9 @@ impl RedisStore {
 
     /// Runs the script: `op`, then the arguments after `burst` (`min`: the lease's, 0 for a
     /// release, `None` if the script will refuse the arguments). An anonymous call sends the
-    /// bucket's key alone, under the name's config as read within the refresh time (read now,
-    /// with one key, if it was not; see `config_cache.rs`); every other call, and one on a
-    /// bucket with leasers, every key. A call that read the config updates what is known.
+    /// bucket's key alone, under the name's config as read within the refresh time (see
+    /// `config_cache.rs`); every other call, one that refreshes the config and one on a bucket
+    /// with leasers, every key. A call that read the config updates what is known.
     async fn run(
         &self,
         name: &str,
@@ -281,12 +281,8 @@ impl RedisStore {
         // Argument 8 (index 3 here) is the node: empty for an anonymous call.
         let anonymous = args.get(3).is_none_or(String::is_empty);
         if let Some(min) = min.filter(|_| anonymous && self.configs.enabled()) {
-            let config = match self.configs.fresh(name) {
-                Some(config) => Some(config),
-                // Read it with one key, unless it could not be kept: then every key.
-                None if self.configs.has_room_for(name) => Some(self.get_config(name).await?),
-                None => None,
-            };
+            // `None`: this call reads the config (every key) and refreshes what is known.
+            let config = self.configs.fresh(name);
             // The script checks `min` against the caller's burst (a request above it is an
             // error) and grants nothing above the stored one: one key passes the stored quota
             // as the caller's, so such a request goes with every key.

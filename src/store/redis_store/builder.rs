@@ -226,7 +226,8 @@ impl RedisStoreBuilder {
     /// one key, so a Redis Cluster slot migration redirects it instead of answering
     /// `TRYAGAIN` until the handover, and one read less per call. A config changed through
     /// this store applies at once; one changed by another process applies to pure-mode calls
-    /// within this time (to hybrid leases at once). `Duration::ZERO` reads the config on every
+    /// within this time (to a hybrid limiter's leases on terms, the default, at once; fixed batch
+    /// leases are anonymous, like pure-mode calls). `Duration::ZERO` reads the config on every
     /// call.
     pub fn config_refresh(mut self, refresh: Duration) -> Self {
         self.config_refresh = refresh;

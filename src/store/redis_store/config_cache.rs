@@ -12,16 +12,19 @@
 //! own; the script's one-key protocol runs it as the three-key one on a bucket with no leasers
 //! (and says so if the bucket has some: then the call is sent again with every key). The quota
 //! that applies is the config read within [`RedisStoreBuilder::config_refresh`] (default
-//! [`DEFAULT_CONFIG_REFRESH`]), remembered here: read by a one-key `config_get` on the config
-//! hash alone when it is older (one more round trip, once per refresh per name), and learned
-//! from every call that read it anyway (a node's lease, a config op). A config changed by
-//! this store applies at once; one changed elsewhere applies to pure-mode calls within the
-//! refresh time (to a node's next lease at once: leases always send every key).
+//! [`DEFAULT_CONFIG_REFRESH`]), learned here from every call that reads it (any call sending
+//! every key, a config op). A name not known yet, or known for longer than the refresh time,
+//! is refreshed by the call at hand sending every key (one call, as before: never an extra
+//! round trip); while that call is out, the name's other calls go on with one key under the
+//! config known so far. So per name and refresh period one call sends every key — the one that
+//! can meet `TRYAGAIN` if it falls inside a slot migration. A config changed by this store
+//! applies at once; one changed elsewhere applies to pure-mode calls within the refresh time
+//! (and a call), to a node's next lease on terms at once (such leases send every key; a fixed
+//! batch lease, being anonymous, is a pure-mode call here).
 //!
-//! The cache is bounded ([`MAX_NAMES`]): a keyed pure limiter makes one name per key. When it
-//! is full, entries older than the refresh time are dropped (at most once per refresh time);
-//! a name that still finds no room is not cached, and its calls send every key as before
-//! (one round trip, the config read with the call).
+//! The cache is bounded ([`MAX_NAMES`]): a keyed limiter makes one name per key. When it is
+//! full, entries older than the refresh time are dropped (at most once per refresh time); a
+//! name that still finds no room is not cached, and its calls send every key as before.
 //!
 //! [`RedisStoreBuilder::config_refresh`]: super::RedisStoreBuilder::config_refresh
 
@@ -47,6 +50,8 @@ struct Entry {
     config: Option<Quota>,
     /// When that was read.
     read_at: Instant,
+    /// When a call set out to read it again (it sends every key), if one did since.
+    refreshing_since: Option<Instant>,
 }
 
 /// Names' central configs as last read, each trusted for `refresh`.
@@ -69,14 +74,25 @@ impl ConfigCache {
         }
     }
 
-    /// The config of `name` if read less than the refresh time ago: `Some(None)` if it has
-    /// none, `None` if unknown or stale.
+    /// The config a call on `name` may run under with one key: `Some(None)` if the name has
+    /// none. `None` — send every key, which reads it — if the name is unknown, or if its
+    /// config is older than the refresh time and no other call is reading it already (this
+    /// caller is then the one that does; a read that has not answered within the refresh time
+    /// is given up on and another caller tries).
     pub(super) fn fresh(&self, name: &str) -> Option<Option<Quota>> {
         if self.refresh.is_zero() {
             return None;
         }
-        let entry = *self.names.get(name)?;
-        (entry.read_at.elapsed() < self.refresh).then_some(entry.config)
+        let mut entry = self.names.get_mut(name)?;
+        if entry.read_at.elapsed() < self.refresh
+            || entry
+                .refreshing_since
+                .is_some_and(|since| since.elapsed() < self.refresh)
+        {
+            return Some(entry.config);
+        }
+        entry.refreshing_since = Some(Instant::now());
+        None
     }
 
     /// Whether anything is cached (a zero refresh: every call reads the config).
@@ -86,7 +102,7 @@ impl ConfigCache {
 
     /// Whether what is read of `name`'s config now would be kept (after dropping stale
     /// entries if the cache is full).
-    pub(super) fn has_room_for(&self, name: &str) -> bool {
+    fn has_room_for(&self, name: &str) -> bool {
         if self.names.len() < MAX_NAMES || self.names.contains_key(name) {
             return true;
         }
@@ -108,10 +124,11 @@ impl ConfigCache {
         let entry = Entry {
             config,
             read_at: Instant::now(),
+            refreshing_since: None,
         };
         if let Some(mut known) = self.names.get_mut(name) {
             *known = entry;
-        } else if self.names.len() < MAX_NAMES {
+        } else if self.has_room_for(name) {
             self.names.insert(name.into(), entry);
         }
     }
@@ -170,11 +187,19 @@ mod tests {
         assert!(!never.enabled());
         never.learn("a", Some(q));
         assert_eq!(never.fresh("a"), None);
-        let short = ConfigCache::new(Duration::from_millis(20));
+        // Long enough that a loaded test machine does not make it stale between two lines.
+        let short = ConfigCache::new(Duration::from_millis(300));
         short.learn("a", Some(q));
         assert_eq!(short.fresh("a"), Some(Some(q)));
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(350));
+        // Stale: the first caller reads it again (every key); the others go on meanwhile.
         assert_eq!(short.fresh("a"), None);
+        assert_eq!(short.fresh("a"), Some(Some(q)));
+        // That read never answered: after the refresh time another caller tries.
+        std::thread::sleep(Duration::from_millis(350));
+        assert_eq!(short.fresh("a"), None);
+        short.learn("a", None);
+        assert_eq!(short.fresh("a"), Some(None));
     }
 
     #[test]
@@ -187,21 +212,24 @@ mod tests {
         assert_eq!(cache.names.len(), MAX_NAMES);
         assert_eq!(cache.fresh(&format!("n{}", MAX_NAMES + 5)), None);
         assert!(!cache.has_room_for("new") && cache.has_room_for("n1"));
+        cache.learn("new", Some(q));
+        assert_eq!(cache.fresh("new"), None, "not kept");
         cache.learn("n0", Some(q));
         assert_eq!(cache.fresh("n0"), Some(Some(q)));
     }
 
     #[test]
     fn a_full_cache_drops_stale_entries_to_make_room() {
-        let cache = ConfigCache::new(Duration::from_millis(20));
+        // Long enough that filling it on a loaded test machine leaves every entry fresh.
+        let cache = ConfigCache::new(Duration::from_millis(1_000));
         for i in 0..MAX_NAMES {
             cache.learn(&format!("n{i}"), None);
         }
         assert!(!cache.has_room_for("new"));
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(1_050));
         cache.learn("n0", None);
-        assert!(cache.has_room_for("new"));
-        assert_eq!(cache.names.len(), 1, "only the fresh entry stays");
-        assert_eq!(cache.fresh("n0"), Some(None));
+        cache.learn("new", None);
+        assert_eq!(cache.names.len(), 2, "only the fresh entries stay");
+        assert_eq!(cache.fresh("new"), Some(None));
     }
 }
