@@ -18,8 +18,8 @@
 -- TRYAGAIN until the handover, as it does a command whose keys are not all on one node yet
 -- (the leasers' keys of a pure-mode bucket never exist). If the bucket has leasers on record
 -- (or a format whose leasers are unknown) the reply is { 0 }, one entry: nothing was done,
--- send the call again with every key. Such a client reads the config with a one-key config
--- op (below), on the config hash alone, for the same reason.
+-- send the call again with every key. Such a client learns the config from its calls with
+-- every key (one now and then); a one-key "config_get" (below) reads it on its own.
 --
 -- ARGV[1]  op: "lease" or "release"; with 4 keys also a config operation (below)
 -- ARGV[2]  rate       tokens added per period            (integer, 1 ..= 2^52)
