@@ -37,16 +37,25 @@ async fn two_instances_sharing_keys_stay_within_each_keys_budget() {
     let stop = Arc::new(AtomicBool::new(false));
     // admitted[instance][key]
     let admitted: Arc<[[AtomicU64; KEYS]; 2]> = Arc::default();
+    // Requests made per key: on a loaded machine the loops run slower than planned, and what
+    // the limiters could admit is bounded by that demand too.
+    let asked: Arc<[AtomicU64; KEYS]> = Arc::default();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (i, limiter) in [a.clone(), b.clone()].into_iter().enumerate() {
         for task in 0..2u64 {
-            let (limiter, stop, admitted) = (limiter.clone(), stop.clone(), admitted.clone());
+            let (limiter, stop, admitted, asked) = (
+                limiter.clone(),
+                stop.clone(),
+                admitted.clone(),
+                asked.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 let mut n = task;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
                     let key = n % KEYS as u64;
+                    asked[key as usize].fetch_add(1, Ordering::Relaxed);
                     // Instance 0 answers synchronously, instance 1 waits a little.
                     let allowed = if i == 0 {
                         limiter.try_acquire(&key, 1).unwrap().is_allowed()
@@ -82,9 +91,13 @@ async fn two_instances_sharing_keys_stay_within_each_keys_budget() {
             total <= bound,
             "key {key}: {x} + {y} admitted, bound {bound:.1}"
         );
+        // Demand is planned far above the rate (about 10× per key); the check is against what
+        // was asked if a loaded machine slowed the loops below the bound.
+        let asked = asked[key].load(Ordering::Relaxed) as f64;
+        let could = bound.min(asked);
         assert!(
-            total >= 0.7 * bound,
-            "key {key}: demand was far above the rate, yet only {total} of {bound:.1}"
+            total >= 0.7 * could,
+            "key {key}: only {total} admitted of {could:.1} ({asked} asked, bound {bound:.1})"
         );
         assert!(
             x > 0 && y > 0,
