@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use certs::{ca, cert};
-use ratelease::{Error, Quota, RedisLimiter, RedisStore};
+use ratelease::{Error, Quota, RedisLimiter, RedisLock, RedisStore};
 use rcgen::{CertifiedIssuer, KeyPair};
 use support::{error_chain, BucketState, RedisServer};
 
@@ -77,6 +77,46 @@ async fn a_store_with_a_client_certificate_is_served() {
         assert_eq!(allowed, [true, true, true, false], "{name}");
         let state = BucketState::read(&s.server, &format!("ratelease:{{{name}}}"));
         assert!(state.is_some(), "{name}: no bucket on the server");
+    }
+}
+
+/// A lock on the store (`RedisLock::builder_on_store`) shares its connection and its client —
+/// certificate included — for its commands and for the unlock subscription a waiter uses, on
+/// an eager and on a lazy store alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_on_an_mtls_store_shares_its_client_certificate() {
+    let s = setup();
+    for (name, lazy) in [("job", false), ("job-lazy", true)] {
+        let mut b = builder(&s).tls_client_certificate(s.client_cert.clone(), s.client_key.clone());
+        if lazy {
+            b = b.lazy_connect();
+        }
+        let store = b.connect().await.unwrap();
+        // Polling so slow that only the subscription can wake the waiter within the test.
+        let lock = RedisLock::builder_on_store(&store, name)
+            .poll_interval(Duration::from_secs(30))
+            .connect()
+            .await
+            .unwrap();
+        let (me, them) = (lock.new_owner(), lock.new_owner());
+        let mine = lock.try_lock(&me).await.unwrap().expect("free");
+        assert!(
+            lock.try_lock(&them).await.unwrap().is_none(),
+            "{name}: held"
+        );
+        // A waiter is woken through the subscription when the lock is let go.
+        let waiter = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.lock(&them).await.map(|g| g.owner().task_id()) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        mine.unlock().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter was never woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, them.task_id(), "{name}");
     }
 }
 
