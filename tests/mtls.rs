@@ -52,6 +52,15 @@ fn builder(s: &Setup) -> ratelease::RedisStoreBuilder {
         .response_timeout(Duration::from_secs(2))
 }
 
+/// A store presenting the accepted client certificate, connected now or lazily.
+async fn certified_store(s: &Setup, lazy: bool) -> RedisStore {
+    let mut b = builder(s).tls_client_certificate(s.client_cert.clone(), s.client_key.clone());
+    if lazy {
+        b = b.lazy_connect();
+    }
+    b.connect().await.unwrap()
+}
+
 /// A rate so slow that nothing refills during a test.
 fn slow(burst: u64) -> Quota {
     Quota::new(1, Duration::from_secs(3600))
@@ -64,11 +73,7 @@ fn slow(burst: u64) -> Quota {
 async fn a_store_with_a_client_certificate_is_served() {
     let s = setup();
     for (name, lazy) in [("mtls", false), ("mtls-lazy", true)] {
-        let mut b = builder(&s).tls_client_certificate(s.client_cert.clone(), s.client_key.clone());
-        if lazy {
-            b = b.lazy_connect();
-        }
-        let store = b.connect().await.unwrap();
+        let store = certified_store(&s, lazy).await;
         let limiter = RedisLimiter::new(name, slow(3), store).unwrap();
         let mut allowed = Vec::new();
         for _ in 0..4 {
@@ -87,11 +92,7 @@ async fn a_store_with_a_client_certificate_is_served() {
 async fn a_lock_on_an_mtls_store_shares_its_client_certificate() {
     let s = setup();
     for (name, lazy) in [("job", false), ("job-lazy", true)] {
-        let mut b = builder(&s).tls_client_certificate(s.client_cert.clone(), s.client_key.clone());
-        if lazy {
-            b = b.lazy_connect();
-        }
-        let store = b.connect().await.unwrap();
+        let store = certified_store(&s, lazy).await;
         // Polling so slow that only the subscription can wake the waiter within the test.
         let lock = RedisLock::builder_on_store(&store, name)
             .poll_interval(Duration::from_secs(30))
