@@ -286,10 +286,10 @@ where
 {
     /// Takes `n` tokens of `key` locally, or says when to retry. Never waits.
     ///
-    /// The hot path: a map read and a CAS on the key's token word. A key without tokens (a new
-    /// key, or one whose tokens are spent) is denied with a `retry_after` of about one store
-    /// round trip while its lease is fetched; a key the store said is empty is denied until
-    /// the store said it can serve.
+    /// The hot path: the key's shard locked, its entry found, its token count read and
+    /// written (see the module docs). A key without tokens (a new key, or one whose tokens
+    /// are spent) is denied with a `retry_after` of about one store round trip while its lease
+    /// is fetched; a key the store said is empty is denied until the store said it can serve.
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`]; [`Error::Closed`] after shutdown.

@@ -252,23 +252,28 @@ impl RedisStore {
     /// The script's four keys for `name`'s bucket of `client` (or its fleet-wide one).
     fn keys(&self, name: &str, client: Option<u64>) -> [String; 4] {
         let config = self.config_key(name);
-        let bucket = format!("{}{}", self.key(name), budget_suffix(client));
+        let bucket = self.bucket_key(name, client);
         let (leasers, expiry) = (format!("{bucket}:leasers"), format!("{bucket}:expiry"));
         [bucket, leasers, expiry, config]
     }
 
-    /// Runs the script: `op`, then the arguments after `burst` (`min`: the lease's, 0 for a
-    /// release, `None` if the script will refuse the arguments). An anonymous call sends the
-    /// bucket's key alone, under the name's config as read within the refresh time (see
-    /// `config_cache.rs`); every other call, one that refreshes the config and one on a bucket
-    /// with leasers, every key. A call that read the config updates what is known.
+    /// The key of `name`'s bucket of `client` (or its fleet-wide one).
+    fn bucket_key(&self, name: &str, client: Option<u64>) -> String {
+        format!("{}{}", self.key(name), budget_suffix(client))
+    }
+
+    /// Runs the script: `op`, then the arguments after `burst`. An anonymous call the script
+    /// will accept (`anonymous`) sends the bucket's key alone, under the name's config as read
+    /// within the refresh time (see `config_cache.rs`); every other call, one that refreshes
+    /// the config and one on a bucket with leasers, every key. A call that read the config
+    /// updates what is known.
     async fn run(
         &self,
         name: &str,
         client: Option<u64>,
         quota: &Quota,
         op: &str,
-        min: Option<u64>,
+        anonymous: Option<Anonymous>,
         args: [String; 9],
     ) -> Result<LeaseReply, StoreError> {
         // Trailing empty arguments read as absent: a pure-mode call sends six, not thirteen
@@ -278,9 +283,11 @@ impl RedisStore {
             .rposition(|a| !a.is_empty())
             .map_or(0, |i| i + 1);
         let args = &args[..used];
-        // Argument 8 (index 3 here) is the node: empty for an anonymous call.
-        let anonymous = args.get(3).is_none_or(String::is_empty);
-        if let Some(min) = min.filter(|_| anonymous && self.configs.enabled()) {
+        if let Some(Anonymous {
+            min,
+            configured_only,
+        }) = anonymous.filter(|_| self.configs.enabled())
+        {
             // `None`: this call reads the config (every key) and refreshes what is known.
             let config = self.configs.fresh(name);
             // The script checks `min` against the caller's burst (a request above it is an
@@ -289,7 +296,7 @@ impl RedisStore {
             if let Some(config) =
                 config.filter(|c| min <= c.map_or(quota.burst(), |c| c.burst().min(quota.burst())))
             {
-                let configured_only = args.get(8).is_some_and(|a| a == "none");
+                // An anonymous call's arguments: want, min, now (the rest are empty).
                 if let Some(reply) = self
                     .run_one_key(
                         name,
@@ -360,7 +367,7 @@ impl RedisStore {
             }
             None => (*quota, QuotaSource::Caller),
         };
-        let bucket = [self.keys(name, client)[0].clone()];
+        let bucket = [self.bucket_key(name, client)];
         let head = quota_args(op, &quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &bucket, head.iter().chain(args)).await?;
         match reply[..] {
@@ -479,6 +486,16 @@ impl RedisStore {
     }
 }
 
+/// An anonymous token-bucket call whose arguments the script accepts: one that may go with the
+/// bucket's key alone.
+#[derive(Debug, Clone, Copy)]
+struct Anonymous {
+    /// The lease's fewest acceptable tokens (0 for a release).
+    min: u64,
+    /// Do nothing if the name has no stored config (else run under the caller's quota).
+    configured_only: bool,
+}
+
 /// `op` and the quota: the script's first four arguments.
 fn quota_args(op: &str, quota: &Quota) -> [String; 4] {
     [
@@ -548,10 +565,15 @@ impl LeaseStore for RedisStore {
             ttl,
             if req.fallback_to_caller { "" } else { "none" }.to_owned(),
         ];
-        // Arguments the script accepts (else every key: it answers the error); `min` too.
+        // Arguments the script accepts (else every key: it answers the error).
         let valid = 1 <= req.min && req.min <= req.want && req.want <= MAX_VALUE;
-        let min = (valid && req.min <= quota.burst()).then_some(req.min);
-        self.run(name, req.client, quota, "lease", min, args).await
+        let anonymous =
+            (req.node.is_none() && valid && req.min <= quota.burst()).then_some(Anonymous {
+                min: req.min,
+                configured_only: !req.fallback_to_caller,
+            });
+        self.run(name, req.client, quota, "lease", anonymous, args)
+            .await
     }
 
     async fn release(
@@ -585,8 +607,11 @@ impl LeaseStore for RedisStore {
             String::new(),
             String::new(),
         ];
-        let min = (req.tokens <= MAX_VALUE).then_some(0);
-        self.run(name, req.client, quota, "release", min, args)
+        let anonymous = (req.node.is_none() && req.tokens <= MAX_VALUE).then_some(Anonymous {
+            min: 0,
+            configured_only: false,
+        });
+        self.run(name, req.client, quota, "release", anonymous, args)
             .await
     }
 }
