@@ -346,18 +346,18 @@ pub(crate) fn manager_on(
     ConnectionManager::new_lazy_with_config(client, manager_config(settings))
 }
 
-/// A connection manager on the caller's `client`, with these settings (lazy or not).
+/// A connection manager on `client`, with these settings (lazy or not).
 pub(crate) async fn manager_for(
     client: redis::Client,
     settings: &ConnectSettings,
 ) -> Result<ConnectionManager, ConnectError> {
-    let config = manager_config(settings);
     if settings.lazy {
+        // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
         let addr = client.get_connection_info().addr().to_string();
-        return ConnectionManager::new_lazy_with_config(client, config)
+        return manager_on(client, settings)
             .map_err(|e| ConnectError::Url(format!("cannot connect to {addr}: {e}")));
     }
-    ConnectionManager::new_with_config(client, config)
+    ConnectionManager::new_with_config(client, manager_config(settings))
         .await
         .map_err(ConnectError::Redis)
 }
@@ -368,18 +368,7 @@ pub(crate) async fn connection_manager(
     settings: &ConnectSettings,
 ) -> Result<(redis::Client, ConnectionManager), ConnectError> {
     let client = settings.client(url)?;
-    let config = manager_config(settings);
-    let conn = if settings.lazy {
-        // Fails only for a configuration redis-rs cannot use, never for an unreachable server.
-        ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(|e| {
-            let url = crate::key::redact_url(url);
-            ConnectError::Url(format!("cannot connect to {url:?}: {e}"))
-        })?
-    } else {
-        ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(ConnectError::Redis)?
-    };
+    let conn = manager_for(client.clone(), settings).await?;
     Ok((client, conn))
 }
 
