@@ -212,4 +212,14 @@ async fn bad_pem_is_a_configuration_error() {
         matches!(&err, Error::Config(m) if m.contains("tls root certificate")),
         "{err:?}"
     );
+    // A lock on a URL checks its root certificate the same way, before connecting.
+    let err = RedisLock::builder(s.server.url(), "job")
+        .tls_root_certificate("garbage")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ratelease::LockError::Config(m) if m.contains("tls root certificate")),
+        "{err:?}"
+    );
 }

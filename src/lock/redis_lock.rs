@@ -228,6 +228,8 @@ impl RedisLockBuilder {
                 other => other,
             },
         };
+        // A bad PEM is a configuration error that names it, as for a store.
+        settings.validate().map_err(connect_error)?;
         let (client, conn) = match self.target {
             LockTarget::Url(url) => connection_manager(&url, &settings)
                 .await
