@@ -45,8 +45,10 @@
 --   ARGV[10] leaving: 1 if the node stops leasing (its record is removed), else 0
 -- ARGV[13] with 4 keys, lease and release: what to do when the name has no stored config:
 --          "" (or "caller") run under the caller's quota; "none" do nothing (source 2 below)
+-- ARGV[14] lease with a node: the rate it asks to hold (a rate lease, below), millitokens per
+--          second (integer, 0 ..= 2^52); absent or "": none, and the reply has no rate_mtps
 --
--- Reply: { granted, remaining, retry_after_us, reset_after_us, share_mtps }
+-- Reply: { granted, remaining, retry_after_us, reset_after_us, share_mtps, rate_mtps }
 --   granted        tokens taken by this call (0 for release, and for a lease that could not
 --                  reach its minimum)
 --   remaining      whole tokens left in the bucket after the call
@@ -54,7 +56,10 @@
 --                  also sent with a grant, so a node can pace itself instead of asking in vain
 --   reset_after_us how long until the bucket stops refilling (capacity − outstanding)
 --   share_mtps     the node's fair share of the rate, millitokens per second (0 if anonymous)
--- With 4 keys the reply goes on: rate, period_us, burst (the quota the call ran under), source
+--   rate_mtps      only if the call asked for a rate (ARGV[14]): the rate the node now holds,
+--                  millitokens per second (0 if none could be granted)
+-- With 4 keys the reply is { granted, remaining, retry_after_us, reset_after_us, share_mtps,
+--   rate, period_us, burst, source[, rate_mtps] }: the quota the call ran under and its source
 --   (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0).
 --
 -- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
@@ -87,6 +92,19 @@
 -- only against credit. A node is served only when it can get a horizon of its share (or its
 -- min, or its want if smaller), and every reply says when that will be, so a busy node makes
 -- about one call per horizon, not one per token.
+--
+-- Rate leases. A node may also ask to hold a rate (ARGV[14]): at most its share and the rate
+-- no other leaser holds. The bucket keeps the sum of held rates R and refills at rate − R, so
+-- the node's rate is carved out of the refill, not added to it; the node adds what its rate
+-- earns to its local bucket itself (a "drip"), without a call, until its lease expires or it
+-- asks again (which ends the old rate and starts the new one at this call's time). A drip may
+-- fill the node's local bucket `headroom` tokens above what it holds on record, and covers at
+-- most one step (horizon / 4) of time, so the node runs ahead of a continuous bucket by at most
+-- one step's tokens; both are counted as outstanding (`rate_room` = 2 × headroom), taken from
+-- the bucket when the rate is granted, and freed with the rate. A sum of token buckets admits at
+-- most the sum of their capacities plus the sum of their rates × W, so the fleet still admits
+-- at most burst + rate × W. Tokens a node spends from its rate are never reported: what it
+-- reports as held is at most what it holds on record.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -178,7 +196,7 @@ if not now then return bad('now_us') end
 local node = ARGV[8] or ''
 if #node > 128 then return bad('node') end
 if #KEYS == 1 and node ~= '' then return bad('keys: a leaser sends 3 or 4') end
-local held, demand, horizon, ttl, seq, leaving
+local held, demand, horizon, ttl, seq, leaving, want_rate
 if node ~= '' then
   if op == 'lease' then
     held = int_arg(9, 0, MAX)
@@ -189,6 +207,10 @@ if node ~= '' then
     if not horizon then return bad('horizon_us') end
     ttl = int_arg(12, 1, MAX)
     if not ttl then return bad('ttl_us') end
+    if ARGV[14] ~= nil and ARGV[14] ~= '' then
+      want_rate = int_arg(14, 0, MAX)
+      if not want_rate then return bad('rate_mtps') end
+    end
   else
     seq = int_arg(9, 0, MAX)
     if not seq then return bad('seq') end
@@ -205,6 +227,7 @@ if #KEYS == 4 then
   if c then
     q, source = c, 1
   elseif ARGV[13] == 'none' then
+    if want_rate then return { 0, 0, 0, 0, 0, rate, period, burst, 2, 0 } end
     return { 0, 0, 0, 0, 0, rate, period, burst, 2 }
   elseif ARGV[13] ~= nil and ARGV[13] ~= '' and ARGV[13] ~= 'caller' then
     return bad('unconfigured')
@@ -213,6 +236,23 @@ end
 rate, period, burst = q.rate, q.period, q.burst
 local scale, inc, cap = q.scale, q.inc, q.cap
 local STATE, STATE_LEN = '<Bddddddddd', 73
+-- The bucket while leasers hold rates: format 2, the same fields and R after them.
+local STATE2, STATE2_LEN = '<Bdddddddddd', 81
+-- How long a retry waits while leasers hold the whole rate (the bucket does not refill).
+local RESERVED_RETRY_US = 1000000
+
+-- Rate held by leasers (rate leases), millitokens per second: the bucket refills at the rate
+-- less this. Set when the bucket is loaded (never in the pure-mode short path: no leasers).
+local res = 0
+
+-- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers.
+local function fill_time(p, units)
+  if res == 0 then return ceil_div(units, p.inc) end
+  if units == 0 then return 0 end
+  local eff = p.inc - res * p.scale / 1e9
+  if eff <= 0 then return RESERVED_RETRY_US end
+  return math.min(math.ceil(units / eff), MAX_TIME)
+end
 
 -- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
 -- Returns the tokens granted, the level left and when a lease of `min` could succeed (µs).
@@ -224,7 +264,7 @@ local function take_anonymous(level)
     level = level - granted * scale
   end
   local need = min * scale - level
-  if need > 0 then retry = ceil_div(need, inc) end
+  if need > 0 then retry = fill_time(q, need) end
   return granted, level, retry
 end
 
@@ -287,7 +327,9 @@ end
 -- The bucket is one string: a format byte (1), then nine little-endian doubles — level v (in
 -- 1/scale token units), scale s, time t (µs), outstanding o, demand d, the quota r p b it was
 -- written under, and x, the latest lease expiry on record in µs (0: no leaser records, so a
--- pure-mode call skips the leasers' keys altogether). Packed, not printed: turning a number
+-- pure-mode call skips the leasers' keys altogether). While leasers hold rates (R > 0) the
+-- string is format 2: the same fields, then R (so a bucket without rate leases is written as
+-- earlier versions wrote it). Packed, not printed: turning a number
 -- into text costs Redis's Lua more than a command does, and one GET and one SET … PX are
 -- the cheapest read and write there are. A bucket stored as a hash (v s t o d r p b fields, as
 -- earlier versions wrote it) is read once and replaced.
@@ -303,18 +345,25 @@ local function wrong_type(reply)
     and string.sub(reply.err, 1, 9) == 'WRONGTYPE'
 end
 local raw = redis.pcall('GET', KEYS[1])
-local packed = type(raw) == 'string' and #raw == STATE_LEN
+local packed = type(raw) == 'string' and (#raw == STATE_LEN or #raw == STATE2_LEN)
 if packed then
-  local format
-  format, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
+  local format, rr
+  if #raw == STATE_LEN then
+    format, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
+    rr = 0
+  else
+    format, v, s, t, o, d, r, p, b, x, rr = struct.unpack(STATE2, raw)
+    if format == 2 then format = 1 else format = 0 end
+  end
   -- Numbers already, so int_val's checks written out (one comparison chain, no calls): every
   -- field an integer in range; anything else (or another format) reads as absent.
-  if not (format == 1 and v >= 0 and v <= MAX and v % 1 == 0 and s >= 1 and s <= MAX
+  if not (format == 1 and rr >= 0 and rr <= MAX and rr % 1 == 0 and v >= 0 and v <= MAX and v % 1 == 0 and s >= 1 and s <= MAX
       and s % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0 and o >= 0 and o <= MAX
       and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0) then
     v = nil
   end
   if not (x >= 0 and x <= MAX_TIME and x % 1 == 0) then x = nil end
+  if v then res = rr end
 elseif wrong_type(raw) then
   local h = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
   if type(h) == 'table' and h.err == nil then
@@ -351,33 +400,57 @@ end
 local leasers = latest ~= 0 or node ~= ''
 
 -- Lazy refill under quota `p` up to time `to`, never above capacity − outstanding, never
--- backwards.
+-- backwards; at the rate the leasers' rate leases (`res`) leave to the bucket: exact with none,
+-- else the reserved units rounded up and the gain down.
 local function refill(p, to)
   if to > ts then
     local room = ceiling(p, out) - level
     if room > 0 then
       local dt = to - ts
-      if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
+      if res == 0 then
+        if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
+      else
+        local eff = p.inc - res * p.scale / 1e9
+        if eff > 0 then
+          if dt >= math.ceil(room / eff) then
+            level = level + room
+          else
+            level = level + math.max(0, math.min(room,
+              math.floor(dt * p.inc - math.ceil(dt * res * p.scale / 1e9))))
+          end
+        end
+      end
     end
     ts = to
   end
 end
 
 -- A leaser record: outstanding tokens, demand, credit units, credit time, expiry, release seq;
--- packed like the bucket (a format byte 1, six little-endian doubles). A record written as text
--- ("o d c tc exp rseq", as earlier versions did) is still read, so its tokens stay counted.
+-- packed like the bucket (a format byte 1, six little-endian doubles); while it holds a rate,
+-- format 2 with its rate (mtps) and the tokens counted for it (`rate_room`) after them. A
+-- record written as text ("o d c tc exp rseq", as earlier versions did) is still read, so its
+-- tokens stay counted.
 local RECORD, RECORD_LEN = '<Bdddddd', 49
+local RECORD2, RECORD2_LEN = '<Bdddddddd', 65
 local function parse(raw)
   if type(raw) ~= 'string' then return nil end
-  if #raw == RECORD_LEN then
-    local fmt, o, d, c, tc, exp, rseq = struct.unpack(RECORD, raw)
+  if #raw == RECORD_LEN or #raw == RECORD2_LEN then
+    local fmt, o, d, c, tc, exp, rseq, rt, rm
+    if #raw == RECORD_LEN then
+      fmt, o, d, c, tc, exp, rseq = struct.unpack(RECORD, raw)
+      rt, rm = 0, 0
+    else
+      fmt, o, d, c, tc, exp, rseq, rt, rm = struct.unpack(RECORD2, raw)
+      if fmt == 2 then fmt = 1 else fmt = 0 end
+    end
     if fmt == 1 then
       -- Numbers already: int_val's checks written out, as for the bucket.
       if o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0
           and c >= 0 and c <= MAX and c % 1 == 0 and tc >= 0 and tc <= MAX_TIME and tc % 1 == 0
           and exp >= 0 and exp <= MAX_TIME and exp % 1 == 0 and rseq >= 0 and rseq <= MAX
-          and rseq % 1 == 0 then
-        return { o = o, d = d, c = c, tc = tc, exp = exp, rseq = rseq }
+          and rseq % 1 == 0 and rt >= 0 and rt <= MAX and rt % 1 == 0 and rm >= 0
+          and rm <= MAX and rm % 1 == 0 then
+        return { o = o, d = d, c = c, tc = tc, exp = exp, rseq = rseq, rt = rt, rm = rm }
       end
       return nil
     end
@@ -387,13 +460,17 @@ local function parse(raw)
   local r = {
     o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),
     tc = int_val(f[4], 0, MAX_TIME), exp = int_val(f[5], 0, MAX_TIME), rseq = int_val(f[6], 0, MAX),
+    rt = 0, rm = 0,
   }
   if not (r.o and r.d and r.c and r.tc and r.exp and r.rseq) then return nil end
   return r
 end
 
 local function encode(r)
-  return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq)
+  if r.rt == 0 and r.rm == 0 then
+    return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq)
+  end
+  return struct.pack(RECORD2, 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt, r.rm)
 end
 
 -- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
@@ -401,8 +478,9 @@ local forgot = false
 local function forget(id, r)
   forgot = true
   if r then
-    out = math.max(0, out - r.o)
+    out = math.max(0, out - (r.o + r.rm))
     dsum = math.max(0, dsum - r.d)
+    res = math.max(0, res - r.rt)
   end
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
@@ -429,7 +507,7 @@ if first ~= q then
   end
 end
 
-local granted, retry, share = 0, 0, 0
+local granted, retry, share, held_rate = 0, 0, 0, 0
 -- The expiry this call gave a lease, if any.
 local expiry = nil
 if op == 'lease' and min > burst then
@@ -439,17 +517,42 @@ elseif op == 'lease' and node == '' then
 elseif op == 'lease' then
   local r = parse(redis.call('HGET', KEYS[2], node))
   local fresh = r == nil
-  if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0 } end
+  if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0, rm = 0 } end
   -- What the node no longer holds, it spent.
-  if held > r.o then held = r.o end
-  out = math.max(0, out - (r.o - held))
+  -- Its rate lease ends here: tokens its rate brought and it still holds become its
+  -- outstanding tokens; the rest of the room counted for the rate is freed.
+  if held > r.o + r.rm then held = r.o + r.rm end
+  out = math.max(0, out - (r.o + r.rm - held))
   r.o = held
+  res = math.max(0, res - r.rt)
+  r.rt, r.rm = 0, 0
   dsum = math.min(math.max(0, dsum - r.d) + demand, MAX)
   r.d = demand
   -- Its share of the rate, in units per µs, and its credit.
   local rho = 0
   if demand > 0 then rho = inc * demand / dsum end
   share = math.min(math.floor(rho * 1e9 / scale), MAX)
+  -- A new rate lease, if asked for: at most its share and the rate no other leaser holds,
+  -- from now on, if the bucket has the room to count for it.
+  local step = floor_div(horizon, 4)
+  if want_rate and want_rate > 0 and step > 0 then
+    local fleet = math.min(math.floor(rate * 1e9 / period), MAX)
+    local tau = math.min(want_rate, share, math.max(0, fleet - res))
+    local whole = floor_div(level, scale)
+    local room = 2 * math.ceil(tau * step / 1e9)
+    if room > whole then
+      tau = math.min(tau, math.floor(floor_div(whole, 2) * 1e9 / step))
+      room = 2 * math.ceil(tau * step / 1e9)
+      if room > whole then tau, room = 0, 0 end
+    end
+    if tau > 0 then
+      level = level - room * scale
+      out = out + room
+      res = res + tau
+      r.rt, r.rm = tau, room
+      held_rate = tau
+    end
+  end
   -- At least `min`, so a request larger than a horizon of share waits longer, not forever.
   local ccap = math.min(math.max(math.floor(rho * horizon), min * scale), cap)
   if fresh then
@@ -485,7 +588,7 @@ elseif op == 'lease' then
   -- that second way is a mirage: other nodes drain the bucket long before it gets there.
   local short = need * scale - level
   if short > 0 then
-    retry = ceil_div(short, inc)
+    retry = fill_time(q, short)
     -- Refill stops at capacity − outstanding: past that, tokens come back only as other nodes
     -- report what they spent (at their next lease, about a horizon away) or return it, so
     -- asking sooner would only come back empty.
@@ -502,7 +605,7 @@ elseif op == 'lease' then
   local above = (reserve + need) * scale
   if floor_div(level, scale) >= reserve and above <= ceiling(q, out) then
     local by_free = 0
-    if above > level then by_free = ceil_div(above - level, inc) end
+    if above > level then by_free = fill_time(q, above - level) end
     if by_free < retry then retry = by_free end
   end
   r.exp = math.min(now + ttl, MAX_TIME)
@@ -527,7 +630,7 @@ else
   end
 end
 
-local reset = ceil_div(ceiling(q, out) - level, inc)
+local reset = fill_time(q, ceiling(q, out) - level)
 -- The latest lease expiry on record (0 if none): read back if a record may have gone.
 if latest == nil or forgot then
   latest = 0
@@ -551,8 +654,19 @@ else
     redis.call('PEXPIRE', KEYS[2], ms)
     redis.call('PEXPIRE', KEYS[3], ms)
   end
-  redis.call('SET', KEYS[1],
-    struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest), 'PX', ms)
+  local state
+  if res == 0 then
+    state = struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest)
+  else
+    state = struct.pack(STATE2, 2, level, scale, ts, out, dsum, rate, period, burst, latest, res)
+  end
+  redis.call('SET', KEYS[1], state, 'PX', ms)
 end
-if #KEYS < 4 then return { granted, floor_div(level, scale), retry, reset, share } end
-return { granted, floor_div(level, scale), retry, reset, share, rate, period, burst, source }
+local left = floor_div(level, scale)
+-- The rate held goes last, and only to a call that asked for one (earlier callers never do).
+if #KEYS < 4 then
+  if want_rate then return { granted, left, retry, reset, share, held_rate } end
+  return { granted, left, retry, reset, share }
+end
+if want_rate then return { granted, left, retry, reset, share, rate, period, burst, source, held_rate } end
+return { granted, left, retry, reset, share, rate, period, burst, source }

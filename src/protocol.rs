@@ -24,6 +24,11 @@ pub struct NodeLease {
     pub horizon: Duration,
     /// How long the lease is valid; the node must stop spending its tokens before then.
     pub ttl: Duration,
+    /// The rate it asks to hold until the lease expires or it asks again (a *rate lease*),
+    /// millitokens per second; 0 for none. The store grants at most the node's share and the
+    /// rate no other node holds ([`LeaseReply::rate_mtps`]); the node adds what the rate earns
+    /// to its local bucket itself, between calls.
+    pub rate_mtps: u64,
 }
 
 /// A node's side of a release.
@@ -174,6 +179,9 @@ pub struct LeaseReply {
     pub reset_after: Duration,
     /// The node's fair share of the rate, millitokens per second (0 for anonymous calls).
     pub share_mtps: u64,
+    /// The rate the node now holds (a rate lease, see [`NodeLease::rate_mtps`]), millitokens
+    /// per second (0 if none, and for anonymous calls).
+    pub rate_mtps: u64,
     /// The quota the call ran under: the name's stored config, or the caller's.
     pub quota: Quota,
     /// Where that quota came from ([`QuotaSource::Absent`]: nothing was done).
@@ -206,6 +214,7 @@ impl From<StepReply> for LeaseReply {
             retry_after: Duration::from_micros(r.retry_after_us),
             reset_after: Duration::from_micros(r.reset_after_us),
             share_mtps: r.share_mtps,
+            rate_mtps: r.rate_mtps,
             quota: r.quota,
             source: r.source,
             at: None,
@@ -242,6 +251,7 @@ impl Reply {
             retry_after: Duration::from_micros(self.retry_after_us),
             reset_after: Duration::from_micros(self.reset_after_us),
             share_mtps: 0,
+            rate_mtps: 0,
             quota: *quota,
             source: crate::QuotaSource::Caller,
             at: Some(Duration::from_micros(self.at_us)),

@@ -204,6 +204,7 @@ async fn a_capacity_cut_below_outstanding_keeps_conservation() {
         demand_mtps: 100_000,
         horizon: Duration::from_millis(100),
         ttl: Duration::from_secs(60),
+        rate_mtps: 0,
     };
     let r = store
         .lease("cut", &q, &LeaseRequest::new(80, 1).by(node(0)))

@@ -7,7 +7,12 @@
 //!
 //! - `level + outstanding ≤ capacity`: tokens held by nodes are never refilled behind their back;
 //! - `outstanding` is exactly the sum of the live leasers' records;
-//! - no leaser outlives its expiry.
+//! - no leaser outlives its expiry;
+//! - the rate held by leasers (rate leases) is the sum of their records, never above the rate.
+//!
+//! A second property runs nodes that spend, drip their rate leases into their local buckets
+//! as the limiter does, and checks the bound itself: in every window `W` the fleet spends at
+//! most `burst + rate × W`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -84,6 +89,7 @@ proptest! {
                         demand_mtps: demand,
                         horizon_us: 100_000,
                         ttl_us: 1_000_000,
+                        rate_mtps: demand / 2,
                     };
                     let op = Op::Lease { want, min: 1, node: Some(lease) };
                     let (reply, _) = step(&mut st, &quota, op, now).unwrap();
@@ -127,9 +133,13 @@ proptest! {
                 units + out * scale <= cap,
                 "level {units} + outstanding {out} × {scale} > {cap}"
             );
-            let sum: u64 = st.leasers.values().map(|l| l.outstanding).sum();
+            let sum: u64 = st.leasers.values().map(|l| l.outstanding + l.rate_room).sum();
             prop_assert_eq!(out, sum, "outstanding is the sum of the records");
             prop_assert!(st.leasers.values().all(|l| l.expires_us > now), "an expired leaser survived");
+            let reserved = st.bucket.map_or(0, |b| b.reserved_mtps);
+            let rates: u64 = st.leasers.values().map(|l| l.rate_mtps).sum();
+            prop_assert_eq!(reserved, rates, "the reserved rate is the sum of the records");
+            prop_assert!(reserved <= quota.rate() * 1_000, "more rate reserved than there is");
             prop_assert!(
                 st.expiry.len() == st.leasers.len()
                     && st.expiry.iter().all(|(e, id)| st.leasers.get(id).is_some_and(|l| l.expires_us == *e)),
@@ -137,4 +147,210 @@ proptest! {
             );
         }
     }
+}
+
+/// What a node does in the window-bound property.
+#[derive(Debug, Clone)]
+enum Move {
+    /// Lease on terms, asking for `rate` mtps too.
+    Lease {
+        node: u8,
+        want: u64,
+        demand: u64,
+        rate: u64,
+    },
+    /// Spend up to `n` of what the node holds locally.
+    Spend { node: u8, n: u64 },
+    /// The node's task drips what its rate earned.
+    Drip { node: u8 },
+    /// An anonymous (pure-mode) lease, spent at once.
+    Anonymous { want: u64 },
+    /// Time passes.
+    Wait { us: u64 },
+}
+
+fn moves(burst: u64, rate: u64) -> impl Strategy<Value = Move> {
+    prop_oneof![
+        3 => (0u8..3, 1..=burst, 0u64..4_000_000, 0..=rate * 2_000)
+            .prop_map(|(node, want, demand, rate)| Move::Lease { node, want, demand, rate }),
+        6 => (0u8..3, 1..=burst).prop_map(|(node, n)| Move::Spend { node, n }),
+        6 => (0u8..3).prop_map(|node| Move::Drip { node }),
+        1 => (1..=burst).prop_map(|want| Move::Anonymous { want }),
+        6 => (0u64..60_000).prop_map(|us| Move::Wait { us }),
+    ]
+}
+
+/// A node as the hybrid limiter's task keeps it: what it holds locally, what the store counts
+/// for it, and its rate lease's drip.
+#[derive(Debug, Default, Clone, Copy)]
+struct Node {
+    local: u64,
+    counted: u64,
+    rate_mtps: u64,
+    headroom: u64,
+    drip_from: u64,
+    carry: f64,
+    deadline: u64,
+}
+
+const HORIZON_US: u64 = 40_000;
+
+/// What the runs of the window-bound property did, so it is known to test something: rates
+/// granted, tokens dripped, and the tightest window against its bound.
+#[derive(Debug, Default)]
+struct Seen {
+    rates: u64,
+    dripped: u64,
+    tightest: f64,
+}
+
+#[test]
+fn rate_leases_keep_the_window_bound() {
+    let seen = std::cell::RefCell::new(Seen::default());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(256));
+    let strategy = (1u64..3_000, 1u64..300).prop_flat_map(|(rate, burst)| {
+        let quota = Quota::with_parts(rate, Duration::from_secs(1), burst).unwrap();
+        (
+            Just(quota),
+            prop::collection::vec(moves(burst, rate), 1..300),
+        )
+    });
+    runner
+        .run(&strategy, |(quota, script)| {
+            window_bound_case(&quota, &script, &mut seen.borrow_mut())
+        })
+        .unwrap();
+    let seen = seen.into_inner();
+    assert!(seen.rates > 200, "only {} rate leases granted", seen.rates);
+    assert!(seen.dripped > 1_000, "only {} tokens dripped", seen.dripped);
+    assert!(
+        seen.tightest > 0.95,
+        "no window came near its bound (at most {:.3} of it)",
+        seen.tightest
+    );
+}
+
+fn window_bound_case(
+    quota: &Quota,
+    script: &[Move],
+    seen: &mut Seen,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let quota = *quota;
+    {
+        use ratelease::algorithm::token_bucket::{drip_headroom, drip_step_us};
+        let mut st = Stored::default();
+        let mut now = 1_000_000u64;
+        let mut nodes = [Node::default(); 3];
+        let ids = ["a", "b", "c"];
+        let step_us = drip_step_us(HORIZON_US);
+        // (time, tokens) of every spend.
+        let mut spent: Vec<(u64, u64)> = Vec::new();
+        for m in script {
+            match *m {
+                Move::Lease {
+                    node,
+                    want,
+                    demand,
+                    rate,
+                } => {
+                    let n = &mut nodes[usize::from(node)];
+                    // The task drips up to the call, and not while it is in flight.
+                    seen.dripped += drip(n, now, step_us);
+                    // Everything it holds: tokens its rate brought become counted ones.
+                    let held = n.local;
+                    let lease = NodeLeaseArgs {
+                        id: ids[usize::from(node)],
+                        held,
+                        demand_mtps: demand,
+                        horizon_us: HORIZON_US,
+                        ttl_us: 1_000_000,
+                        rate_mtps: rate,
+                    };
+                    let op = Op::Lease {
+                        want,
+                        min: 1,
+                        node: Some(lease),
+                    };
+                    let (reply, _) = step(&mut st, &quota, op, now).unwrap();
+                    n.counted = held + reply.granted;
+                    n.local += reply.granted;
+                    n.rate_mtps = reply.rate_mtps;
+                    n.headroom = drip_headroom(reply.rate_mtps, step_us);
+                    n.drip_from = now;
+                    n.carry = 0.0;
+                    n.deadline = now + 900_000;
+                    seen.rates += u64::from(reply.rate_mtps > 0);
+                }
+                Move::Spend { node, n: want } => {
+                    let n = &mut nodes[usize::from(node)];
+                    let take = want.min(n.local);
+                    if take > 0 {
+                        n.local -= take;
+                        spent.push((now, take));
+                    }
+                }
+                Move::Drip { node } => {
+                    seen.dripped += drip(&mut nodes[usize::from(node)], now, step_us)
+                }
+                Move::Anonymous { want } => {
+                    let op = Op::Lease {
+                        want,
+                        min: 1,
+                        node: None,
+                    };
+                    let (reply, _) = step(&mut st, &quota, op, now).unwrap();
+                    if reply.granted > 0 {
+                        spent.push((now, reply.granted));
+                    }
+                }
+                Move::Wait { us } => {
+                    now += us;
+                    for n in &mut nodes {
+                        // At 90 % of the ttl the node drops what it holds and its rate.
+                        if n.deadline > 0 && now >= n.deadline {
+                            *n = Node::default();
+                        }
+                    }
+                }
+            }
+        }
+        // Every window from one spend to another: at most burst + rate × W, in exact integers
+        // (tokens × period ≤ burst × period + rate × W).
+        let (rate, period, burst) = (quota.rate(), quota.period_us(), quota.burst());
+        for (i, &(start, _)) in spent.iter().enumerate() {
+            let mut total = 0u64;
+            for &(at, n) in &spent[i..] {
+                total += n;
+                let bound = burst * period + rate * (at - start);
+                seen.tightest = seen.tightest.max((total * period) as f64 / bound as f64);
+                prop_assert!(
+                    total * period <= bound,
+                    "{total} tokens spent in {} µs from {start}: more than {burst} + {rate} per {period} µs",
+                    at - start
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The limiter's drip: what the rate earned since the last drip, over at most one step, up to
+/// the node's counted tokens plus its headroom.
+fn drip(n: &mut Node, now: u64, step_us: u64) -> u64 {
+    if n.rate_mtps == 0 || now <= n.drip_from {
+        return 0;
+    }
+    let dt = (now - n.drip_from).min(step_us);
+    n.drip_from = now;
+    let amount = n.rate_mtps as f64 * dt as f64 / 1e9 + n.carry;
+    let whole = amount.floor();
+    let room = (n.counted + n.headroom).saturating_sub(n.local);
+    let add = (whole as u64).min(room);
+    n.carry = if add as f64 == whole {
+        amount - whole
+    } else {
+        0.0
+    };
+    n.local += add;
+    add
 }

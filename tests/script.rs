@@ -47,14 +47,19 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
         0u64..5_000_000,
         1u64..=period * 2,
         1u64..=period * 4,
+        // Half of the leases also ask for a rate (a rate lease).
+        prop_oneof![Just(0u64), 0u64..5_000_000],
     )
-        .prop_map(|(id, held, demand_mtps, horizon, ttl)| NodeLease {
-            id,
-            held,
-            demand_mtps,
-            horizon: Duration::from_micros(horizon),
-            ttl: Duration::from_micros(ttl),
-        });
+        .prop_map(
+            |(id, held, demand_mtps, horizon, ttl, rate_mtps)| NodeLease {
+                id,
+                held,
+                demand_mtps,
+                horizon: Duration::from_micros(horizon),
+                ttl: Duration::from_micros(ttl),
+                rate_mtps,
+            },
+        );
     let node_release = (0u64..3, 0u64..6, any::<bool>())
         .prop_map(|(id, seq, leaving)| NodeRelease { id, seq, leaving });
     // Config changes: near the caller's quota (small rescales), and anything at all.
@@ -112,6 +117,7 @@ fn memory_store_and_lua_script_agree() {
     let case = AtomicU64::new(0);
     let compared = std::cell::Cell::new(0u64);
     let stored_quota = std::cell::Cell::new(0u64);
+    let rated = std::cell::Cell::new(0u64);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(160));
     runner
         .run(
@@ -168,6 +174,9 @@ fn memory_store_and_lua_script_agree() {
                         if matches!(&m, Ok(reply) if reply.source == QuotaSource::Stored) {
                             stored_quota.set(stored_quota.get() + 1);
                         }
+                        if matches!(&m, Ok(reply) if reply.rate_mtps > 0) {
+                            rated.set(rated.get() + 1);
+                        }
                         prop_assert!(
                             same(&m, &r),
                             "{step:?} on {q:?}: memory {m:?} vs redis {r:?}"
@@ -186,6 +195,9 @@ fn memory_store_and_lua_script_agree() {
         stored > 100,
         "only {stored} replies ran under a stored quota"
     );
+    // Rate leases granted (and so refills at a reduced rate, expiries that end them) too.
+    let rated = rated.get();
+    assert!(rated > 50, "only {rated} replies granted a rate");
 }
 
 /// A store on `server` whose calls pass an explicit time: a fake clock at 1 000 s.
@@ -304,6 +316,7 @@ async fn the_bucket_never_outlives_its_leasers_keys() {
         demand_mtps: 50_000,
         horizon: Duration::from_millis(100),
         ttl: Duration::from_secs(10),
+        rate_mtps: 0,
     };
     let lease = LeaseRequest::new(10, 1).by(node);
     assert!(store.lease("ttl", &q, &lease).await.unwrap().granted > 0);

@@ -38,6 +38,7 @@ fn reply(quota: &Quota, granted: u64) -> LeaseReply {
         retry_after: Duration::ZERO,
         reset_after: Duration::ZERO,
         share_mtps: 0,
+        rate_mtps: 0,
         quota: *quota,
         source: QuotaSource::Caller,
         at: None,

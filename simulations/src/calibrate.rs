@@ -205,6 +205,7 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
             demand_mtps: 1_000_000,
             horizon: Duration::from_millis(100),
             ttl: Duration::from_secs(600),
+            rate_mtps: 0,
         };
         // Put every leaser on record first (not measured).
         for id in 0..leasers {

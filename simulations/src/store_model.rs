@@ -270,6 +270,7 @@ impl StoreModel {
                     retry_after: Duration::ZERO,
                     reset_after: Duration::ZERO,
                     share_mtps: 0,
+                    rate_mtps: 0,
                     quota,
                     source: ratelease::QuotaSource::Caller,
                     at: None,

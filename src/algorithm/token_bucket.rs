@@ -34,6 +34,71 @@ pub const MAX_TIME_US: u64 = 1 << 53;
 /// Longest node id, in bytes.
 pub const MAX_NODE_LEN: usize = 128;
 
+/// Microseconds a retry waits while rate leases hold the whole rate, so the bucket does not
+/// refill: it does again as they are renewed smaller or expire, about a second apart.
+pub const RESERVED_RETRY_US: u64 = 1_000_000;
+
+/// How long one drip of a rate lease may cover, µs: a quarter of the node's horizon. A node
+/// adds the tokens its rate earned since its last drip, but never for more than this, so
+/// between two drips it can run ahead of a continuous bucket by at most one step's tokens.
+pub fn drip_step_us(horizon_us: u64) -> u64 {
+    horizon_us / 4
+}
+
+/// Tokens one drip step of `rate_mtps` earns, rounded up: how far above its counted tokens a
+/// node holding that rate may fill its local bucket.
+pub fn drip_headroom(rate_mtps: u64, step_us: u64) -> u64 {
+    (rate_mtps as f64 * step_us as f64 / 1e9).ceil() as u64
+}
+
+/// Tokens the store counts as outstanding for a rate lease: the node's headroom, plus one
+/// step's tokens for the run-ahead of a drip (see [`drip_step_us`]).
+pub fn drip_room(rate_mtps: u64, step_us: u64) -> u64 {
+    2 * drip_headroom(rate_mtps, step_us)
+}
+
+/// Units a bucket under `q` gains in `dt` µs while leasers hold `reserved` millitokens per
+/// second of its rate, at most `room`. With nothing reserved it is exact (`dt × inc`); with a
+/// reservation the reserved units are rounded up and the gain down, so the shared bucket never
+/// gains more than the rate left to it.
+fn gain(q: &Quota, reserved: u64, dt: u64, room: u64) -> u64 {
+    let inc = q.increment();
+    if reserved == 0 {
+        return if dt >= room.div_ceil(inc) {
+            room
+        } else {
+            dt * inc
+        };
+    }
+    let scale = q.scale() as f64;
+    let eff = inc as f64 - reserved as f64 * scale / 1e9;
+    if eff <= 0.0 {
+        return 0;
+    }
+    if dt as f64 >= (room as f64 / eff).ceil() {
+        return room;
+    }
+    let add = (dt as f64 * inc as f64 - (dt as f64 * reserved as f64 * scale / 1e9).ceil()).floor();
+    add.min(room as f64).max(0.0) as u64
+}
+
+/// Microseconds until a bucket under `q` gains `units`, while `reserved` millitokens per
+/// second of its rate are held by leasers ([`RESERVED_RETRY_US`] if all of it is).
+fn fill_time(q: &Quota, reserved: u64, units: u64) -> u64 {
+    let inc = q.increment();
+    if reserved == 0 {
+        return units.div_ceil(inc);
+    }
+    if units == 0 {
+        return 0;
+    }
+    let eff = inc as f64 - reserved as f64 * q.scale() as f64 / 1e9;
+    if eff <= 0.0 {
+        return RESERVED_RETRY_US;
+    }
+    (units as f64 / eff).ceil().min(MAX_TIME_US as f64) as u64
+}
+
 /// The stored bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
@@ -54,6 +119,10 @@ pub struct BucketState {
     pub period_us: u64,
     /// … its burst.
     pub burst: u64,
+    /// Rate reserved by leasers (rate leases), millitokens per second: the bucket refills at
+    /// the quota's rate less this. 0 when no leaser holds a rate (then the state is stored in
+    /// the format earlier versions read).
+    pub reserved_mtps: u64,
 }
 
 /// One leaser's record.
@@ -71,6 +140,10 @@ pub struct Leaser {
     pub expires_us: u64,
     /// Last release sequence number applied.
     pub release_seq: u64,
+    /// The rate it holds (a rate lease), millitokens per second; 0 if none.
+    pub rate_mtps: u64,
+    /// Tokens counted as outstanding for its rate lease (see [`drip_room`]).
+    pub rate_room: u64,
 }
 
 /// Everything stored for one limiter name: the bucket and its leasers.
@@ -100,6 +173,8 @@ pub struct NodeLeaseArgs<'a> {
     pub horizon_us: u64,
     /// How long the lease is valid, µs.
     pub ttl_us: u64,
+    /// The rate it asks to hold (a rate lease), millitokens per second; 0 for none.
+    pub rate_mtps: u64,
 }
 
 /// A node's release arguments as the script reads them (see [`crate::NodeRelease`]).
@@ -148,6 +223,9 @@ pub struct StepReply {
     pub reset_after_us: u64,
     /// The node's fair share, millitokens per second (0 for anonymous calls).
     pub share_mtps: u64,
+    /// The rate the node now holds (a rate lease), millitokens per second (0 if none, and
+    /// for anonymous calls).
+    pub rate_mtps: u64,
     /// The quota the step ran under.
     pub quota: Quota,
     /// Where that quota came from.
@@ -284,6 +362,7 @@ pub fn step_with(
                 retry_after_us: 0,
                 reset_after_us: 0,
                 share_mtps: 0,
+                rate_mtps: 0,
                 quota: *quota,
                 source: QuotaSource::Absent,
             };
@@ -302,7 +381,7 @@ pub fn step_with(
 
     // Load; a bucket that is not valid reads as full with nothing outstanding. A bucket
     // written under another quota first runs to `now` under that one (`first`).
-    let (mut level, mut ts, mut out, mut dsum) = (cap, now, 0u64, 0u64);
+    let (mut level, mut ts, mut out, mut dsum, mut res) = (cap, now, 0u64, 0u64, 0u64);
     let mut first = quota;
     if let Some(b) = stored.bucket.filter(|b| {
         b.level <= max
@@ -310,6 +389,7 @@ pub fn step_with(
             && b.ts_us <= MAX_TIME_US
             && b.outstanding <= max
             && b.demand <= max
+            && b.reserved_mtps <= max
     }) {
         first = written_under(&b).unwrap_or(quota);
         level = rescale(b.level, b.scale, first.scale(), first.burst());
@@ -317,20 +397,16 @@ pub fn step_with(
         level = level.min(ceiling(first.burst() * first.scale(), out, first.scale()));
         ts = b.ts_us;
         dsum = b.demand;
+        res = b.reserved_mtps;
     }
 
     // Lazy refill under quota `q` up to time `to`, never above capacity − outstanding, never
-    // backwards.
-    let refill = |q: &Quota, level: &mut u64, ts: &mut u64, out: u64, to: u64| {
+    // backwards; at the rate the leasers' rate leases (`res`) leave to the bucket.
+    let refill = |q: &Quota, level: &mut u64, ts: &mut u64, out: u64, res: u64, to: u64| {
         if to > *ts {
             let room = ceiling(q.burst() * q.scale(), out, q.scale()).saturating_sub(*level);
             if room > 0 {
-                let dt = to - *ts;
-                if dt >= room.div_ceil(q.increment()) {
-                    *level += room;
-                } else {
-                    *level += dt * q.increment();
-                }
+                *level += gain(q, res, to - *ts, room);
             }
             *ts = to;
         }
@@ -339,13 +415,14 @@ pub fn step_with(
     // Expired leases, in expiry order (then by id, as a sorted set orders ties).
     while let Some((exp, id)) = stored.expiry.first().filter(|(e, _)| *e <= now).cloned() {
         stored.expiry.remove(&(exp, id.clone()));
-        refill(&first, &mut level, &mut ts, out, exp);
+        refill(&first, &mut level, &mut ts, out, res, exp);
         if let Some(l) = stored.leasers.remove(&id) {
-            out = out.saturating_sub(l.outstanding);
+            out = out.saturating_sub(l.outstanding + l.rate_room);
             dsum = dsum.saturating_sub(l.demand);
+            res = res.saturating_sub(l.rate_mtps);
         }
     }
-    refill(&first, &mut level, &mut ts, out, now);
+    refill(&first, &mut level, &mut ts, out, res, now);
     if first != quota {
         // A full bucket with no leasers is not stored (absent reads as full), so it stays full
         // across a change, as it would once expired; anything else keeps its tokens.
@@ -357,7 +434,7 @@ pub fn step_with(
         };
     }
 
-    let (mut granted, mut retry, mut share) = (0u64, 0u64, 0u64);
+    let (mut granted, mut retry, mut share, mut held_rate) = (0u64, 0u64, 0u64, 0u64);
     match op {
         // Above the effective burst (it shrank below the caller's): never grantable.
         Op::Lease { min, .. } if min > burst => {}
@@ -373,7 +450,7 @@ pub fn step_with(
             }
             let need = min * scale;
             if need > level {
-                retry = (need - level).div_ceil(inc);
+                retry = fill_time(&quota, res, need - level);
             }
         }
         Op::Lease {
@@ -389,10 +466,18 @@ pub fn step_with(
                 credit_ts: now,
                 expires_us: 0,
                 release_seq: 0,
+                rate_mtps: 0,
+                rate_room: 0,
             });
-            let held = n.held.min(r.outstanding);
-            out = out.saturating_sub(r.outstanding - held);
+            // What it no longer holds, it spent. Its rate lease ends here: tokens its rate
+            // brought and it still holds become its outstanding tokens; the rest of the room
+            // counted for the rate is freed.
+            let held = n.held.min(r.outstanding + r.rate_room);
+            out = out.saturating_sub(r.outstanding + r.rate_room - held);
             r.outstanding = held;
+            res = res.saturating_sub(r.rate_mtps);
+            r.rate_mtps = 0;
+            r.rate_room = 0;
             dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
             r.demand = n.demand_mtps;
             let rho = if n.demand_mtps > 0 {
@@ -401,6 +486,32 @@ pub fn step_with(
                 0.0
             };
             share = (rho * 1e9 / scale as f64).floor().min(max as f64) as u64;
+            // A new rate lease, if asked for: at most its share and the rate no other leaser
+            // holds, from now on, if the bucket has the room to count for it (`drip_room`).
+            let step = drip_step_us(n.horizon_us);
+            if n.rate_mtps > 0 && step > 0 {
+                let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
+                let mut tau = n.rate_mtps.min(share).min(fleet.saturating_sub(res));
+                let whole = level / scale;
+                let mut room = drip_room(tau, step);
+                if room > whole {
+                    let fits = ((whole / 2) as f64 * 1e9 / step as f64).floor() as u64;
+                    tau = tau.min(fits);
+                    room = drip_room(tau, step);
+                    if room > whole {
+                        tau = 0;
+                        room = 0;
+                    }
+                }
+                if tau > 0 {
+                    level -= room * scale;
+                    out += room;
+                    res += tau;
+                    r.rate_mtps = tau;
+                    r.rate_room = room;
+                    held_rate = tau;
+                }
+            }
             let horizon = n.horizon_us as f64;
             // At least `min`, so a request larger than a horizon of share waits, not forever.
             let ccap = (rho * horizon)
@@ -451,7 +562,7 @@ pub fn step_with(
             // other nodes drain the bucket long before it gets there).
             let short = need * scale;
             if short > level {
-                retry = (short - level).div_ceil(inc);
+                retry = fill_time(&quota, res, short - level);
                 // Refill stops at capacity − outstanding: past that, tokens come back only as
                 // other nodes report what they spent (at their next lease, about a horizon
                 // away) or return it, so asking sooner would only come back empty.
@@ -475,7 +586,7 @@ pub fn step_with(
             }
             let above = (reserve + need) * scale;
             if level / scale >= reserve && above <= ceiling(cap, out, scale) {
-                retry = retry.min(above.saturating_sub(level).div_ceil(inc));
+                retry = retry.min(fill_time(&quota, res, above.saturating_sub(level)));
             }
             if !fresh {
                 stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
@@ -501,15 +612,16 @@ pub fn step_with(
                     if n.leaving {
                         let r = stored.leasers.remove(n.id).expect("present");
                         stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
-                        out = out.saturating_sub(r.outstanding);
+                        out = out.saturating_sub(r.outstanding + r.rate_room);
                         dsum = dsum.saturating_sub(r.demand);
+                        res = res.saturating_sub(r.rate_mtps);
                     }
                 }
             }
         }
     }
 
-    let reset = ceiling(cap, out, scale).saturating_sub(level).div_ceil(inc);
+    let reset = fill_time(&quota, res, ceiling(cap, out, scale).saturating_sub(level));
     let last_expiry = stored.expiry.last().map(|(e, _)| *e);
     let keep_ms = if level >= cap && out == 0 && last_expiry.is_none() {
         stored.bucket = None;
@@ -524,6 +636,7 @@ pub fn step_with(
             rate,
             period_us: period,
             burst,
+            reserved_mtps: res,
         });
         // Kept until it would be full: every lease expired, then the whole capacity refilled.
         let mut keep = (cap - level).div_ceil(inc).div_ceil(1000);
@@ -538,6 +651,7 @@ pub fn step_with(
         retry_after_us: retry,
         reset_after_us: reset,
         share_mtps: share,
+        rate_mtps: held_rate,
         quota,
         source,
     };
@@ -581,6 +695,9 @@ fn validate(quota: &Quota, op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgume
             }
             if n.ttl_us == 0 || n.ttl_us > MAX_VALUE {
                 return Err(InvalidArgument("ttl_us"));
+            }
+            if n.rate_mtps > MAX_VALUE {
+                return Err(InvalidArgument("rate_mtps"));
             }
         }
         Op::Release { node: Some(n), .. } => {
@@ -626,6 +743,7 @@ mod tests {
             demand_mtps: demand,
             horizon_us: 100_000,
             ttl_us: 1_000_000,
+            rate_mtps: 0,
         };
         step(
             st,
@@ -732,6 +850,7 @@ mod tests {
                 rate: 0,
                 period_us: 0,
                 burst: 0,
+                reserved_mtps: 0,
             }),
             leasers: BTreeMap::new(),
             expiry: BTreeSet::new(),
@@ -783,6 +902,7 @@ mod tests {
             demand_mtps: 0,
             horizon_us: 1,
             ttl_us: 1,
+            rate_mtps: 0,
         };
         assert_eq!(
             e(Op::Lease {
@@ -798,6 +918,7 @@ mod tests {
             demand_mtps: 0,
             horizon_us: 0,
             ttl_us: 1,
+            rate_mtps: 0,
         };
         assert_eq!(
             e(Op::Lease {

@@ -381,6 +381,7 @@ impl Task {
                 demand_mtps: reported_demand(self.demand.rate(), ask.min, terms.horizon),
                 horizon: terms.horizon,
                 ttl: terms.ttl,
+                rate_mtps: 0,
             });
         }
         let sent = Instant::now();

@@ -252,6 +252,7 @@ impl LeaseStore for MemoryStore {
             demand_mtps: n.demand_mtps,
             horizon_us: micros(n.horizon),
             ttl_us: micros(n.ttl),
+            rate_mtps: n.rate_mtps,
         });
         self.run_on(
             name,

@@ -274,7 +274,7 @@ impl RedisStore {
         quota: &Quota,
         op: &str,
         anonymous: Option<Anonymous>,
-        args: [String; 9],
+        args: [String; 10],
     ) -> Result<LeaseReply, StoreError> {
         // Trailing empty arguments read as absent: a pure-mode call sends six, not thirteen
         // (every argument is a string the server makes for the script).
@@ -316,11 +316,23 @@ impl RedisStore {
         let keys = self.keys(name, client);
         let head = quota_args(op, quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
-        let bad = || StoreError::BadReply(format!("expected 9 integers, got {reply:?}"));
-        let [granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
-            reply[..]
-        else {
-            return Err(bad());
+        let bad = || StoreError::BadReply(format!("expected 9 or 10 integers, got {reply:?}"));
+        // The tenth, the rate the node holds, only if the call asked for one.
+        let (
+            granted,
+            remaining,
+            retry_us,
+            reset_us,
+            share_mtps,
+            rate,
+            period,
+            burst,
+            source,
+            rate_mtps,
+        ) = match reply[..] {
+            [g, l, r, s, sh, ra, p, b, so] => (g, l, r, s, sh, ra, p, b, so, 0),
+            [g, l, r, s, sh, ra, p, b, so, rt] => (g, l, r, s, sh, ra, p, b, so, rt),
+            _ => return Err(bad()),
         };
         Ok(LeaseReply {
             granted,
@@ -328,6 +340,7 @@ impl RedisStore {
             retry_after: Duration::from_micros(retry_us),
             reset_after: Duration::from_micros(reset_us),
             share_mtps,
+            rate_mtps,
             quota: Quota::with_parts(rate, Duration::from_micros(period), burst)
                 .map_err(|_| bad())?,
             source: QuotaSource::from_code(source).ok_or_else(bad)?,
@@ -360,6 +373,7 @@ impl RedisStore {
                     retry_after: Duration::ZERO,
                     reset_after: Duration::ZERO,
                     share_mtps: 0,
+                    rate_mtps: 0,
                     quota: *quota,
                     source: QuotaSource::Absent,
                     at: None,
@@ -378,6 +392,7 @@ impl RedisStore {
                 retry_after: Duration::from_micros(retry_us),
                 reset_after: Duration::from_micros(reset_us),
                 share_mtps,
+                rate_mtps: 0,
                 quota,
                 source,
                 at: None,
@@ -550,10 +565,15 @@ impl LeaseStore for RedisStore {
                 n.demand_mtps.to_string(),
                 micros(n.horizon).to_string(),
                 micros(n.ttl).to_string(),
+                if n.rate_mtps == 0 {
+                    String::new()
+                } else {
+                    n.rate_mtps.to_string()
+                },
             ],
             None => Default::default(),
         };
-        let [id, held, demand, horizon, ttl] = node;
+        let [id, held, demand, horizon, ttl, rate] = node;
         let args = [
             req.want.to_string(),
             req.min.to_string(),
@@ -564,6 +584,7 @@ impl LeaseStore for RedisStore {
             horizon,
             ttl,
             if req.fallback_to_caller { "" } else { "none" }.to_owned(),
+            rate,
         ];
         // Arguments the script accepts (else every key: it answers the error).
         let valid = 1 <= req.min && req.min <= req.want && req.want <= MAX_VALUE;
@@ -603,6 +624,7 @@ impl LeaseStore for RedisStore {
             id,
             seq,
             leaving,
+            String::new(),
             String::new(),
             String::new(),
             String::new(),

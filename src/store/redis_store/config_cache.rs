@@ -153,6 +153,7 @@ mod tests {
             retry_after: Duration::ZERO,
             reset_after: Duration::ZERO,
             share_mtps: 0,
+            rate_mtps: 0,
             quota,
             source,
             at: None,
