@@ -93,18 +93,18 @@
 -- min, or its want if smaller), and every reply says when that will be, so a busy node makes
 -- about one call per horizon, not one per token.
 --
--- Rate leases. A node may also ask to hold a rate (ARGV[14]): at most its share and the rate
--- no other leaser holds. The bucket keeps the sum of held rates R and refills at rate − R, so
--- the node's rate is carved out of the refill, not added to it; the node adds what its rate
--- earns to its local bucket itself (a "drip"), without a call, until its lease expires or it
--- asks again (which ends the old rate and starts the new one at this call's time). A drip may
--- fill the node's local bucket `headroom` tokens above what it holds on record, and covers at
--- most one step (horizon / 4) of time, so the node runs ahead of a continuous bucket by at most
--- one step's tokens; both are counted as outstanding (`rate_room` = 2 × headroom), taken from
--- the bucket when the rate is granted, and freed with the rate. A sum of token buckets admits at
--- most the sum of their capacities plus the sum of their rates × W, so the fleet still admits
--- at most burst + rate × W. Tokens a node spends from its rate are never reported: what it
--- reports as held is at most what it holds on record.
+-- Rate leases. A node may also ask to hold a rate (ARGV[14]): at most its share, the rate no
+-- other leaser holds, and what its counted tokens can carry (below). The bucket keeps the sum of
+-- held rates R and refills at rate − R, so a node's rate is carved out of the refill, not added
+-- to it; the node adds what its rate earns to its local bucket itself (a "drip"), with no call,
+-- until its lease expires or it asks again (which ends the old rate and starts the new one at
+-- this call's time). The node's counted tokens become its own bucket: it keeps reporting them
+-- as held while it holds a rate, drips into them (less one step's worth it never spends, since a
+-- drip covers at most one step, a quarter of its horizon, and may run ahead of a continuous
+-- bucket by that much), and never drips while a call is in flight. A sum of token buckets admits
+-- at most the sum of their capacities plus the sum of their rates × W, so the fleet still admits
+-- at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
+-- counted tokens carry.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -245,13 +245,16 @@ local RESERVED_RETRY_US = 1000000
 -- less this. Set when the bucket is loaded (never in the pure-mode short path: no leasers).
 local res = 0
 
--- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers.
+-- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
+-- never more than RESERVED_RETRY_US beyond the time at the whole rate (rate leases are renewed,
+-- and shrink, about that often).
 local function fill_time(p, units)
   if res == 0 then return ceil_div(units, p.inc) end
   if units == 0 then return 0 end
+  local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
   local eff = p.inc - res * p.scale / 1e9
-  if eff <= 0 then return RESERVED_RETRY_US end
-  return math.min(math.ceil(units / eff), MAX_TIME)
+  if eff <= 0 then return most end
+  return math.min(math.ceil(units / eff), most)
 end
 
 -- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
@@ -427,20 +430,19 @@ end
 
 -- A leaser record: outstanding tokens, demand, credit units, credit time, expiry, release seq;
 -- packed like the bucket (a format byte 1, six little-endian doubles); while it holds a rate,
--- format 2 with its rate (mtps) and the tokens counted for it (`rate_room`) after them. A
--- record written as text ("o d c tc exp rseq", as earlier versions did) is still read, so its
--- tokens stay counted.
+-- format 2 with its rate (mtps) after them. A record written as text ("o d c tc exp rseq", as
+-- earlier versions did) is still read, so its tokens stay counted.
 local RECORD, RECORD_LEN = '<Bdddddd', 49
-local RECORD2, RECORD2_LEN = '<Bdddddddd', 65
+local RECORD2, RECORD2_LEN = '<Bddddddd', 57
 local function parse(raw)
   if type(raw) ~= 'string' then return nil end
   if #raw == RECORD_LEN or #raw == RECORD2_LEN then
-    local fmt, o, d, c, tc, exp, rseq, rt, rm
+    local fmt, o, d, c, tc, exp, rseq, rt
     if #raw == RECORD_LEN then
       fmt, o, d, c, tc, exp, rseq = struct.unpack(RECORD, raw)
-      rt, rm = 0, 0
+      rt = 0
     else
-      fmt, o, d, c, tc, exp, rseq, rt, rm = struct.unpack(RECORD2, raw)
+      fmt, o, d, c, tc, exp, rseq, rt = struct.unpack(RECORD2, raw)
       if fmt == 2 then fmt = 1 else fmt = 0 end
     end
     if fmt == 1 then
@@ -448,9 +450,8 @@ local function parse(raw)
       if o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0
           and c >= 0 and c <= MAX and c % 1 == 0 and tc >= 0 and tc <= MAX_TIME and tc % 1 == 0
           and exp >= 0 and exp <= MAX_TIME and exp % 1 == 0 and rseq >= 0 and rseq <= MAX
-          and rseq % 1 == 0 and rt >= 0 and rt <= MAX and rt % 1 == 0 and rm >= 0
-          and rm <= MAX and rm % 1 == 0 then
-        return { o = o, d = d, c = c, tc = tc, exp = exp, rseq = rseq, rt = rt, rm = rm }
+          and rseq % 1 == 0 and rt >= 0 and rt <= MAX and rt % 1 == 0 then
+        return { o = o, d = d, c = c, tc = tc, exp = exp, rseq = rseq, rt = rt }
       end
       return nil
     end
@@ -460,17 +461,15 @@ local function parse(raw)
   local r = {
     o = int_val(f[1], 0, MAX), d = int_val(f[2], 0, MAX), c = int_val(f[3], 0, MAX),
     tc = int_val(f[4], 0, MAX_TIME), exp = int_val(f[5], 0, MAX_TIME), rseq = int_val(f[6], 0, MAX),
-    rt = 0, rm = 0,
+    rt = 0,
   }
   if not (r.o and r.d and r.c and r.tc and r.exp and r.rseq) then return nil end
   return r
 end
 
 local function encode(r)
-  if r.rt == 0 and r.rm == 0 then
-    return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq)
-  end
-  return struct.pack(RECORD2, 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt, r.rm)
+  if r.rt == 0 then return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq) end
+  return struct.pack(RECORD2, 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt)
 end
 
 -- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
@@ -478,7 +477,7 @@ local forgot = false
 local function forget(id, r)
   forgot = true
   if r then
-    out = math.max(0, out - (r.o + r.rm))
+    out = math.max(0, out - r.o)
     dsum = math.max(0, dsum - r.d)
     res = math.max(0, res - r.rt)
   end
@@ -517,42 +516,24 @@ elseif op == 'lease' and node == '' then
 elseif op == 'lease' then
   local r = parse(redis.call('HGET', KEYS[2], node))
   local fresh = r == nil
-  if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0, rm = 0 } end
-  -- What the node no longer holds, it spent.
-  -- Its rate lease ends here: tokens its rate brought and it still holds become its
-  -- outstanding tokens; the rest of the room counted for the rate is freed.
-  if held > r.o + r.rm then held = r.o + r.rm end
-  out = math.max(0, out - (r.o + r.rm - held))
+  if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0 } end
+  -- What the node no longer holds, it spent. The rate it held ends here (a new one may start
+  -- below).
+  if held > r.o then held = r.o end
+  out = math.max(0, out - (r.o - held))
   r.o = held
   res = math.max(0, res - r.rt)
-  r.rt, r.rm = 0, 0
+  local old_rate = r.rt
+  r.rt = 0
   dsum = math.min(math.max(0, dsum - r.d) + demand, MAX)
   r.d = demand
   -- Its share of the rate, in units per µs, and its credit.
   local rho = 0
   if demand > 0 then rho = inc * demand / dsum end
   share = math.min(math.floor(rho * 1e9 / scale), MAX)
-  -- A new rate lease, if asked for: at most its share and the rate no other leaser holds,
-  -- from now on, if the bucket has the room to count for it.
-  local step = floor_div(horizon, 4)
-  if want_rate and want_rate > 0 and step > 0 then
-    local fleet = math.min(math.floor(rate * 1e9 / period), MAX)
-    local tau = math.min(want_rate, share, math.max(0, fleet - res))
-    local whole = floor_div(level, scale)
-    local room = 2 * math.ceil(tau * step / 1e9)
-    if room > whole then
-      tau = math.min(tau, math.floor(floor_div(whole, 2) * 1e9 / step))
-      room = 2 * math.ceil(tau * step / 1e9)
-      if room > whole then tau, room = 0, 0 end
-    end
-    if tau > 0 then
-      level = level - room * scale
-      out = out + room
-      res = res + tau
-      r.rt, r.rm = tau, room
-      held_rate = tau
-    end
-  end
+  -- What a rate lease brought it is its share already: credit, and the size a grant must
+  -- reach, go by the rest of its share.
+  rho = math.max(0, rho - old_rate * scale / 1e9)
   -- At least `min`, so a request larger than a horizon of share waits longer, not forever.
   local ccap = math.min(math.max(math.floor(rho * horizon), min * scale), cap)
   if fresh then
@@ -581,6 +562,19 @@ elseif op == 'lease' then
     -- wanted), not for what was left of this one: pace it for that.
     need = math.max(min, math.min(math.floor(rho * horizon / scale), want + held, burst))
   end
+  -- A rate lease, if asked for: at most its share, the rate no other leaser holds, and what its
+  -- counted tokens can carry (two steps' worth of them).
+  local step = floor_div(horizon, 4)
+  if want_rate and want_rate > 0 and step > 0 then
+    local fleet = math.min(math.floor(rate * 1e9 / period), MAX)
+    local fits = math.floor(floor_div(r.o, 2) * 1e9 / step)
+    local tau = math.min(want_rate, share, math.max(0, fleet - res), fits)
+    if tau > 0 then
+      res = res + tau
+      r.rt = tau
+      held_rate = tau
+    end
+  end
   -- When the next lease of `need` could succeed (0 if it could now), after this grant too, so
   -- a node paces itself instead of asking in vain: against credit once the bucket holds
   -- `need`; or, if the bucket is already above the reserve (the fleet is not keeping up with
@@ -598,7 +592,12 @@ elseif op == 'lease' then
     local credit_short = (need - free) * scale - r.c
     if credit_short > 0 then
       local wait = horizon
-      if rho > 0 then wait = math.ceil(credit_short / rho) end
+      if rho > 0 then
+        wait = math.ceil(credit_short / rho)
+      elseif old_rate > 0 then
+        -- Its rate is all its share: only tokens above the reserve are for it.
+        wait = math.max(horizon, fill_time(q, math.max(0, (reserve + need) * scale - level)))
+      end
       if wait > retry then retry = math.min(wait, MAX_TIME) end
     end
   end

@@ -133,7 +133,7 @@ proptest! {
                 units + out * scale <= cap,
                 "level {units} + outstanding {out} × {scale} > {cap}"
             );
-            let sum: u64 = st.leasers.values().map(|l| l.outstanding + l.rate_room).sum();
+            let sum: u64 = st.leasers.values().map(|l| l.outstanding).sum();
             prop_assert_eq!(out, sum, "outstanding is the sum of the records");
             prop_assert!(st.leasers.values().all(|l| l.expires_us > now), "an expired leaser survived");
             let reserved = st.bucket.map_or(0, |b| b.reserved_mtps);
@@ -187,7 +187,7 @@ struct Node {
     local: u64,
     counted: u64,
     rate_mtps: u64,
-    headroom: u64,
+    slack: u64,
     drip_from: u64,
     carry: f64,
     deadline: u64,
@@ -237,7 +237,7 @@ fn window_bound_case(
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     let quota = *quota;
     {
-        use ratelease::algorithm::token_bucket::{drip_headroom, drip_step_us};
+        use ratelease::algorithm::token_bucket::{drip_slack, drip_step_us};
         let mut st = Stored::default();
         let mut now = 1_000_000u64;
         let mut nodes = [Node::default(); 3];
@@ -256,8 +256,8 @@ fn window_bound_case(
                     let n = &mut nodes[usize::from(node)];
                     // The task drips up to the call, and not while it is in flight.
                     seen.dripped += drip(n, now, step_us);
-                    // Everything it holds: tokens its rate brought become counted ones.
-                    let held = n.local;
+                    // With a rate its counted tokens are its bucket: it reports them all.
+                    let held = if n.rate_mtps > 0 { n.counted } else { n.local };
                     let lease = NodeLeaseArgs {
                         id: ids[usize::from(node)],
                         held,
@@ -275,7 +275,9 @@ fn window_bound_case(
                     n.counted = held + reply.granted;
                     n.local += reply.granted;
                     n.rate_mtps = reply.rate_mtps;
-                    n.headroom = drip_headroom(reply.rate_mtps, step_us);
+                    n.slack = drip_slack(reply.rate_mtps, step_us);
+                    // The slack is kept out of the local bucket.
+                    n.local = n.local.min(n.counted.saturating_sub(n.slack));
                     n.drip_from = now;
                     n.carry = 0.0;
                     n.deadline = now + 900_000;
@@ -335,7 +337,7 @@ fn window_bound_case(
 }
 
 /// The limiter's drip: what the rate earned since the last drip, over at most one step, up to
-/// the node's counted tokens plus its headroom.
+/// the node's counted tokens less its slack.
 fn drip(n: &mut Node, now: u64, step_us: u64) -> u64 {
     if n.rate_mtps == 0 || now <= n.drip_from {
         return 0;
@@ -344,7 +346,7 @@ fn drip(n: &mut Node, now: u64, step_us: u64) -> u64 {
     n.drip_from = now;
     let amount = n.rate_mtps as f64 * dt as f64 / 1e9 + n.carry;
     let whole = amount.floor();
-    let room = (n.counted + n.headroom).saturating_sub(n.local);
+    let room = n.counted.saturating_sub(n.slack).saturating_sub(n.local);
     let add = (whole as u64).min(room);
     n.carry = if add as f64 == whole {
         amount - whole

@@ -11,6 +11,7 @@
 //!   the library ships) and a seed derived from the master seed. Requests call the synchronous
 //!   `try_acquire(1)` from the driver itself, as a request handler would: no task, no waiting,
 //!   decision latency zero.
+//! - `hybrid-rate`: the same with rate leases on (`AdaptiveLease::new().rate_leases(true)`).
 //! - `hybrid-fixed`: the same with `FixedLease::new(batch)`.
 //! - `static-share`: a [`RedisLimiter`] per node over a private, zero-latency [`MemoryStore`]
 //!   with quota `rate / N` per second and burst `burst / N`: an exact local token bucket with no
@@ -42,8 +43,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use ratelease::{
-    Algorithm, Decision, FailurePolicy, FixedLease, HybridLimiter, LeaseStore, MemoryStore, Quota,
-    RedisLimiter, TokioClock,
+    AdaptiveLease, Algorithm, Decision, FailurePolicy, FixedLease, HybridLimiter, LeaseStore,
+    MemoryStore, Quota, RedisLimiter, TokioClock,
 };
 
 use crate::demand::Arrival;
@@ -194,7 +195,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                     })
                     .collect::<Result<_, _>>()?,
             ),
-            Mode::Hybrid | Mode::HybridFixed => {
+            Mode::Hybrid | Mode::HybridRate | Mode::HybridFixed => {
                 let all = stores.clone();
                 let mut live = Vec::with_capacity(n);
                 let mut waiting = Vec::with_capacity(n);
@@ -274,6 +275,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         let builder = builder.on_store_failure(FailurePolicy::local_fallback(nodes));
         let builder = match self.mode {
             Mode::HybridFixed => builder.policy(FixedLease::new(self.batch)),
+            Mode::HybridRate => builder.policy(AdaptiveLease::new().rate_leases(true)),
             _ => builder,
         };
         Ok(builder.build()?)

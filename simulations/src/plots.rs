@@ -22,6 +22,7 @@ pub(crate) fn mode_color(mode: Mode) -> RGBColor {
     match mode {
         Mode::PureRedis => RGBColor(31, 119, 180),
         Mode::Hybrid => RGBColor(214, 39, 40),
+        Mode::HybridRate => RGBColor(140, 86, 75),
         Mode::HybridFixed => RGBColor(255, 127, 14),
         Mode::StaticShare => RGBColor(44, 160, 44),
         Mode::LockBased => RGBColor(148, 103, 189),

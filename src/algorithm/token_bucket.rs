@@ -45,16 +45,11 @@ pub fn drip_step_us(horizon_us: u64) -> u64 {
     horizon_us / 4
 }
 
-/// Tokens one drip step of `rate_mtps` earns, rounded up: how far above its counted tokens a
-/// node holding that rate may fill its local bucket.
-pub fn drip_headroom(rate_mtps: u64, step_us: u64) -> u64 {
+/// Tokens one drip step of `rate_mtps` earns, rounded up: what a node holding that rate keeps
+/// of its counted tokens out of its local bucket, so that a drip's run-ahead stays inside what
+/// the store counts for it.
+pub fn drip_slack(rate_mtps: u64, step_us: u64) -> u64 {
     (rate_mtps as f64 * step_us as f64 / 1e9).ceil() as u64
-}
-
-/// Tokens the store counts as outstanding for a rate lease: the node's headroom, plus one
-/// step's tokens for the run-ahead of a drip (see [`drip_step_us`]).
-pub fn drip_room(rate_mtps: u64, step_us: u64) -> u64 {
-    2 * drip_headroom(rate_mtps, step_us)
 }
 
 /// Units a bucket under `q` gains in `dt` µs while leasers hold `reserved` millitokens per
@@ -83,7 +78,9 @@ fn gain(q: &Quota, reserved: u64, dt: u64, room: u64) -> u64 {
 }
 
 /// Microseconds until a bucket under `q` gains `units`, while `reserved` millitokens per
-/// second of its rate are held by leasers ([`RESERVED_RETRY_US`] if all of it is).
+/// second of its rate are held by leasers — but never more than [`RESERVED_RETRY_US`] beyond
+/// the time at the whole rate: rate leases are renewed (and shrink) about that often, so a
+/// wait computed from what is left now would be far too long.
 fn fill_time(q: &Quota, reserved: u64, units: u64) -> u64 {
     let inc = q.increment();
     if reserved == 0 {
@@ -92,11 +89,12 @@ fn fill_time(q: &Quota, reserved: u64, units: u64) -> u64 {
     if units == 0 {
         return 0;
     }
+    let most = units.div_ceil(inc) + RESERVED_RETRY_US;
     let eff = inc as f64 - reserved as f64 * q.scale() as f64 / 1e9;
     if eff <= 0.0 {
-        return RESERVED_RETRY_US;
+        return most;
     }
-    (units as f64 / eff).ceil().min(MAX_TIME_US as f64) as u64
+    (units as f64 / eff).ceil().min(most as f64) as u64
 }
 
 /// The stored bucket.
@@ -142,8 +140,6 @@ pub struct Leaser {
     pub release_seq: u64,
     /// The rate it holds (a rate lease), millitokens per second; 0 if none.
     pub rate_mtps: u64,
-    /// Tokens counted as outstanding for its rate lease (see [`drip_room`]).
-    pub rate_room: u64,
 }
 
 /// Everything stored for one limiter name: the bucket and its leasers.
@@ -417,7 +413,7 @@ pub fn step_with(
         stored.expiry.remove(&(exp, id.clone()));
         refill(&first, &mut level, &mut ts, out, res, exp);
         if let Some(l) = stored.leasers.remove(&id) {
-            out = out.saturating_sub(l.outstanding + l.rate_room);
+            out = out.saturating_sub(l.outstanding);
             dsum = dsum.saturating_sub(l.demand);
             res = res.saturating_sub(l.rate_mtps);
         }
@@ -467,17 +463,14 @@ pub fn step_with(
                 expires_us: 0,
                 release_seq: 0,
                 rate_mtps: 0,
-                rate_room: 0,
             });
-            // What it no longer holds, it spent. Its rate lease ends here: tokens its rate
-            // brought and it still holds become its outstanding tokens; the rest of the room
-            // counted for the rate is freed.
-            let held = n.held.min(r.outstanding + r.rate_room);
-            out = out.saturating_sub(r.outstanding + r.rate_room - held);
+            // What it no longer holds, it spent. The rate it held ends here (a new one may
+            // start below).
+            let held = n.held.min(r.outstanding);
+            out = out.saturating_sub(r.outstanding - held);
             r.outstanding = held;
             res = res.saturating_sub(r.rate_mtps);
-            r.rate_mtps = 0;
-            r.rate_room = 0;
+            let old_rate = std::mem::take(&mut r.rate_mtps);
             dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
             r.demand = n.demand_mtps;
             let rho = if n.demand_mtps > 0 {
@@ -486,32 +479,9 @@ pub fn step_with(
                 0.0
             };
             share = (rho * 1e9 / scale as f64).floor().min(max as f64) as u64;
-            // A new rate lease, if asked for: at most its share and the rate no other leaser
-            // holds, from now on, if the bucket has the room to count for it (`drip_room`).
-            let step = drip_step_us(n.horizon_us);
-            if n.rate_mtps > 0 && step > 0 {
-                let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
-                let mut tau = n.rate_mtps.min(share).min(fleet.saturating_sub(res));
-                let whole = level / scale;
-                let mut room = drip_room(tau, step);
-                if room > whole {
-                    let fits = ((whole / 2) as f64 * 1e9 / step as f64).floor() as u64;
-                    tau = tau.min(fits);
-                    room = drip_room(tau, step);
-                    if room > whole {
-                        tau = 0;
-                        room = 0;
-                    }
-                }
-                if tau > 0 {
-                    level -= room * scale;
-                    out += room;
-                    res += tau;
-                    r.rate_mtps = tau;
-                    r.rate_room = room;
-                    held_rate = tau;
-                }
-            }
+            // What a rate lease brought it is its share already: credit, and the size a grant
+            // must reach, go by the rest of its share.
+            let rho = (rho - old_rate as f64 * scale as f64 / 1e9).max(0.0);
             let horizon = n.horizon_us as f64;
             // At least `min`, so a request larger than a horizon of share waits, not forever.
             let ccap = (rho * horizon)
@@ -555,6 +525,24 @@ pub fn step_with(
                     .min(burst as f64) as u64;
                 need = min.max(target);
             }
+            // A rate lease, if asked for: at most its share, the rate no other leaser holds,
+            // and what its counted tokens can carry: it drips into them less one step's worth
+            // (`drip_slack`), so they must hold at least two steps' worth.
+            let step = drip_step_us(n.horizon_us);
+            if n.rate_mtps > 0 && step > 0 {
+                let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
+                let fits = ((r.outstanding / 2) as f64 * 1e9 / step as f64).floor() as u64;
+                let tau = n
+                    .rate_mtps
+                    .min(share)
+                    .min(fleet.saturating_sub(res))
+                    .min(fits);
+                if tau > 0 {
+                    res += tau;
+                    r.rate_mtps = tau;
+                    held_rate = tau;
+                }
+            }
             // When the next lease of `need` could succeed (0 if it could now), after a grant
             // too, so a node paces itself instead of asking in vain: against credit once the
             // bucket holds `need`; or, if the bucket is already above the reserve, first come
@@ -576,6 +564,10 @@ pub fn step_with(
                     let credit_short = credit_need - r.credit;
                     let wait = if rho > 0.0 {
                         (credit_short as f64 / rho).ceil()
+                    } else if old_rate > 0 {
+                        // Its rate is all its share: only tokens above the reserve are for it.
+                        let above = (reserve + need) * scale;
+                        horizon.max(fill_time(&quota, res, above.saturating_sub(level)) as f64)
                     } else {
                         horizon
                     };
@@ -612,7 +604,7 @@ pub fn step_with(
                     if n.leaving {
                         let r = stored.leasers.remove(n.id).expect("present");
                         stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
-                        out = out.saturating_sub(r.outstanding + r.rate_room);
+                        out = out.saturating_sub(r.outstanding);
                         dsum = dsum.saturating_sub(r.demand);
                         res = res.saturating_sub(r.rate_mtps);
                     }

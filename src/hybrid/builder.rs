@@ -143,6 +143,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 demand: 0.0,
                 share: None,
                 rtt: DEFAULT_RTT,
+                rate_held: 0.0,
             })
             .low_water
             .min(self.quota.burst());

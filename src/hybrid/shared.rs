@@ -103,6 +103,8 @@ pub(super) struct Counters {
     pub(super) admitted_degraded: AtomicU64,
     pub(super) demand_mtps: AtomicU64,
     pub(super) share_mtps: AtomicU64,
+    pub(super) rate_mtps: AtomicU64,
+    pub(super) tokens_dripped: AtomicU64,
     /// Tokens taken from the local bucket for a release still in flight.
     pub(super) returning: AtomicU64,
 }
@@ -124,6 +126,8 @@ impl<S> Shared<S> {
             circuit_open: self.circuit.is_open(),
             demand_mtps: get(&c.demand_mtps),
             share_mtps: get(&c.share_mtps),
+            rate_mtps: get(&c.rate_mtps),
+            tokens_dripped: get(&c.tokens_dripped),
             local_tokens: self.local.available(),
         }
     }

@@ -28,6 +28,10 @@ pub struct HybridStats {
     pub demand_mtps: u64,
     /// Fair share last reported by the store, millitokens per second (0 if none).
     pub share_mtps: u64,
+    /// The rate this node holds (a rate lease), millitokens per second (0 if none).
+    pub rate_mtps: u64,
+    /// Tokens a rate lease added to the local bucket (counted in `tokens_leased` too).
+    pub tokens_dripped: u64,
     /// Tokens in the local bucket now.
     pub local_tokens: u64,
 }

@@ -10,6 +10,8 @@ use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
+use crate::lease::drip::Drip;
+use crate::lease::policy::rate_ask;
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
@@ -40,6 +42,10 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         window: None,
         review_at: None,
         granted_at: None,
+        drip: Drip::default(),
+        counted: 0,
+        renew_at: None,
+        sent_at: None,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -50,11 +56,13 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         task.observe(&s, now);
         task.expire(&s, now).await;
         task.trim(&s, now).await;
-        if !s.signal.is_requested() {
+        task.drip(&s, now);
+        let renew = task.renew_due().is_some_and(|at| now >= at);
+        if !s.signal.is_requested() && !renew {
             task.give_back_if_idle(&s, now).await;
             continue;
         }
-        if spurious(&s) {
+        if !renew && spurious(&s) {
             continue;
         }
         if !task.lease(&s).await {
@@ -99,6 +107,16 @@ struct Task {
     review_at: Option<Instant>,
     /// When the last lease granted tokens.
     granted_at: Option<Instant>,
+    /// The rate lease's drip (see `lease/drip.rs`).
+    drip: Drip,
+    /// Tokens the store counts for this node (what it reported holding at its last call plus
+    /// the grant, less what it returned since): while it holds a rate, its own bucket, which
+    /// the drip fills up to this less the slack (see `lease/drip.rs`).
+    counted: u64,
+    /// When to renew the rate lease (half its ttl after the call that granted it).
+    renew_at: Option<Instant>,
+    /// When the last lease call was sent.
+    sent_at: Option<Instant>,
 }
 
 impl Task {
@@ -138,14 +156,77 @@ impl Task {
     }
 
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
-        if s.local.available() == 0 {
-            return None;
+        let local = s.local.available();
+        // A drip while the local bucket has room for it (a full one would lose it anyway),
+        // and the rate lease's renewal.
+        let drip = self
+            .drip
+            .due()
+            .filter(|_| local < self.drip.cap(self.counted));
+        let rate = [drip, self.renew_due()].into_iter().flatten().min();
+        if local == 0 {
+            // Nothing to expire or give back; a caller's denial wakes the task too.
+            return rate;
         }
         let idle = self.terms.as_ref().map(|t| self.idle_at(t));
-        [self.expires, idle, self.review_at]
+        [self.expires, idle, self.review_at, rate]
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Adds what the rate lease earned to the local bucket (see `lease/drip.rs`). The count is
+    /// `settled`: a chunk in transit between words must not read as room.
+    fn drip<S>(&mut self, s: &Shared<S>, now: Instant) {
+        let add = self.drip.earn(now, self.counted, s.local.settled());
+
+        if add > 0 {
+            s.local.add(add);
+            s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
+            s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
+        }
+    }
+
+    /// Keeps the local bucket at or below its cap while a rate is held (see `lease/drip.rs`):
+    /// tokens above it stay counted (reported as held) but are never spent.
+    fn keep_back_slack<S>(&mut self, s: &Shared<S>) {
+        if self.drip.rate_mtps() == 0 {
+            return;
+        }
+        let cap = self.drip.cap(self.counted);
+        loop {
+            let held = s.local.settled();
+            if held <= cap {
+                return;
+            }
+            if s.local.try_take(held - cap).is_ok() {
+                // Dropped unspent, as far as the local count goes (see `Shared::spent`).
+                s.counters
+                    .tokens_expired
+                    .fetch_add(held - cap, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// When to renew the rate lease: half its ttl after the call that granted it, or a review
+    /// (a quarter horizon, see `review_after`) after it if the node's demand (capped by its share) is more than half as much again as
+    /// the rate it holds (a cold node asks before anything is measured; a node whose demand
+    /// grew wants more) or less than two thirds of it (the rest is wasted on it and held from
+    /// the fleet). `None` without a rate lease.
+    fn renew_due(&self) -> Option<Instant> {
+        let renew = self.renew_at?;
+        let terms = self.terms?;
+        let wanted = match self.share {
+            Some(share) if share > 0.0 => self.sizing_demand(None).min(share),
+            _ => self.sizing_demand(None),
+        };
+        let held = self.drip.per_second();
+        if wanted > 2.0 * held || wanted < held / 2.0 {
+            let early = self.sent_at? + review_after(terms.horizon);
+            return Some(renew.min(early));
+        }
+        Some(renew)
     }
 
     /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
@@ -179,14 +260,20 @@ impl Task {
     }
 
     /// Sleeps until `deadline`. Under the fixed window, callers keep spending the local tokens
-    /// meanwhile, so they are dropped on the way if their window ends first.
+    /// meanwhile, so they are dropped on the way if their window ends first; a rate lease
+    /// keeps dripping.
     async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant) {
         let windowed = s.algorithm == Algorithm::FixedWindow;
         if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
             tokio::time::sleep_until(end).await;
             self.drop_window(s);
         }
+        while let Some(due) = self.drip.due().filter(|&due| due < deadline) {
+            tokio::time::sleep_until(due).await;
+            self.drip(s, Instant::now());
+        }
         tokio::time::sleep_until(deadline).await;
+        self.drip(s, Instant::now());
     }
 
     /// Adds granted tokens to the local bucket. Under the fixed window they belong to the
@@ -225,6 +312,11 @@ impl Task {
     async fn give_back<S: LeaseStore>(&mut self, s: &Shared<S>, leaving: bool) {
         let tokens = s.local.take_all();
         let terms = self.node_terms(s);
+        // The rate lease ends with the lease: its tokens are gone with the rest.
+        self.drip.stop();
+        self.renew_at = None;
+        self.counted = 0;
+        s.counters.rate_mtps.store(0, Ordering::Relaxed);
         if tokens == 0 && (terms.is_none() || self.expires.is_none()) {
             return;
         }
@@ -259,8 +351,11 @@ impl Task {
         if ctx.local <= most {
             return;
         }
-        let excess = ctx.local - most / 2;
-        if s.local.try_take(excess).is_ok() {
+        // Never more than the store counts for it: tokens a rate lease brought are returned
+        // (counted) at the next call.
+        let excess = (ctx.local - most / 2).min(self.counted);
+        if excess > 0 && s.local.try_take(excess).is_ok() {
+            self.counted -= excess;
             self.release(s, excess, false, None).await;
         }
     }
@@ -330,7 +425,8 @@ impl Task {
     fn context<S: LeaseStore>(&self, s: &Shared<S>, denied: u64) -> LeaseContext {
         LeaseContext {
             quota: self.quota,
-            local: s.local.available(),
+            // Settled: a chunk in transit must not read as spent (the store is told this).
+            local: s.local.settled(),
             denied,
             // Fixed windows: the smoothed estimate alone. Tokens left at a window's end are
             // lost to the fleet, so a lease sized up for a ramp wastes the window's budget.
@@ -340,6 +436,7 @@ impl Task {
             },
             share: self.share,
             rtt: s.rtt(),
+            rate_held: self.drip.per_second(),
         }
     }
 
@@ -367,9 +464,33 @@ impl Task {
     async fn lease<S: LeaseStore>(&mut self, s: &Shared<S>) -> bool {
         let demanded = Self::demanded(s);
         self.recent.look(Instant::now(), demanded);
+        // The rate lease drips up to the call and not while it is in flight: the store ends
+        // the rate it holds when it runs the call, and its reply starts the next one.
+        self.drip(s, Instant::now());
+        let rated = self.drip.rate_mtps() > 0;
+        self.drip.suspend();
         let ctx = self.context(s, s.signal.take_denied());
-        let ask = s.clamp(s.policy.ask(&ctx), &self.quota);
+        let mut ask = s.policy.ask(&ctx);
         let terms = self.node_terms(s);
+        let rate = terms
+            .filter(|t| t.rate_leases)
+            .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));
+        let (rate_ask, capacity) = match rate {
+            Some(r) => {
+                ask = r.shape(ask, if rated { self.counted } else { ctx.local }, rated);
+                (r.rate_mtps, r.capacity)
+            }
+            None => (0, 0),
+        };
+        let ask = s.clamp(ask, &self.quota);
+        // While it holds a rate its counted tokens are its own bucket, and it reports as many
+        // of them as it keeps for the rate it asks for (what it spent the rate refills; the
+        // rest goes back to the fleet), never fewer than it holds; without one, what it holds.
+        let held = if rated {
+            ctx.local.max(self.counted.min(capacity))
+        } else {
+            ctx.local
+        };
         let mut request = LeaseRequest::new(ask.want, ask.min)
             .for_client(s.client)
             .configured_only(!s.unconfigured.falls_back())
@@ -377,11 +498,11 @@ impl Task {
         if let Some(terms) = terms {
             request = request.by(NodeLease {
                 id: s.node_id,
-                held: ctx.local,
+                held,
                 demand_mtps: reported_demand(self.demand.rate(), ask.min, terms.horizon),
                 horizon: terms.horizon,
                 ttl: terms.ttl,
-                rate_mtps: 0,
+                rate_mtps: rate_ask,
             });
         }
         let sent = Instant::now();
@@ -415,6 +536,14 @@ impl Task {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
+            self.counted = held + reply.granted;
+            self.drip
+                .start(reply.rate_mtps, terms.horizon, Instant::now());
+            s.counters
+                .rate_mtps
+                .store(reply.rate_mtps, Ordering::Relaxed);
+            self.renew_at = (reply.rate_mtps > 0).then(|| sent + terms.ttl / 2);
+            self.sent_at = Some(sent);
             if reply.granted > 0 {
                 self.review_at = Some(Instant::now() + review_after(terms.horizon));
                 self.granted_at = Some(Instant::now());
@@ -432,6 +561,12 @@ impl Task {
                 .share_mtps
                 .store(reply.share_mtps, Ordering::Relaxed);
         }
+        if result.is_err() {
+            // Whether the store ran the call is unknown: the rate it held may have ended.
+            self.drip.stop();
+            self.renew_at = None;
+            s.counters.rate_mtps.store(0, Ordering::Relaxed);
+        }
         // A pause on the store's own answer (over the limit, or a grant's pacing) is a refusal;
         // a back-off after an error, or an unconfigured name's recheck, is not.
         let refused = matches!(&result, Ok(reply) if reply.source != QuotaSource::Absent);
@@ -440,10 +575,13 @@ impl Task {
                 s.recovered();
                 Some(Instant::now() + Unconfigured::RECHECK)
             }
-            Ok(reply) if reply.granted > 0 => {
+            Ok(reply) if reply.granted > 0 || reply.rate_mtps > 0 => {
                 s.recovered();
                 s.metrics.granted(reply.granted);
-                self.keep(s, &reply, sent);
+                if reply.granted > 0 {
+                    self.keep(s, &reply, sent);
+                }
+                self.keep_back_slack(s);
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);
@@ -471,11 +609,20 @@ impl Task {
                 Some(Instant::now() + wait)
             }
         };
+        // A node holding a rate asks again when the store said a batch of tokens beyond its
+        // rate would be there (at once if it is: its asks are for a horizon of its share at
+        // least), and no later than its rate's renewal (early if its demand moved away from
+        // it). Callers may retry when its next drip lands.
+        let pause = match (pause, self.renew_due()) {
+            (Some(at), Some(renew)) if self.drip.rate_mtps() > 0 => Some(at.min(renew)),
+            (pause, _) => pause,
+        };
         let next = s.policy.ask(&self.context(s, 0));
         s.low_water
             .store(next.low_water.min(self.quota.burst()), Ordering::Relaxed);
         if let Some(deadline) = pause {
-            s.block_until(deadline, refused);
+            let hint = self.drip.due().map_or(deadline, |due| due.min(deadline));
+            s.block_until(hint, refused);
         }
         // Release: a caller of `ready` that sees it also sees the tokens added above.
         s.answered.store(true, Ordering::Release);

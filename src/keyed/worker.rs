@@ -262,6 +262,7 @@ where
             demand,
             share: Some(quota.per_second_f64()),
             rtt: self.s.rtt(),
+            rate_held: 0.0,
         });
         let want = ask.want.clamp(need, burst);
         Some(LeaseAsk {

@@ -13,6 +13,8 @@ pub enum Mode {
     PureRedis,
     /// `HybridLimiter` with the library's default lease policy.
     Hybrid,
+    /// `HybridLimiter` with rate leases on: `AdaptiveLease::new().rate_leases(true)`.
+    HybridRate,
     /// `HybridLimiter` with `FixedLease::new(batch)`: a plain fixed batch lease.
     HybridFixed,
     /// Each node has a private bucket of `rate / N`, `burst / N`; no coordination.
@@ -27,6 +29,7 @@ impl Mode {
         vec![
             Mode::PureRedis,
             Mode::Hybrid,
+            Mode::HybridRate,
             Mode::HybridFixed,
             Mode::StaticShare,
         ]
@@ -37,6 +40,7 @@ impl Mode {
         match self {
             Mode::PureRedis => "pure-redis",
             Mode::Hybrid => "hybrid",
+            Mode::HybridRate => "hybrid-rate",
             Mode::HybridFixed => "hybrid-fixed",
             Mode::StaticShare => "static-share",
             Mode::LockBased => "lock-based",
@@ -67,7 +71,7 @@ impl FromStr for Mode {
             .find(|m| m.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-fixed, static-share or lock-based"
+                    "unknown mode {s:?}: expected pure-redis, hybrid, hybrid-rate, hybrid-fixed, static-share or lock-based"
                 )
             })
     }

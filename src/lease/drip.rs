@@ -1,0 +1,191 @@
+//! A rate lease's drip: what a rate held from the store earns, added to the local bucket by the
+//! node itself between store calls.
+//!
+//! A token lease hands a node a batch of tokens; the fleet can hold at most one burst of them,
+//! so with a tight burst leases are small and frequent. A *rate lease* (as Doorman leases
+//! capacity, and CockroachDB's tenant buckets trickle grants over a period) hands it a rate
+//! instead: the store carves the rate out of the shared bucket's refill, and the node adds what
+//! it earns to its local bucket as time passes, with no call until it renews the lease.
+//!
+//! The node's counted tokens (what the store counts as outstanding for it) become its own
+//! bucket while it holds a rate: it keeps reporting them as held, so the store keeps counting
+//! them, and the drip refills the local bucket into them. The bound `burst + rate × W` holds
+//! because the node keeps three rules (`lua/token_bucket.lua` says the store's side):
+//! - **one step at most**: a drip covers at most one step (a quarter of the horizon) of time,
+//!   however long since the last one. Drips are lazy — callers spend between them — so a drip
+//!   after the bucket sat full adds what a continuous bucket would have lost at its cap: the
+//!   node can run ahead of a continuous bucket by at most one step's tokens, the **slack**;
+//! - **slack kept back**: the local bucket never holds more than the counted tokens less the
+//!   slack, so the run-ahead stays inside what the store counts;
+//! - **no drip in flight**: never while a call is in flight, so the rate it uses is always one
+//!   the store has counted, from the store's time of the grant to its time of the next call;
+//!   and none after its lease's local expiry, which comes before the store's.
+//!
+//! `tests/conservation.rs` checks the bound with nodes that follow these rules.
+//!
+//! Nothing here does I/O or reads a clock: the background task passes the time.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::algorithm::token_bucket::{drip_slack, drip_step_us};
+use crate::time::micros;
+
+/// Millitoken-microseconds in a token.
+const PER_TOKEN: u128 = 1_000_000_000;
+
+/// A rate lease's drip (none until a store grants a rate).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Drip {
+    /// The rate held, millitokens per second (0: none).
+    rate_mtps: u64,
+    /// Counted tokens kept out of the local bucket (one step's worth, rounded up).
+    slack: u64,
+    /// The longest time one drip covers.
+    step: Duration,
+    /// When the last drip was (or the rate was granted); `None` while a call is in flight.
+    from: Option<Instant>,
+    /// The fraction of a token earned and not yet added, in millitoken-microseconds (exact:
+    /// a token is 10^9 of them).
+    carry: u128,
+}
+
+impl Drip {
+    /// Starts dripping `rate_mtps` (the store's grant to a node of `horizon`) from `now`, the
+    /// reply's arrival. A rate of 0 stops the drip.
+    pub(crate) fn start(&mut self, rate_mtps: u64, horizon: Duration, now: Instant) {
+        let step_us = drip_step_us(micros(horizon));
+        *self = Drip {
+            rate_mtps,
+            slack: drip_slack(rate_mtps, step_us),
+            step: Duration::from_micros(step_us),
+            from: (rate_mtps > 0 && step_us > 0).then_some(now),
+            carry: 0,
+        };
+    }
+
+    /// Stops: the rate is gone (given back, expired, or unknown after a failed call).
+    pub(crate) fn stop(&mut self) {
+        *self = Drip::default();
+    }
+
+    /// Pauses while a call is in flight (its reply starts the drip again).
+    pub(crate) fn suspend(&mut self) {
+        self.from = None;
+    }
+
+    /// The rate held and dripping, millitokens per second (0 if none or suspended).
+    pub(crate) fn rate_mtps(&self) -> u64 {
+        if self.from.is_some() {
+            self.rate_mtps
+        } else {
+            0
+        }
+    }
+
+    /// Counted tokens to keep out of the local bucket while the rate is held.
+    #[cfg(test)]
+    pub(crate) fn slack(&self) -> u64 {
+        self.slack
+    }
+
+    /// The most the local bucket may hold with `counted` tokens counted by the store: all of
+    /// them without a rate, less the slack with one.
+    pub(crate) fn cap(&self, counted: u64) -> u64 {
+        counted.saturating_sub(self.slack)
+    }
+
+    /// The rate held, tokens per second (0 if none or suspended).
+    pub(crate) fn per_second(&self) -> f64 {
+        self.rate_mtps() as f64 / 1_000.0
+    }
+
+    /// When the next drip is due: half a step after the last one, so a timer that fires late
+    /// (tokio's have a resolution of a millisecond) still lands within the step and nothing
+    /// the rate earned is lost (`None` if not dripping).
+    pub(crate) fn due(&self) -> Option<Instant> {
+        self.from.map(|from| from + self.step / 2)
+    }
+
+    /// The tokens to add at `now`: what the rate earned since the last drip (over one step at
+    /// most), but no more than fills the local bucket (`held` now, at least what is there) to
+    /// its cap with `counted` tokens counted by the store ([`cap`](Self::cap)). What does not
+    /// fit is lost, as a full bucket's refill is.
+    pub(crate) fn earn(&mut self, now: Instant, counted: u64, held: u64) -> u64 {
+        let Some(from) = self.from else {
+            return 0;
+        };
+        if now <= from {
+            return 0;
+        }
+        let dt = (now - from).min(self.step);
+        self.from = Some(now);
+        let amount = u128::from(self.rate_mtps) * u128::from(micros(dt)) + self.carry;
+        let whole = u64::try_from(amount / PER_TOKEN).unwrap_or(u64::MAX);
+        let room = self.cap(counted).saturating_sub(held);
+        let add = whole.min(room);
+        self.carry = if add == whole { amount % PER_TOKEN } else { 0 };
+        add
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        // A fixed origin: tokio's Instant has no zero.
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *ORIGIN.get_or_init(Instant::now) + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn earns_the_rate_with_fractions_carried() {
+        let mut d = Drip::default();
+        // 300 tokens/s, horizon 40 ms: steps of 10 ms, 3 tokens each.
+        d.start(300_000, Duration::from_millis(40), at(0));
+        assert_eq!(d.due(), Some(at(5)));
+        let mut total = 0;
+        for ms in (1..=100).map(|i| i * 2) {
+            total += d.earn(at(ms), 1_000, 0);
+        }
+        assert_eq!(total, 60, "200 ms at 300/s");
+    }
+
+    #[test]
+    fn never_covers_more_than_one_step() {
+        let mut d = Drip::default();
+        d.start(300_000, Duration::from_millis(40), at(0));
+        // A second later, one step's worth: a continuous bucket would have lost the rest.
+        assert_eq!(d.earn(at(1_000), 1_000, 0), 3);
+    }
+
+    #[test]
+    fn fills_the_counted_tokens_less_the_slack() {
+        let mut d = Drip::default();
+        d.start(300_000, Duration::from_millis(40), at(0));
+        // Counted 10, slack 3 (a 10 ms step at 300/s), holds 6: one more fits.
+        assert_eq!((d.slack(), d.cap(10)), (3, 7));
+        assert_eq!(d.earn(at(10), 10, 6), 1);
+        // Full: what the rate earns is lost, not carried.
+        assert_eq!(d.earn(at(20), 10, 7), 0);
+        assert_eq!(d.earn(at(30), 10, 2), 3);
+    }
+
+    #[test]
+    fn suspended_or_stopped_earns_nothing() {
+        let mut d = Drip::default();
+        d.start(300_000, Duration::from_millis(40), at(0));
+        d.suspend();
+        assert_eq!(
+            (d.earn(at(10), 10, 0), d.due(), d.rate_mtps()),
+            (0, None, 0)
+        );
+        d.start(300_000, Duration::from_millis(40), at(10));
+        d.stop();
+        assert_eq!(d.earn(at(20), 10, 0), 0);
+        d.start(0, Duration::from_millis(40), at(20));
+        assert_eq!((d.earn(at(30), 10, 0), d.due()), (0, None));
+    }
+}
