@@ -59,7 +59,7 @@ async fn run<S: LeaseStore + Clone>(store: S) -> Result<(), Box<dyn std::error::
         for _ in 0..10 {
             let _ = hybrid.try_acquire(1)?;
         }
-        let _ = pure.try_acquire(1).await?;
+        let _ = pure.acquire_now(1).await?;
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     // The hybrid limiter's background task publishes what its callers did within

@@ -25,18 +25,43 @@
 //! | to change a limit at run time, fleet-wide | [`ConfigStore`] |
 //! | metrics and traces | [`telemetry`] |
 //! | tests and simulations without Redis | [`MemoryStore`] (with a [`FakeClock`] or [`TokioClock`]) |
+//! | which method to call: `try_acquire`, `acquire_now`, `acquire` … | [One name, one shape](#one-name-one-shape) |
 //! | your own store or lease sizing | [`LeaseStore`] (requests and replies: [`LeaseRequest`], [`LeaseReply`]), [`LeasePolicy`] ([`AdaptiveLease`], [`FixedLease`]) |
 //!
 //! ## Modes
 //!
 //! - [`HybridLimiter`]: leases batches through a [`LeasePolicy`]; `try_acquire` is synchronous.
-//! - [`RedisLimiter`]: one store call per decision.
+//! - [`RedisLimiter`]: one store call per decision (`acquire_now`).
 //!
 //! [`ConcurrencyLimiter`] caps how many permits the fleet holds at once (in pure or hybrid
 //! mode), with the slots of a crashed process returned after a ttl.
 //!
 //! Both implement [`Limiter`], and both run on any [`LeaseStore`]: [`RedisStore`] in
 //! production, [`MemoryStore`] in tests and in the simulator.
+//!
+//! ## One name, one shape
+//!
+//! A method name means the same thing on every limiter that has it, and on the [`Limiter`] and
+//! [`KeyedLimiter`] traits: the same sync or async shape, the same return type. Synchronous
+//! names never do I/O and never wait; async names may. A rate limiter answers a [`Decision`];
+//! a [`ConcurrencyLimiter`] answers with the [`Permit`] to hold (`None`: refused). Keyed
+//! limiters take the key first (`try_acquire(key, n)`).
+//!
+//! | name | shape | what it does | on |
+//! | --- | --- | --- | --- |
+//! | `try_acquire(n)` | sync → `Result<Decision>` | takes `n` tokens from local state or says when to retry: no I/O, no wait | [`HybridLimiter`], [`KeyedHybridLimiter`], [`ConcurrencyLimiter`] (hybrid mode) |
+//! | `try_acquire_local(n)` | sync → `Result<LocalAnswer>` | `try_acquire`, telling the store's refusal from "no answer yet" ([`LocalAnswer::NeedsLease`]) | [`HybridLimiter`], [`KeyedHybridLimiter`] |
+//! | `local_answer(n)` | sync → `Option<Result<LocalAnswer>>` | `try_acquire_local` if the limiter keeps local state; `None` if it must ask the store | the traits |
+//! | `acquire_now(n)` | async → `Result<Decision>` | one decision, never a wait for tokens: a pure limiter's store call, a hybrid limiter's local answer | every limiter, the traits |
+//! | `try_acquire_or_lease(n, lease_wait)` | async → `Result<Decision>` | `acquire_now`, but waits up to `lease_wait` while a hybrid limiter has no answer from the store yet; never for tokens | every rate limiter, the traits |
+//! | `try_acquire_for(n, timeout)` | async → `Result<Decision>` | waits at most `timeout` | every limiter, the traits |
+//! | `acquire(n)` | async → `Result<()>` | waits until admitted | every limiter, the traits |
+//! | `check(n)` | async → `Result<Verdict>` | `acquire_now` with the budget left, for `RateLimit` headers | [`RedisLimiter`] |
+//!
+//! So code that moves between [`HybridLimiter`] and [`RedisLimiter`] (or the keyed pair, or
+//! is written against a trait) calls the async names, and needs no edit; `try_acquire` is the
+//! nanosecond path of the limiters that have local state, and a pure limiter has none (a
+//! pure-mode [`ConcurrencyLimiter`] answers it with [`Error::Config`]).
 //!
 //! ## HTTP
 //!

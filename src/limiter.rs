@@ -33,7 +33,9 @@ impl Decision {
 }
 
 /// What a limiter can answer without awaiting anything: see
-/// [`Limiter::try_acquire_local`] and [`KeyedLimiter::try_acquire_local`].
+/// [`HybridLimiter::try_acquire_local`](crate::HybridLimiter::try_acquire_local),
+/// [`KeyedHybridLimiter::try_acquire_local`](crate::KeyedHybridLimiter::try_acquire_local), and
+/// for any limiter [`Limiter::local_answer`] and [`KeyedLimiter::local_answer`].
 ///
 /// It tells apart the two reasons a hybrid limiter denies: the store said the budget is spent
 /// ([`Denied`](LocalAnswer::Denied): waiting is the answer), and the limiter holds no tokens
@@ -216,25 +218,44 @@ impl From<Decision> for LocalAnswer {
     }
 }
 
+/// The decision a [`LocalAnswer`] stands for: a lease still to come is a denial for about one
+/// round trip (what `try_acquire` answers then).
+fn decision_of(answer: LocalAnswer) -> Decision {
+    match answer {
+        LocalAnswer::Allowed => Decision::Allowed,
+        LocalAnswer::Denied { retry_after } | LocalAnswer::NeedsLease { retry_after } => {
+            Decision::Denied { retry_after }
+        }
+    }
+}
+
 /// A rate limiter shared by a fleet, in any mode.
 ///
-/// [`HybridLimiter`](crate::HybridLimiter) answers `try_acquire` without awaiting anything (its
-/// inherent `try_acquire` is synchronous); [`RedisLimiter`](crate::RedisLimiter) makes one
-/// store call per decision.
+/// Its methods have the names and shapes of the limiters' own methods (the rule is on the
+/// [crate's front page](crate#one-name-one-shape)), so code written against the trait, or
+/// switched between [`HybridLimiter`](crate::HybridLimiter) and
+/// [`RedisLimiter`](crate::RedisLimiter), needs no edit: [`acquire_now`](Limiter::acquire_now)
+/// decides once, [`acquire`](Limiter::acquire) waits until admitted,
+/// [`try_acquire_for`](Limiter::try_acquire_for) waits at most a timeout. The synchronous
+/// `try_acquire` is not here: only a limiter that keeps local state has it;
+/// [`local_answer`](Limiter::local_answer) is its form for any limiter (`None` when the limiter
+/// must ask the store).
 pub trait Limiter: Send + Sync {
     /// The limiter's quota.
     fn quota(&self) -> Quota;
 
-    /// Takes `n` tokens now, or says when to retry.
+    /// Takes `n` tokens now, or says when to retry: one decision, never a wait for tokens. A
+    /// pure limiter makes one store call; a hybrid one answers from its local bucket, as its
+    /// synchronous `try_acquire` (the future is ready at once).
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
-    fn try_acquire(&self, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
+    fn acquire_now(&self, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
 
     /// Waits until `n` tokens are taken.
     ///
     /// # Errors
-    /// As [`try_acquire`](Limiter::try_acquire).
+    /// As [`acquire_now`](Limiter::acquire_now).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
@@ -244,42 +265,65 @@ pub trait Limiter: Send + Sync {
     /// possible grant is known to lie beyond the timeout.
     ///
     /// # Errors
-    /// As [`try_acquire`](Limiter::try_acquire).
+    /// As [`acquire_now`](Limiter::acquire_now).
     fn try_acquire_for(
         &self,
         n: u64,
         timeout: Duration,
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
 
-    /// [`try_acquire`](Limiter::try_acquire) answered without awaiting, if this limiter can
-    /// (a [`HybridLimiter`](crate::HybridLimiter) always can); `None` if it must await.
-    /// Middleware uses it to admit without allocating a future.
-    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+    /// The limiter's synchronous `try_acquire_local`, if it keeps local state (a
+    /// [`HybridLimiter`](crate::HybridLimiter) does): takes `n` tokens without awaiting, and
+    /// tells a refusal from "no answer from the store yet" ([`LocalAnswer::NeedsLease`]).
+    /// `None` if this limiter must ask the store (pure mode: use
+    /// [`acquire_now`](Limiter::acquire_now)), the default. Middleware uses it to admit without
+    /// allocating a future.
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
         let _ = n;
         None
-    }
-
-    /// [`try_acquire_now`](Limiter::try_acquire_now) that also says when a denial only means
-    /// "no answer from the store yet" ([`LocalAnswer::NeedsLease`]); `None` if this limiter
-    /// must await. The default has no such case: it forwards to `try_acquire_now`.
-    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
-        self.try_acquire_now(n).map(|r| r.map(LocalAnswer::from))
     }
 
     /// Takes `n` tokens now, waiting at most `lease_wait` while the limiter has no answer from
     /// the store yet (a lease in flight), but never for tokens the store said are not there:
     /// that is `Denied` at once. Pure modes, whose every decision is a store call, answer as
-    /// [`try_acquire`](Limiter::try_acquire) (the default).
+    /// [`acquire_now`](Limiter::acquire_now) (the default).
     ///
     /// # Errors
-    /// As [`try_acquire`](Limiter::try_acquire).
+    /// As [`acquire_now`](Limiter::acquire_now).
     fn try_acquire_or_lease(
         &self,
         n: u64,
         lease_wait: Duration,
     ) -> impl Future<Output = Result<Decision, Error>> + Send {
         let _ = lease_wait;
-        self.try_acquire(n)
+        self.acquire_now(n)
+    }
+
+    /// The old name of [`acquire_now`](Limiter::acquire_now).
+    ///
+    /// # Errors
+    /// As [`acquire_now`](Limiter::acquire_now).
+    #[deprecated(
+        note = "use `acquire_now` (the same decision): `try_acquire` is now the synchronous \
+                local check, on the limiters that keep local state"
+    )]
+    fn try_acquire(&self, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send {
+        self.acquire_now(n)
+    }
+
+    /// The old name of [`local_answer`](Limiter::local_answer), as a [`Decision`] (no answer
+    /// yet is a denial).
+    #[deprecated(note = "use `local_answer`")]
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+        self.local_answer(n).map(|r| r.map(decision_of))
+    }
+
+    /// The old name of [`local_answer`](Limiter::local_answer).
+    #[deprecated(
+        note = "use `local_answer` (`try_acquire_local` is the limiters' own synchronous method)"
+    )]
+    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+        self.local_answer(n)
     }
 }
 
@@ -292,20 +336,22 @@ impl<K, Q> KeyRef<K> for Q where Q: Hash + Eq + Display + ToOwned<Owned = K> + S
 /// A limiter with one budget per key, in any mode: what middleware keyed by user, API key or
 /// address calls.
 ///
-/// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) answers `try_acquire` without awaiting
-/// anything (its inherent `try_acquire` is synchronous);
-/// [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) makes one store call per decision. Keys are
-/// passed in any borrowed form of `K` (`&str` for `String` keys), so a lookup allocates
-/// nothing.
+/// As [`Limiter`], its methods have the names and shapes of the keyed limiters' own (see the
+/// [crate's front page](crate#one-name-one-shape)):
+/// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) and
+/// [`KeyedRedisLimiter`](crate::KeyedRedisLimiter) swap without an edit. Keys are passed in
+/// any borrowed form of `K` (`&str` for `String` keys), so a lookup allocates nothing.
 pub trait KeyedLimiter<K>: Send + Sync {
     /// The quota every key gets.
     fn quota(&self) -> Quota;
 
-    /// Takes `n` tokens of `key` now, or says when to retry.
+    /// Takes `n` tokens of `key` now, or says when to retry: one decision, never a wait for
+    /// tokens. A pure limiter makes one store call; a hybrid one answers from the key's local
+    /// tokens, as its synchronous `try_acquire` (the future is ready at once).
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
-    fn try_acquire<Q>(
+    fn acquire_now<Q>(
         &self,
         key: &Q,
         n: u64,
@@ -317,7 +363,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// Waits until `n` tokens of `key` are taken.
     ///
     /// # Errors
-    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    /// As [`acquire_now`](KeyedLimiter::acquire_now).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
@@ -330,7 +376,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// earliest possible grant is known to lie beyond the timeout.
     ///
     /// # Errors
-    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    /// As [`acquire_now`](KeyedLimiter::acquire_now).
     fn try_acquire_for<Q>(
         &self,
         key: &Q,
@@ -341,10 +387,14 @@ pub trait KeyedLimiter<K>: Send + Sync {
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized;
 
-    /// [`try_acquire`](KeyedLimiter::try_acquire) answered without awaiting, if this limiter
-    /// can (a [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) always can); `None` if it must
-    /// await. Middleware uses it to admit without allocating a future.
-    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
+    /// The limiter's synchronous `try_acquire_local`, if it keeps local state (a
+    /// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) does): takes `n` tokens of `key`
+    /// without awaiting, and tells a refusal from "no answer from the store yet"
+    /// ([`LocalAnswer::NeedsLease`]: a key new to this process, a refill in flight). `None` if
+    /// this limiter must ask the store (pure mode: use
+    /// [`acquire_now`](KeyedLimiter::acquire_now)), the default. Middleware uses it to admit
+    /// without allocating a future.
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -353,27 +403,14 @@ pub trait KeyedLimiter<K>: Send + Sync {
         None
     }
 
-    /// [`try_acquire_now`](KeyedLimiter::try_acquire_now) that also says when a denial only
-    /// means "no answer from the store yet" ([`LocalAnswer::NeedsLease`]: a key new to this
-    /// process, a refill in flight); `None` if this limiter must await. The default has no
-    /// such case: it forwards to `try_acquire_now`.
-    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        self.try_acquire_now(key, n)
-            .map(|r| r.map(LocalAnswer::from))
-    }
-
     /// Takes `n` tokens of `key` now, waiting at most `lease_wait` while the limiter has no
     /// answer from the store for the key yet (a new key's first lease, a refill in flight), but
     /// never for tokens the store said are not there: that is `Denied` at once. Pure modes,
     /// whose every decision is a store call, answer as
-    /// [`try_acquire`](KeyedLimiter::try_acquire) (the default).
+    /// [`acquire_now`](KeyedLimiter::acquire_now) (the default).
     ///
     /// # Errors
-    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    /// As [`acquire_now`](KeyedLimiter::acquire_now).
     fn try_acquire_or_lease<Q>(
         &self,
         key: &Q,
@@ -385,7 +422,50 @@ pub trait KeyedLimiter<K>: Send + Sync {
         Q: KeyRef<K> + ?Sized,
     {
         let _ = lease_wait;
-        self.try_acquire(key, n)
+        self.acquire_now(key, n)
+    }
+
+    /// The old name of [`acquire_now`](KeyedLimiter::acquire_now).
+    ///
+    /// # Errors
+    /// As [`acquire_now`](KeyedLimiter::acquire_now).
+    #[deprecated(
+        note = "use `acquire_now` (the same decision): `try_acquire` is now the synchronous \
+                local check, on the limiters that keep local state"
+    )]
+    fn try_acquire<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        self.acquire_now(key, n)
+    }
+
+    /// The old name of [`local_answer`](KeyedLimiter::local_answer), as a [`Decision`] (no
+    /// answer yet is a denial).
+    #[deprecated(note = "use `local_answer`")]
+    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        self.local_answer(key, n).map(|r| r.map(decision_of))
+    }
+
+    /// The old name of [`local_answer`](KeyedLimiter::local_answer).
+    #[deprecated(
+        note = "use `local_answer` (`try_acquire_local` is the limiters' own synchronous method)"
+    )]
+    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        self.local_answer(key, n)
     }
 }
 

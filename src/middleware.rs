@@ -11,9 +11,9 @@
 //!   queue consumer) slow down to the limit instead of failing. A clone starts without a
 //!   permit (`Clone` is written by hand), so permits are never duplicated. With a
 //!   [`HybridLimiter`](crate::HybridLimiter) an admitted request costs the synchronous check
-//!   ([`Limiter::try_acquire_now`]) and nothing else: no allocation, no await; only a request
+//!   ([`Limiter::local_answer`]) and nothing else: no allocation, no await; only a request
 //!   that must wait boxes the limiter's `acquire` future. The same holds for a keyed limiter
-//!   that answers synchronously ([`KeyedLimiter::try_acquire_now`]); one that must await (a
+//!   that answers synchronously ([`KeyedLimiter::local_answer`]); one that must await (a
 //!   store call per decision) boxes the decision and the call.
 //! - **Shedding** — [`KeyedRateLimitLayer`] over a [`KeyedLimiter`], keyed by a user-supplied
 //!   extractor (API key, user, client address): the key is only known from the request, so the
@@ -49,7 +49,7 @@ use tower_service::Service;
 
 use crate::error::Error;
 pub use crate::limiter::DEFAULT_LEASE_WAIT;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, Next, Waits};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer, Next, Waits};
 
 /// The old name of [`DEFAULT_LEASE_WAIT`], the default of the one wait
 /// [`KeyedRateLimitLayer::max_wait`] set.
@@ -267,11 +267,13 @@ where
         loop {
             match &mut self.state {
                 State::Permitted => return self.inner.poll_ready(cx).map_err(Into::into),
-                State::Idle => match self.limiter.try_acquire_now(self.tokens) {
-                    Some(Ok(Decision::Allowed)) => self.state = State::Permitted,
+                State::Idle => match self.limiter.local_answer(self.tokens) {
+                    Some(Ok(LocalAnswer::Allowed)) => self.state = State::Permitted,
                     Some(Err(e)) => return Poll::Ready(Err(e.into())),
-                    // Denied, or a limiter that must await: wait for a grant.
-                    Some(Ok(Decision::Denied { .. })) | None => {
+                    // Denied (by the store or for want of a lease), or a limiter that must
+                    // await: wait for a grant.
+                    Some(Ok(LocalAnswer::Denied { .. } | LocalAnswer::NeedsLease { .. }))
+                    | None => {
                         let (limiter, n) = (self.limiter.clone(), self.tokens);
                         self.state = State::Waiting(SyncWrapper::new(Box::pin(async move {
                             limiter.acquire(n).await
@@ -456,7 +458,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let key = (self.key)(&req);
         let (tokens, waits) = (self.tokens, self.waits);
-        let first = match waits.next(self.limiter.try_acquire_local(&key, tokens)) {
+        let first = match waits.next(self.limiter.local_answer(&key, tokens)) {
             Next::Admit => return ResponseFuture::inner(self.inner.call(req)),
             Next::Fail(e) => return ResponseFuture::failed(e),
             Next::Shed(retry_after) => return ResponseFuture::failed(Limited { retry_after }),

@@ -265,7 +265,7 @@ impl GrantMeter {
 ///
 /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
 /// let limiter = RedisLimiter::new("api", Quota::per_second(100)?, store)?;
-/// if limiter.try_acquire(1).await?.is_allowed() {
+/// if limiter.acquire_now(1).await?.is_allowed() {
 ///     // serve the request
 /// }
 /// # Ok(()) }
@@ -372,13 +372,42 @@ impl<S: LeaseStore> RedisLimiter<S> {
     }
 
     /// Takes `n` tokens now, or says when to retry. One store call (see
-    /// [`check`](Self::check) for a failing store).
+    /// [`check`](Self::check) for a failing store). A pure limiter keeps no local state, so it
+    /// has no synchronous `try_acquire`: this is its one decision, under the name every limiter
+    /// gives it ([`HybridLimiter::acquire_now`](crate::HybridLimiter::acquire_now) answers
+    /// locally).
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`]: an outage's only
     /// with no [`FailurePolicy`] set (the default).
-    pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+    pub async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
         Ok(self.check(n).await?.decision)
+    }
+
+    /// The old name of [`acquire_now`](Self::acquire_now).
+    ///
+    /// # Errors
+    /// As [`acquire_now`](Self::acquire_now).
+    #[deprecated(
+        note = "use `acquire_now` (the same store call): `try_acquire` names the synchronous \
+                local check, which a pure limiter cannot make"
+    )]
+    pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+        self.acquire_now(n).await
+    }
+
+    /// As [`acquire_now`](Self::acquire_now): a pure limiter has no lease to wait for. Here so
+    /// that code written for a [`HybridLimiter`](crate::HybridLimiter) runs unchanged.
+    ///
+    /// # Errors
+    /// As [`acquire_now`](Self::acquire_now).
+    pub async fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let _ = lease_wait;
+        self.acquire_now(n).await
     }
 
     /// Takes `n` tokens now, or says when to retry, and reports the budget left (for
@@ -386,7 +415,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// probe at a time: the [`FailurePolicy`] answers then (with `remaining` 0).
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`acquire_now`](Self::acquire_now).
     pub async fn check(&self, n: u64) -> Result<Verdict, Error> {
         check_request(&self.quota, n)?;
         // Relaxed: a cache of the store's answer; nothing else is published through it. The
@@ -544,11 +573,11 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// Waits until `n` tokens are taken, sleeping for each reply's `retry_after`.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire), and [`Error::Store`] while the store is failing
+    /// As [`acquire_now`](Self::acquire_now), and [`Error::Store`] while the store is failing
     /// under [`FailurePolicy::FailClosed`] (waiting would wait for the store).
     pub async fn acquire(&self, n: u64) -> Result<(), Error> {
         loop {
-            match self.try_acquire(n).await? {
+            match self.acquire_now(n).await? {
                 Decision::Allowed => return Ok(()),
                 Decision::Denied { retry_after } => {
                     if let Some(e) = self.closed_error() {
@@ -564,11 +593,11 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// would be longer.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`acquire_now`](Self::acquire_now).
     pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
         let deadline = time::from_now(timeout);
         loop {
-            match self.try_acquire(n).await? {
+            match self.acquire_now(n).await? {
                 Decision::Allowed => return Ok(Decision::Allowed),
                 Decision::Denied { retry_after } => {
                     if let Some(e) = self.closed_error() {
@@ -589,8 +618,8 @@ impl<S: LeaseStore> Limiter for RedisLimiter<S> {
         RedisLimiter::quota(self)
     }
 
-    async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
-        RedisLimiter::try_acquire(self, n).await
+    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+        RedisLimiter::acquire_now(self, n).await
     }
 
     async fn acquire(&self, n: u64) -> Result<(), Error> {

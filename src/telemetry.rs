@@ -42,7 +42,7 @@
 //! | `ratelease_evicted_keys_total` | counter | `limiter`, `mode`, `reason` | keyed hybrid: keys evicted, `reason` `idle` (unused for the idle TTL) or `cap` (to make room at `max_keys`) |
 //! | `ratelease_refused_keys_total` | counter | `limiter`, `mode`, `reason` | keyed hybrid: new keys turned away for a moment, `reason` `cap` (at `max_keys`) or `busy` (first-lease queue full) |
 //! | `ratelease_acquired_permits_total` | counter | `limiter`, `mode` | concurrency: slots handed to callers in permits (those the failure policy admitted included) |
-//! | `ratelease_denied_permits_total` | counter | `limiter`, `mode` | concurrency: slots refused to callers that would not wait (longer): `try_acquire`, `try_acquire_now` or `try_acquire_for` answering `None` |
+//! | `ratelease_denied_permits_total` | counter | `limiter`, `mode` | concurrency: slots refused to callers that would not wait (longer): `try_acquire`, `acquire_now` or `try_acquire_for` answering `None` |
 //! | `ratelease_held_permits` | gauge | `limiter`, `mode` | concurrency: slots in this process's live permits |
 //! | `ratelease_pooled_permits` | gauge | `limiter`, `mode` | concurrency, hybrid: leased slots waiting in the local pool |
 //! | `ratelease_concurrency_calls_total` | counter | `limiter`, `mode`, `op` | concurrency: store calls, `op` `acquire`, `release` or `sync` (renewal) |
@@ -131,7 +131,7 @@
 //! let limiter = metrics::with_local_recorder(&recorder, || {
 //!     RedisLimiter::new("api", Quota::per_second(10)?, MemoryStore::new())
 //! })?;
-//! limiter.try_acquire(3).await?;
+//! limiter.acquire_now(3).await?;
 //! let admitted = snapshotter.snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
 //!     (key.key().name() == telemetry::ADMITTED_TOKENS).then_some(value)
 //! });

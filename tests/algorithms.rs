@@ -496,7 +496,7 @@ fn pure(
 async fn admit(limiter: &RedisLimiter<RedisStore>, n: u64) -> u64 {
     let mut admitted = 0;
     for _ in 0..n {
-        admitted += u64::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+        admitted += u64::from(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     admitted
 }
@@ -573,7 +573,7 @@ async fn a_sliding_window_never_admits_more_than_its_rate_in_any_window() {
         clock.advance(Duration::from_micros(rng.u64(0..2_000)));
         let n = rng.u64(1..=3);
         asked += n;
-        if limiters[i % 2].try_acquire(n).await.unwrap().is_allowed() {
+        if limiters[i % 2].acquire_now(n).await.unwrap().is_allowed() {
             admissions.push(((clock.now() - start).as_micros() as u64, n));
         }
     }
@@ -614,7 +614,7 @@ async fn a_leaky_bucket_admits_its_burst_then_one_per_emission_interval() {
     let mut at = Vec::new();
     for _ in 0..1_000 {
         clock.advance(Duration::from_millis(1));
-        if lb.try_acquire(1).await.unwrap().is_allowed() {
+        if lb.acquire_now(1).await.unwrap().is_allowed() {
             at.push((clock.now() - start).as_millis());
         }
     }
@@ -669,7 +669,7 @@ async fn every_algorithm_reports_its_budget_and_keeps_keys_of_its_own() {
             .build()
             .unwrap();
         assert!(
-            client.try_acquire(60).await.unwrap().is_allowed(),
+            client.acquire_now(60).await.unwrap().is_allowed(),
             "{algorithm}"
         );
     }
@@ -764,9 +764,9 @@ async fn bad_settings_and_requests_are_typed_errors() {
             "{err}"
         );
         let pure = pure_on(&store, q, algorithm);
-        assert!(matches!(pure.try_acquire(0).await, Err(Error::ZeroTokens)));
+        assert!(matches!(pure.acquire_now(0).await, Err(Error::ZeroTokens)));
         assert!(matches!(
-            pure.try_acquire(11).await,
+            pure.acquire_now(11).await,
             Err(Error::ExceedsBurst { .. })
         ));
         // Lease terms, "configured only", and a window's release without its window.
@@ -1002,7 +1002,7 @@ async fn hybrid_fixed_window_returns_unused_tokens_to_their_own_window_only() {
         .algorithm(Algorithm::FixedWindow)
         .build()
         .unwrap();
-    assert!(pure.try_acquire(100).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(100).await.unwrap().is_allowed());
     b.shutdown().await;
     assert_eq!(window(&store, "b", &q).await.1, 0);
 }

@@ -166,9 +166,9 @@ fn hybrid_concurrency_permits_allocate_nothing() {
     let (taken, n) = allocations(|| {
         let mut taken = 0;
         for _ in 0..1_000 {
-            let a = limiter.try_acquire_now(2).unwrap();
-            let b = limiter.try_acquire_now(2).unwrap();
-            let refused = limiter.try_acquire_now(1).unwrap();
+            let a = limiter.try_acquire(2).unwrap();
+            let b = limiter.try_acquire(2).unwrap();
+            let refused = limiter.try_acquire(1).unwrap();
             taken += u64::from(a.is_some()) + u64::from(b.is_some()) + u64::from(refused.is_some());
         }
         taken

@@ -42,9 +42,9 @@ fn invalid_quotas_are_typed_errors() {
 async fn invalid_requests_are_typed_errors_in_every_mode() {
     let quota = Quota::per_second(10).unwrap();
     let pure = RedisLimiter::new("p", quota, MemoryStore::new()).unwrap();
-    assert!(matches!(pure.try_acquire(0).await, Err(Error::ZeroTokens)));
+    assert!(matches!(pure.acquire_now(0).await, Err(Error::ZeroTokens)));
     assert!(matches!(
-        pure.try_acquire(11).await,
+        pure.acquire_now(11).await,
         Err(Error::ExceedsBurst { .. })
     ));
     assert!(matches!(

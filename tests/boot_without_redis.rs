@@ -40,7 +40,7 @@ async fn a_service_starts_before_redis_and_connects_when_it_appears() {
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     // A pure call fails promptly with the store error (its caller decides).
     let t = Instant::now();
-    let err = pure.try_acquire(1).await.unwrap_err();
+    let err = pure.acquire_now(1).await.unwrap_err();
     let pure_in = t.elapsed();
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     assert!(
@@ -88,7 +88,7 @@ async fn a_service_starts_before_redis_and_connects_when_it_appears() {
         if hybrid_back.is_none() && s.tokens_leased > 0 && !s.circuit_open {
             hybrid_back = Some(appeared.elapsed());
         }
-        if pure_back.is_none() && matches!(pure.try_acquire(1).await, Ok(d) if d.is_allowed()) {
+        if pure_back.is_none() && matches!(pure.acquire_now(1).await, Ok(d) if d.is_allowed()) {
             pure_back = Some(appeared.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -148,7 +148,7 @@ async fn a_lazy_cluster_store_builds_without_nodes_and_connects_on_first_use() {
         .unwrap();
     let limiter = RedisLimiter::new("lazy-cluster", Quota::per_second(5).unwrap(), store).unwrap();
     let t = Instant::now();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 
@@ -170,7 +170,7 @@ async fn a_lazy_cluster_store_builds_without_nodes_and_connects_on_first_use() {
         calls.push(tokio::spawn(async move {
             let mut allowed = 0;
             for _ in 0..4 {
-                allowed += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+                allowed += u32::from(limiter.acquire_now(1).await.unwrap().is_allowed());
             }
             allowed
         }));

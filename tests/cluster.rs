@@ -61,7 +61,7 @@ async fn a_thousand_limiters_spread_over_every_primary_and_admit_exactly_their_b
         tasks.push(tokio::spawn(async move {
             let mut allowed = Vec::new();
             for _ in 0..4 {
-                allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+                allowed.push(limiter.acquire_now(1).await.unwrap().is_allowed());
             }
             allowed
         }));
@@ -198,19 +198,19 @@ async fn cluster_store_honours_both_timeouts_and_reloads_flushed_scripts() {
         .await
         .unwrap();
     let limiter = RedisLimiter::new("paused", slow(5), store.clone()).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
 
     // NOSCRIPT on every primary: reloaded transparently.
     for node in cluster.nodes() {
         let _: () = node.cmd(&["SCRIPT", "FLUSH"]);
     }
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
 
     // Response timeout: the primary holding the limiter stops answering for 2 s.
     let owner = &cluster.nodes()[cluster.owner(cluster.slot(&store.key("paused")))];
     let _: () = owner.cmd(&["CLIENT", "PAUSE", "2000", "ALL"]);
     let t = Instant::now();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     let waited = t.elapsed();
     assert!(
         matches!(err, Error::Store(StoreError::Timeout(_))),
@@ -221,7 +221,7 @@ async fn cluster_store_honours_both_timeouts_and_reloads_flushed_scripts() {
     // Two admitted so far; the budget of 5 still holds after the timeout.
     let mut allowed = 0;
     for _ in 0..6 {
-        if limiter.try_acquire(1).await.unwrap().is_allowed() {
+        if limiter.acquire_now(1).await.unwrap().is_allowed() {
             allowed += 1;
         }
     }
@@ -257,7 +257,7 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 // Never an error: TRYAGAIN and ASK are retried within the response timeout.
-                if pure.try_acquire(1).await.unwrap().is_allowed() {
+                if pure.acquire_now(1).await.unwrap().is_allowed() {
                     admitted.fetch_add(1, Ordering::Relaxed);
                 }
                 slowest_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -330,7 +330,7 @@ async fn a_slot_migrated_during_the_run_keeps_its_state_and_budget() {
     // Drain what is left in Redis, in decreasing chunks.
     let mut extra = 0;
     for chunk in [100, 10, 1] {
-        while pure.try_acquire(chunk).await.unwrap().is_allowed() {
+        while pure.acquire_now(chunk).await.unwrap().is_allowed() {
             extra += chunk;
         }
     }
@@ -354,7 +354,7 @@ async fn a_pure_limiter_alone_on_a_migrating_slot_is_redirected_not_stalled() {
     let burst = 2_000;
     let name = "pure}only{";
     let pure = RedisLimiter::new(name, slow(burst), store(&cluster).await).unwrap();
-    assert!(pure.try_acquire(1).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(1).await.unwrap().is_allowed());
     let bucket = pure.store().key(name);
     let slot = cluster.slot(&bucket);
     let to = (cluster.owner(slot) + 1) % 3;
@@ -374,7 +374,7 @@ async fn a_pure_limiter_alone_on_a_migrating_slot_is_redirected_not_stalled() {
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                if pure.try_acquire(1).await.unwrap().is_allowed() {
+                if pure.acquire_now(1).await.unwrap().is_allowed() {
                     admitted.fetch_add(1, Ordering::Relaxed);
                 }
                 slowest_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -413,7 +413,7 @@ async fn a_pure_limiter_alone_on_a_migrating_slot_is_redirected_not_stalled() {
     // Exact, and the state moved with the key.
     let mut total = admitted.load(Ordering::Relaxed);
     for chunk in [100, 10, 1] {
-        while pure.try_acquire(chunk).await.unwrap().is_allowed() {
+        while pure.acquire_now(chunk).await.unwrap().is_allowed() {
             total += chunk;
         }
     }
@@ -437,7 +437,7 @@ async fn a_store_on_the_services_cluster_connection_routes_every_limiter() {
         let limiter = RedisLimiter::new(name(i), slow(2), store.clone()).unwrap();
         let mut admitted = 0;
         for _ in 0..3 {
-            admitted += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+            admitted += u32::from(limiter.acquire_now(1).await.unwrap().is_allowed());
         }
         assert_eq!(
             admitted, 2,

@@ -101,7 +101,7 @@ async fn permits_come_back_when_dropped_in_both_modes() {
         let b = limiter.acquire(1).await.unwrap();
         assert_eq!(limiter.in_use(), 2);
         assert!(
-            limiter.try_acquire(1).await.unwrap().is_none(),
+            limiter.acquire_now(1).await.unwrap().is_none(),
             "at the limit"
         );
         let waiter = tokio::spawn({
@@ -145,7 +145,7 @@ async fn hybrid_hands_permits_out_locally_without_a_store_call_each() {
         if held.len() == 4 {
             drop(held.remove(i % 4));
         }
-        let permit = limiter.try_acquire_now(1).unwrap().expect("from the pool");
+        let permit = limiter.try_acquire(1).unwrap().expect("from the pool");
         held.push(permit);
     }
     assert_eq!(limiter.in_use(), 5);
@@ -177,7 +177,7 @@ async fn a_crashed_holder_frees_its_slots_after_the_ttl_and_a_live_one_keeps_the
         // Alive for five ttls: its renewals keep the slots.
         for _ in 0..50 {
             sleep(TTL / 10).await;
-            assert!(b.try_acquire(1).await.unwrap().is_none());
+            assert!(b.acquire_now(1).await.unwrap().is_none());
         }
         a.abort();
         let crashed = Instant::now();
@@ -213,13 +213,13 @@ async fn lost_replies_and_cancelled_calls_leak_nothing_after_the_next_sync() {
     store.fail_syncs.store(true, Ordering::SeqCst);
     store.lose_acquire_replies.store(3, Ordering::SeqCst);
     for _ in 0..3 {
-        let err = a.try_acquire(1).await.unwrap_err();
+        let err = a.acquire_now(1).await.unwrap_err();
         assert!(
             matches!(err, Error::Store(StoreError::Timeout(_))),
             "{err:?}"
         );
     }
-    let cancelled = tokio::time::timeout(Duration::from_millis(3), a.try_acquire(1)).await;
+    let cancelled = tokio::time::timeout(Duration::from_millis(3), a.acquire_now(1)).await;
     assert!(cancelled.is_err(), "cancelled mid-call: {cancelled:?}");
     sleep(Duration::from_millis(5)).await;
     let leaked = store.held(&a).await.0;
@@ -239,7 +239,7 @@ async fn lost_replies_and_cancelled_calls_leak_nothing_after_the_next_sync() {
     let h = hybrid(&store, 5, 4);
     store.fail_syncs.store(true, Ordering::SeqCst);
     store.lose_acquire_replies.store(1, Ordering::SeqCst);
-    assert!(h.try_acquire_now(1).unwrap().is_none(), "asks for a lease");
+    assert!(h.try_acquire(1).unwrap().is_none(), "asks for a lease");
     sleep(Duration::from_millis(100)).await;
     assert_eq!(store.held(&h).await.0, 4, "leased, but the reply was lost");
     assert_eq!(h.stats().pooled, 0);
@@ -334,7 +334,7 @@ async fn bad_input_gets_typed_errors() {
         build(4).hybrid(2).build().unwrap(),
     ] {
         assert!(matches!(
-            limiter.try_acquire(0).await,
+            limiter.acquire_now(0).await,
             Err(Error::ZeroTokens)
         ));
         let err = limiter.acquire(5).await.unwrap_err();
@@ -354,10 +354,10 @@ async fn bad_input_gets_typed_errors() {
             .await;
         assert!(matches!(err, Err(Error::ExceedsLimit { .. })));
         limiter.shutdown().await;
-        assert!(matches!(limiter.try_acquire(1).await, Err(Error::Closed)));
+        assert!(matches!(limiter.acquire_now(1).await, Err(Error::Closed)));
     }
     let pure = build(4).build().unwrap();
-    assert!(matches!(pure.try_acquire_now(1), Err(Error::Config(_))));
+    assert!(matches!(pure.try_acquire(1), Err(Error::Config(_))));
     // Bad arguments reach the store as typed rejections, never panics.
     let op = Op::Acquire {
         holder: "h",
@@ -421,7 +421,7 @@ async fn fleet_bound(server: &RedisServer, hybrid_batch: Option<u64>) -> (u64, u
                 let n = 1 + i % 2;
                 let permit = match i % 3 {
                     0 => Some(limiter.acquire(n).await.unwrap()),
-                    _ => limiter.try_acquire(n).await.unwrap(),
+                    _ => limiter.acquire_now(n).await.unwrap(),
                 };
                 let Some(permit) = permit else {
                     refused.fetch_add(1, Ordering::SeqCst);
@@ -545,10 +545,10 @@ async fn a_crashed_holders_slots_come_back_exactly_one_ttl_later_on_redis() {
         let t0 = clock.now();
         a.abort();
         drop(held);
-        assert!(b.try_acquire(1).await.unwrap().is_none());
+        assert!(b.acquire_now(1).await.unwrap().is_none());
         clock.set(t0 + ttl - Duration::from_micros(1));
         assert!(
-            b.try_acquire(1).await.unwrap().is_none(),
+            b.acquire_now(1).await.unwrap().is_none(),
             "not before the ttl"
         );
         assert_eq!(b.available_permits().await.unwrap(), 0);
@@ -628,7 +628,7 @@ async fn a_hybrid_pool_is_not_handed_out_once_renewals_fail_for_most_of_the_ttl(
     store.failing.store(true, Ordering::SeqCst);
     // Until 90 % of the ttl after the lease, the pool serves (renewals fail meanwhile).
     while leased_at.elapsed() < TTL * 85 / 100 {
-        assert!(limiter.try_acquire_now(1).unwrap().is_some());
+        assert!(limiter.try_acquire(1).unwrap().is_some());
         sleep(TTL / 20).await;
     }
     sleep(TTL / 10).await;
@@ -636,7 +636,7 @@ async fn a_hybrid_pool_is_not_handed_out_once_renewals_fail_for_most_of_the_ttl(
     assert_eq!(stats.pooled, 4, "the slots are still there");
     assert!(stats.circuit_open && stats.store_errors > 0, "{stats:?}");
     assert!(
-        limiter.try_acquire_now(1).unwrap().is_none(),
+        limiter.try_acquire(1).unwrap().is_none(),
         "not handed out: the store may have forgotten them"
     );
     // The store answers again: the next renewal registers the slots, the pool serves again.

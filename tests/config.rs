@@ -71,7 +71,7 @@ async fn a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh() {
     );
     admin.init_config("r", &first).await.unwrap();
     let limiter = RedisLimiter::new("r", builder, own.clone()).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert_eq!(limiter.quota(), first);
 
     // Changed by another process: still the config read a moment ago, and the calls in
@@ -80,7 +80,7 @@ async fn a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh() {
     admin.modify_config("r", &second).await.unwrap();
     let hmget_before = calls(&server, "hmget");
     for _ in 0..20 {
-        assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+        assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     assert!(
         read_at.elapsed() < refresh,
@@ -94,16 +94,16 @@ async fn a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh() {
     );
     // After the refresh: the new config.
     tokio::time::sleep(refresh).await;
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert_eq!(limiter.quota(), second);
 
     // Changed through the limiter's own store: at once.
     own.modify_config("r", &third).await.unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert_eq!(limiter.quota(), third);
     // Deleted through it: the builder's quota at once.
     own.delete_config("r").await.unwrap();
-    assert!(limiter.try_acquire(1).await.is_ok());
+    assert!(limiter.acquire_now(1).await.is_ok());
     assert_eq!(limiter.quota(), builder);
 }
 
@@ -280,27 +280,27 @@ async fn init_does_not_overwrite_and_delete_falls_back() {
     // Configured: all three run under the stored 50 per minute.
     let mut allowed = 0;
     for _ in 0..60 {
-        allowed += u64::from(use_quota.try_acquire(1).await.unwrap().is_allowed());
+        allowed += u64::from(use_quota.acquire_now(1).await.unwrap().is_allowed());
     }
     assert_eq!(allowed, 50);
     assert_eq!(use_quota.quota(), stored);
-    assert!(!unlimited.try_acquire(1).await.unwrap().is_allowed());
-    assert!(!refuse.try_acquire(1).await.unwrap().is_allowed());
+    assert!(!unlimited.acquire_now(1).await.unwrap().is_allowed());
+    assert!(!refuse.acquire_now(1).await.unwrap().is_allowed());
 
     assert!(admin.delete_config("n").await.unwrap());
     assert!(!admin.delete_config("n").await.unwrap());
     // Unconfigured: the builder's 5 per minute, no limit at all, or an error.
     let mut allowed = 0;
     for _ in 0..10 {
-        allowed += u64::from(use_quota.try_acquire(1).await.unwrap().is_allowed());
+        allowed += u64::from(use_quota.acquire_now(1).await.unwrap().is_allowed());
     }
     assert!(allowed <= 5, "builder quota after delete: {allowed}");
     assert_eq!(use_quota.quota(), builder);
     for _ in 0..200 {
-        assert!(unlimited.try_acquire(1).await.unwrap().is_allowed());
+        assert!(unlimited.acquire_now(1).await.unwrap().is_allowed());
     }
     assert!(matches!(
-        refuse.try_acquire(1).await,
+        refuse.acquire_now(1).await,
         Err(Error::Unconfigured(ref n)) if n == "n"
     ));
     // A hybrid limiter that treats the name as unlimited admits far beyond any bucket.
@@ -389,7 +389,7 @@ async fn per_client_budgets_are_separate_and_overall_is_shared() {
     let count = |l: RedisLimiter| async move {
         let mut n = 0;
         for _ in 0..15 {
-            n += u64::from(l.try_acquire(1).await.unwrap().is_allowed());
+            n += u64::from(l.acquire_now(1).await.unwrap().is_allowed());
         }
         n
     };
@@ -472,7 +472,7 @@ async fn a_pure_limiters_fallback_follows_the_stored_quota_into_an_outage() {
             .on_store_failure(policy)
             .build()
             .unwrap();
-        assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+        assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
         assert_eq!(limiter.quota(), stored);
         limiters.push((policy, limiter));
     }
@@ -480,7 +480,7 @@ async fn a_pure_limiters_fallback_follows_the_stored_quota_into_an_outage() {
     for (policy, limiter) in limiters {
         let mut admitted = 0;
         for _ in 0..50 {
-            admitted += u64::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+            admitted += u64::from(limiter.acquire_now(1).await.unwrap().is_allowed());
         }
         assert!(limiter.circuit_open(), "{policy:?}");
         assert_eq!(admitted, 5, "{policy:?}: the stored quota's burst");

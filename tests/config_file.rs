@@ -10,8 +10,8 @@ use std::time::Duration;
 use ratelease::config_file::Mode;
 use ratelease::{
     Algorithm, AnyKeyedLimiter, AnyLimiter, ConcurrencyLimiter, ConcurrencyMode, ConcurrencyStore,
-    ConfigFileError, FailurePolicy, KeyedLimiter, Limiter, LimitersConfig, MemoryStore, Quota,
-    RedisStore, DEFAULT_HOLDER_TTL, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS,
+    ConfigFileError, FailurePolicy, KeyedLimiter, Limiter, LimitersConfig, LocalAnswer,
+    MemoryStore, Quota, RedisStore, DEFAULT_HOLDER_TTL, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS,
 };
 use support::RedisServer;
 
@@ -202,7 +202,7 @@ async fn the_built_limiters_enforce_their_quotas_on_redis() {
     assert!(matches!(hourly, AnyLimiter::Pure(_)));
     let mut admitted = 0;
     for _ in 0..10 {
-        if hourly.try_acquire(1).await.unwrap().is_allowed() {
+        if hourly.acquire_now(1).await.unwrap().is_allowed() {
             admitted += 1;
         }
     }
@@ -235,7 +235,7 @@ async fn the_built_limiters_enforce_their_quotas_on_redis() {
         .pure(store.clone())
         .build()
         .unwrap();
-    assert!(!probe.try_acquire(1).await.unwrap().is_allowed());
+    assert!(!probe.acquire_now(1).await.unwrap().is_allowed());
     limiters.shutdown().await;
 }
 
@@ -530,14 +530,14 @@ async fn a_keyed_limiter_from_the_file_gives_each_key_exactly_its_burst() {
         "every key has a budget"
     );
     // The hybrid answers synchronously through the trait: alice is spent.
-    let now = KeyedLimiter::<String>::try_acquire_now(hourly, "alice", 1).expect("hybrid");
-    assert!(!now.unwrap().is_allowed());
+    let now = KeyedLimiter::<String>::local_answer(hourly, "alice", 1).expect("hybrid");
+    assert!(matches!(now.unwrap(), LocalAnswer::Denied { .. }));
 
     let pure = limiters.keyed("hourly-pure").unwrap();
     assert!(matches!(pure, AnyKeyedLimiter::Pure(_)), "{pure:?}");
     assert_eq!(admitted(pure, "alice", 8).await, 4);
     assert_eq!(admitted(pure, "carol", 8).await, 4);
-    assert!(KeyedLimiter::<String>::try_acquire_now(pure, "carol", 1).is_none());
+    assert!(KeyedLimiter::<String>::local_answer(pure, "carol", 1).is_none());
     assert_eq!(
         KeyedLimiter::<String>::quota(pure),
         Quota::new(4, Duration::from_secs(3600)).unwrap()
@@ -554,7 +554,7 @@ async fn a_keyed_limiter_from_the_file_gives_each_key_exactly_its_burst() {
         .pure(store.clone())
         .unwrap();
     assert_eq!(batched.bucket_name("dave"), again.bucket_name("dave"));
-    assert!(!again.try_acquire("dave", 1).await.unwrap().is_allowed());
+    assert!(!again.acquire_now("dave", 1).await.unwrap().is_allowed());
     limiters.shutdown().await;
 }
 
@@ -620,7 +620,7 @@ async fn a_concurrency_limiter_from_the_file_refuses_the_permit_over_its_limit()
         assert_eq!(limiter.limit(), 3);
         let mut permits = fill(limiter).await;
         assert_eq!(permits.len(), 3, "{name}: the limit, then no more");
-        assert!(limiter.try_acquire(1).await.unwrap().is_none(), "{name}");
+        assert!(limiter.acquire_now(1).await.unwrap().is_none(), "{name}");
         permits.pop();
         assert!(
             limiter
@@ -707,7 +707,7 @@ async fn keyed_and_concurrency_limiters_from_a_file_hold_across_processes_on_red
         3,
         "the limit holds across processes"
     );
-    assert!(ex_b.try_acquire(1).await.unwrap().is_none());
+    assert!(ex_b.acquire_now(1).await.unwrap().is_none());
     drop(held_a);
     // A's pool goes back to the store once idle (`idle_return`), and B gets a slot.
     let more = ex_b

@@ -37,7 +37,7 @@ async fn a_store_and_a_lock_share_the_services_connection_manager() {
     let limiter = RedisLimiter::new("shared", quota, store.clone()).unwrap();
     let mut admitted = 0;
     for _ in 0..5 {
-        admitted += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+        admitted += u32::from(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     assert_eq!(
         admitted, 3,
@@ -71,7 +71,7 @@ async fn a_store_from_a_client_hands_its_client_to_a_lock() {
     assert!(store.client().is_some() && store.connection_manager().is_some());
     let quota = Quota::per_second(10).unwrap();
     let limiter = RedisLimiter::new("from-client", quota, store.clone()).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert_eq!(other_clients(&server), 1, "one connection manager");
 
     let lock = RedisLock::builder_on_store(&store, "job")
@@ -104,7 +104,7 @@ async fn calls_on_a_shared_manager_are_bounded_by_the_stores_response_timeout() 
         .await
         .unwrap();
     let limiter = RedisLimiter::new("hung", Quota::per_second(10).unwrap(), store).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     // Freeze the server: it accepts nothing and answers nothing until continued.
     let pid = server.pid().to_string();
     let signal = |sig: &str| {
@@ -116,7 +116,7 @@ async fn calls_on_a_shared_manager_are_bounded_by_the_stores_response_timeout() 
     };
     signal("-STOP");
     let started = Instant::now();
-    let result = limiter.try_acquire(1).await;
+    let result = limiter.acquire_now(1).await;
     let waited = started.elapsed();
     signal("-CONT");
     assert!(

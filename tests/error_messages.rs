@@ -75,7 +75,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         .await
         .unwrap();
     let limiter = RedisLimiter::new("checkout", Quota::per_second(5).unwrap(), store).unwrap();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     let text = says_once(
         &err,
         &[
@@ -112,7 +112,7 @@ async fn an_acl_denial_says_what_redis_refused() {
     let url = server.url().replace("redis://", "redis://narrow:pw@");
     let store = RedisStore::connect(url).await.unwrap();
     let limiter = RedisLimiter::new("api", Quota::per_second(5).unwrap(), store).unwrap();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     assert!(
         matches!(err, Error::Store(StoreError::NoPermission(_))),
         "{err:?}"

@@ -277,7 +277,7 @@ async fn sentinel_builder_input_and_unreachable_sentinels() {
         .await
         .unwrap();
     let limiter = ratelease::RedisLimiter::new("x", Quota::per_second(1).unwrap(), store).unwrap();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     assert!(matches!(err, Error::Store(_)), "{err:?}");
 }
 
@@ -303,7 +303,7 @@ async fn unknown_master_names_are_reported() {
         .unwrap();
     let limiter =
         ratelease::RedisLimiter::new("known", Quota::per_second(5).unwrap(), store).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert!(BucketState::read(&primary, "ratelease:{known}").is_some());
 }
 
@@ -346,7 +346,7 @@ async fn a_graceful_failover_is_followed_on_the_sentinels_announcement() {
             "not followed 10 s after SENTINEL FAILOVER (promoted: {:?}), errors {errors:?}",
             promoted.map(|p| p.0.elapsed())
         );
-        match limiter.try_acquire(1).await {
+        match limiter.acquire_now(1).await {
             Ok(d) => {
                 assert!(d.is_allowed());
                 served += 1;
@@ -403,7 +403,7 @@ async fn the_master_is_reached_with_its_own_credentials() {
         .unwrap();
     let limiter =
         ratelease::RedisLimiter::new("creds", Quota::per_second(5).unwrap(), store).unwrap();
-    assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     assert!(BucketState::read(&primary, "ratelease:{creds}").is_some());
     // The script ran as `app`.
     let clients: String = primary.cmd(&["CLIENT", "LIST"]);

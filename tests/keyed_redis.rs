@@ -133,12 +133,12 @@ async fn pure_keyed_limiters_give_every_key_its_burst_and_hostile_keys_stay_insi
     for key in &keys {
         for _ in 0..3 {
             assert!(
-                limiter.try_acquire(key, 1).await.unwrap().is_allowed(),
+                limiter.acquire_now(key, 1).await.unwrap().is_allowed(),
                 "{key:.20}"
             );
         }
         assert!(
-            !limiter.try_acquire(key, 1).await.unwrap().is_allowed(),
+            !limiter.acquire_now(key, 1).await.unwrap().is_allowed(),
             "{key:.20}"
         );
     }
@@ -154,7 +154,7 @@ async fn pure_keyed_limiters_give_every_key_its_burst_and_hostile_keys_stay_insi
     // A plain limiter on a key's bucket name shares that key's budget.
     let plain =
         RedisLimiter::new(limiter.bucket_name("user-0"), quota, store(&server).await).unwrap();
-    assert!(!plain.try_acquire(1).await.unwrap().is_allowed());
+    assert!(!plain.acquire_now(1).await.unwrap().is_allowed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +185,7 @@ async fn an_evicted_keys_tokens_are_back_in_its_redis_bucket() {
     // Without the return the bucket would hold 6 (an hour refills 10).
     let bucket = RedisLimiter::new(limiter.bucket_name("k"), quota, store(&server).await).unwrap();
     assert!(
-        bucket.try_acquire(10).await.unwrap().is_allowed(),
+        bucket.acquire_now(10).await.unwrap().is_allowed(),
         "the 4 tokens are back"
     );
 }

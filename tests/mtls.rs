@@ -77,7 +77,7 @@ async fn a_store_with_a_client_certificate_is_served() {
         let limiter = RedisLimiter::new(name, slow(3), store).unwrap();
         let mut allowed = Vec::new();
         for _ in 0..4 {
-            allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+            allowed.push(limiter.acquire_now(1).await.unwrap().is_allowed());
         }
         assert_eq!(allowed, [true, true, true, false], "{name}");
         let state = BucketState::read(&s.server, &format!("ratelease:{{{name}}}"));
@@ -158,7 +158,7 @@ async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error(
     // A lazy store builds, and each call reports the refusal as a store error.
     let store = builder(&s).lazy_connect().connect().await.unwrap();
     let limiter = RedisLimiter::new("refused", slow(3), store).unwrap();
-    let err = limiter.try_acquire(1).await.unwrap_err();
+    let err = limiter.acquire_now(1).await.unwrap_err();
     let text = error_chain(&err);
     assert!(
         matches!(err, Error::Store(_)) && text.contains("CertificateRequired"),

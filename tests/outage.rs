@@ -119,7 +119,7 @@ async fn each_policys_fleet_rate_during_an_outage() {
             let attempt: Try = Arc::new(move || {
                 let (limiter, errors, window) = (limiter.clone(), errors.clone(), seen.clone());
                 Box::pin(async move {
-                    let result = limiter.try_acquire(1).await;
+                    let result = limiter.acquire_now(1).await;
                     let now = Instant::now();
                     if result.is_err() && now >= window.0 && now < window.1 {
                         errors.fetch_add(1, Ordering::Relaxed);
@@ -202,7 +202,7 @@ async fn a_keyed_pure_limiters_keys_share_one_circuit() {
         .unwrap();
     let keyed = KeyedRedisLimiter::new("per-user", Quota::per_second(10).unwrap(), store).unwrap();
     let first = std::time::Instant::now();
-    let err = keyed.try_acquire("alice", 1).await.unwrap_err();
+    let err = keyed.acquire_now("alice", 1).await.unwrap_err();
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     let waited = first.elapsed();
     // Other keys get the same error at once: only a probe (one per back-off, 5 ms doubling)
@@ -211,7 +211,7 @@ async fn a_keyed_pure_limiters_keys_share_one_circuit() {
     for i in 0..100 {
         let key = format!("user-{i}");
         let t = std::time::Instant::now();
-        assert!(keyed.try_acquire(&key, 1).await.is_err());
+        assert!(keyed.acquire_now(&key, 1).await.is_err());
         slow += usize::from(t.elapsed() > waited / 2);
     }
     assert!(

@@ -159,7 +159,7 @@ fn run(
             };
             let allowed = match &nodes[node] {
                 Node::Hybrid(h) => h.try_acquire(tokens).unwrap().is_allowed(),
-                Node::Pure(p) => p.try_acquire(tokens).await.unwrap().is_allowed(),
+                Node::Pure(p) => p.acquire_now(tokens).await.unwrap().is_allowed(),
                 Node::Crashed => continue,
             };
             demand += tokens;

@@ -56,7 +56,7 @@ async fn hybrid_and_pure_limiters_share_one_budget() {
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 calls.fetch_add(1, Ordering::Relaxed);
-                if p.try_acquire(1).await.unwrap().is_allowed() {
+                if p.acquire_now(1).await.unwrap().is_allowed() {
                     admitted.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -163,7 +163,7 @@ async fn a_restarted_empty_server_is_recovered_from() {
         .lease_size(5)
         .build()
         .unwrap();
-    assert!(pure.try_acquire(1).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(1).await.unwrap().is_allowed());
     hybrid.acquire(1).await.unwrap();
 
     server.restart();
@@ -173,7 +173,7 @@ async fn a_restarted_empty_server_is_recovered_from() {
     let mut hybrid_ok = false;
     let mut pure_errors = 0;
     while Instant::now() < deadline && !(pure_ok && hybrid_ok) {
-        match pure.try_acquire(1).await {
+        match pure.acquire_now(1).await {
             Ok(d) => pure_ok |= d.is_allowed(),
             Err(_) => pure_errors += 1,
         }
@@ -206,7 +206,7 @@ async fn works_over_a_unix_socket() {
     let limiter = RedisLimiter::new("unix", quota, store(&server).await).unwrap();
     let mut allowed = 0;
     for _ in 0..15 {
-        allowed += u32::from(limiter.try_acquire(1).await.unwrap().is_allowed());
+        allowed += u32::from(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     assert_eq!(allowed, 10, "burst of 10, then denied");
 }

@@ -87,9 +87,9 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
 
     // Pure mode, also after SCRIPT FLUSH (the reload needs SCRIPT LOAD).
     let pure = RedisLimiter::new("acl", quota, store(&server, "ratelease").await).unwrap();
-    assert!(pure.try_acquire(5).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(5).await.unwrap().is_allowed());
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
-    assert!(pure.try_acquire(5).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(5).await.unwrap().is_allowed());
 
     // Hybrid mode with node records (leasers hash, expiry index, releases); and a fixed
     // window leased in batches, the unused ones returned on shutdown.
@@ -107,7 +107,7 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
         hybrid.shutdown().await;
         assert_eq!(hybrid.stats().store_errors, 0, "{:?}", hybrid.stats());
     }
-    assert!(!pure.try_acquire(20).await.unwrap().is_allowed());
+    assert!(!pure.acquire_now(20).await.unwrap().is_allowed());
 
     // The other algorithms in pure mode: a sliding log partly left behind (trimmed), a fixed
     // window that ended, a funnel that leaked; peeks; leases given back in full (deleted).
@@ -123,12 +123,12 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
             .algorithm(algorithm)
             .build()
             .unwrap();
-        assert!(pure.try_acquire(4).await.unwrap().is_allowed());
+        assert!(pure.acquire_now(4).await.unwrap().is_allowed());
         tokio::time::sleep(Duration::from_millis(30)).await;
-        assert!(pure.try_acquire(2).await.unwrap().is_allowed());
+        assert!(pure.acquire_now(2).await.unwrap().is_allowed());
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(
-            pure.try_acquire(8).await.unwrap().is_allowed(),
+            pure.acquire_now(8).await.unwrap().is_allowed(),
             "{algorithm}"
         );
         assert!(pure.available_permits().await.unwrap() <= 2, "{algorithm}");
@@ -158,7 +158,7 @@ async fn the_documented_acl_runs_every_limiter_and_the_lock() {
             None => b.build().unwrap(),
         };
         let permit = conc.acquire(2).await.unwrap();
-        assert!(conc.try_acquire(1).await.unwrap().is_none());
+        assert!(conc.acquire_now(1).await.unwrap().is_none());
         drop(permit);
         conc.shutdown().await;
         assert_eq!(conc.stats().store_errors, 0, "{:?}", conc.stats());
@@ -219,7 +219,7 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
                 .algorithm(algorithm)
                 .build()
                 .unwrap();
-            let err = pure.try_acquire(1).await.unwrap_err();
+            let err = pure.acquire_now(1).await.unwrap_err();
             assert!(
                 matches!(err, Error::Store(StoreError::NoPermission(_))),
                 "{user} {algorithm}: {err:?}"
@@ -246,7 +246,7 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
             .on_store_failure(FailurePolicy::FailClosed)
             .build()
             .unwrap();
-        let err = conc.try_acquire(1).await.unwrap_err();
+        let err = conc.acquire_now(1).await.unwrap_err();
         assert!(
             matches!(err, Error::Store(StoreError::NoPermission(_))),
             "{user}: {err:?}"
@@ -276,16 +276,16 @@ async fn a_refused_read_fails_the_call_instead_of_reading_a_full_bucket() {
     create_user(&server, "no-get", &no_get);
     let quota = Quota::per_hour(1).unwrap().with_burst(3).unwrap();
     let full = RedisLimiter::new("empty", quota, store(&server, "ratelease").await).unwrap();
-    assert!(full.try_acquire(3).await.unwrap().is_allowed());
-    assert!(!full.try_acquire(1).await.unwrap().is_allowed());
+    assert!(full.acquire_now(3).await.unwrap().is_allowed());
+    assert!(!full.acquire_now(1).await.unwrap().is_allowed());
     let refused = RedisLimiter::new("empty", quota, store(&server, "no-get").await).unwrap();
-    let err = refused.try_acquire(1).await.unwrap_err();
+    let err = refused.acquire_now(1).await.unwrap_err();
     assert!(
         matches!(err, Error::Store(StoreError::NoPermission(_))),
         "{err:?}"
     );
     assert!(
-        !full.try_acquire(1).await.unwrap().is_allowed(),
+        !full.acquire_now(1).await.unwrap().is_allowed(),
         "still empty"
     );
 }

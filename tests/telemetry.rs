@@ -322,7 +322,7 @@ async fn pure_mode_counts_every_call() {
     let (limiter, m) = Recorded::build(|| RedisLimiter::new("pure", quota, store).unwrap());
     let mut allowed = 0;
     for _ in 0..8 {
-        allowed += u64::from(limiter.try_acquire(2).await.unwrap().is_allowed());
+        allowed += u64::from(limiter.acquire_now(2).await.unwrap().is_allowed());
     }
     assert_eq!(allowed, 2, "5 tokens serve two requests of 2");
     let both = [("limiter", "pure"), ("mode", "pure")];
@@ -511,7 +511,7 @@ async fn store_errors_are_counted_and_traced_when_redis_dies() {
         )
     });
     hybrid.acquire(1).await.unwrap();
-    assert!(pure.try_acquire(1).await.unwrap().is_allowed());
+    assert!(pure.acquire_now(1).await.unwrap().is_allowed());
     let healthy = spans.store_calls("key", "{dies}");
     let leases = hybrid.stats().leases;
     assert_eq!(healthy.len() as u64, leases + 1, "{healthy:?}");
@@ -527,7 +527,7 @@ async fn store_errors_are_counted_and_traced_when_redis_dies() {
     // The first call fails at the store and opens the circuit; the next two, at once, return
     // its error without a store call (the first probe waits 5–10 ms).
     for _ in 0..3 {
-        assert!(pure.try_acquire(1).await.is_err());
+        assert!(pure.acquire_now(1).await.is_err());
     }
     assert!(pure.circuit_open());
     let pure_labels = [("limiter", "dies"), ("mode", "pure")];
@@ -774,7 +774,7 @@ async fn keyed_pure_calls_are_counted_under_the_limiters_name() {
     let mut allowed = 0;
     for key in ["alice", "bob", "carol"] {
         for _ in 0..3 {
-            allowed += u64::from(limiter.try_acquire(key, 2).await.unwrap().is_allowed());
+            allowed += u64::from(limiter.acquire_now(key, 2).await.unwrap().is_allowed());
         }
     }
     assert_eq!(allowed, 6, "two requests of 2 per key");
@@ -828,9 +828,9 @@ async fn pure_concurrency_permits_calls_and_latency_are_published() {
             .build()
             .unwrap()
     });
-    let a = limiter.try_acquire(1).await.unwrap().expect("free");
-    let b = limiter.try_acquire(1).await.unwrap().expect("free");
-    assert!(limiter.try_acquire(1).await.unwrap().is_none(), "full");
+    let a = limiter.acquire_now(1).await.unwrap().expect("free");
+    let b = limiter.acquire_now(1).await.unwrap().expect("free");
+    assert!(limiter.acquire_now(1).await.unwrap().is_none(), "full");
     drop(a);
     settle().await;
     let stats = limiter.stats();
@@ -872,9 +872,9 @@ async fn hybrid_concurrency_permits_are_published_by_the_task() {
             .unwrap()
     });
     let first = limiter.acquire(1).await.unwrap();
-    let second = limiter.try_acquire_now(2).unwrap().expect("from the pool");
+    let second = limiter.try_acquire(2).unwrap().expect("from the pool");
     assert!(
-        limiter.try_acquire_now(2).unwrap().is_none(),
+        limiter.try_acquire(2).unwrap().is_none(),
         "one slot left in the pool"
     );
     tokio::time::sleep(PUBLISH_INTERVAL + Duration::from_millis(100)).await;
@@ -929,12 +929,12 @@ async fn keyed_and_concurrency_store_errors_are_counted_when_redis_dies() {
                 .unwrap(),
         )
     });
-    assert!(keyed.try_acquire("u", 1).await.unwrap().is_allowed());
-    let permit = conc.try_acquire(1).await.unwrap().expect("free");
+    assert!(keyed.acquire_now("u", 1).await.unwrap().is_allowed());
+    let permit = conc.acquire_now(1).await.unwrap().expect("free");
     server.stop();
     for _ in 0..3 {
-        assert!(keyed.try_acquire("u", 1).await.is_err());
-        assert!(conc.try_acquire(1).await.is_err());
+        assert!(keyed.acquire_now("u", 1).await.is_err());
+        assert!(conc.acquire_now(1).await.is_err());
     }
     let kl = [("limiter", "kdies"), ("mode", "keyed-pure")];
     let r = m.read();

@@ -48,7 +48,7 @@ async fn a_limiter_works_over_tls_with_a_private_ca() {
     let limiter = RedisLimiter::new("tls", slow(5), store).unwrap();
     let mut allowed = Vec::new();
     for _ in 0..6 {
-        allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+        allowed.push(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     assert_eq!(allowed, [true, true, true, true, true, false]);
     // The state is really on this server, written over TLS.
@@ -153,7 +153,7 @@ async fn limiters_work_on_a_tls_cluster_and_follow_its_redirections() {
         tasks.push(tokio::spawn(async move {
             let mut allowed = Vec::new();
             for _ in 0..4 {
-                allowed.push(limiter.try_acquire(1).await.unwrap().is_allowed());
+                allowed.push(limiter.acquire_now(1).await.unwrap().is_allowed());
             }
             allowed
         }));
@@ -236,7 +236,7 @@ async fn limiters_work_on_a_tls_cluster_and_follow_its_redirections() {
     let moved_name = "moved";
     let limiter = RedisLimiter::new(moved_name, slow(5), pure_store.clone()).unwrap();
     for _ in 0..2 {
-        assert!(limiter.try_acquire(1).await.unwrap().is_allowed());
+        assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
     }
     let slot = cluster.slot(&pure_store.key(moved_name));
     let from = cluster.owner(slot);
@@ -250,7 +250,7 @@ async fn limiters_work_on_a_tls_cluster_and_follow_its_redirections() {
     assert_eq!(cluster.owner(slot), to);
     let mut allowed = 0;
     for _ in 0..5 {
-        if limiter.try_acquire(1).await.unwrap().is_allowed() {
+        if limiter.acquire_now(1).await.unwrap().is_allowed() {
             allowed += 1;
         }
     }

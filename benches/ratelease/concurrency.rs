@@ -1,10 +1,10 @@
 //! Group `concurrency`: a concurrency permit taken and dropped, against a real `redis-server`
 //! the group starts for itself.
 //!
-//! - `pure_redis/acquire_drop`: `ConcurrencyLimiter::try_acquire(1)` in pure mode, awaited, then
+//! - `pure_redis/acquire_drop`: `ConcurrencyLimiter::acquire_now(1)` in pure mode, awaited, then
 //!   the permit dropped — one EVALSHA round trip per permit, plus the releases the background
 //!   task sends (one per batch of drops, on the same runtime).
-//! - `hybrid_redis/acquire_drop`: `try_acquire_now(1)` in hybrid mode (a lease of 64 slots from
+//! - `hybrid_redis/acquire_drop`: `try_acquire(1)` in hybrid mode (a lease of 64 slots from
 //!   the same server), then the drop back into the local pool; the background task lives on a
 //!   runtime of its own.
 //!
@@ -43,7 +43,7 @@ pub fn benches(c: &mut Criterion) {
             tasks_rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let permit = pure.try_acquire(1).await.expect("store call");
+                    let permit = pure.acquire_now(1).await.expect("store call");
                     drop(permit.expect("the limit never binds"));
                 }
                 start.elapsed()
@@ -68,7 +68,7 @@ pub fn benches(c: &mut Criterion) {
             permits.fetch_add(iters, Ordering::Relaxed);
             let start = Instant::now();
             for _ in 0..iters {
-                match hybrid.try_acquire_now(1).expect("hybrid permit") {
+                match hybrid.try_acquire(1).expect("hybrid permit") {
                     Some(permit) => drop(permit),
                     None => {
                         refused.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,7 @@
 //! Group `redis`: decisions against a real `redis-server` that the group starts for itself
 //! (the integration tests' harness, `tests/support/mod.rs`), on a free loopback port.
 //!
-//! - `pure_redis/seq`: `RedisLimiter::try_acquire(1)` awaited one at a time — one EVALSHA round
+//! - `pure_redis/seq`: `RedisLimiter::acquire_now(1)` awaited one at a time — one EVALSHA round
 //!   trip per decision.
 //! - `hybrid_redis/seq`: `HybridLimiter::try_acquire(1)` one at a time on the bench thread, its
 //!   leases coming from the same server.
@@ -107,7 +107,7 @@ pub fn benches(c: &mut Criterion) {
             let (elapsed, denied) = tasks_rt.block_on(on_tasks(iters, move || {
                 let pure = pure.clone();
                 async move {
-                    let decision = pure.try_acquire(1).await.expect("redis decision");
+                    let decision = pure.acquire_now(1).await.expect("redis decision");
                     decision.is_allowed()
                 }
             }));
@@ -177,7 +177,7 @@ pub fn benches(c: &mut Criterion) {
     drop(server);
 }
 
-/// Case `<id>/seq`: `limiter.try_acquire(1)` awaited one at a time on `rt`.
+/// Case `<id>/seq`: `limiter.acquire_now(1)` awaited one at a time on `rt`.
 fn pure_seq(
     group: &mut BenchmarkGroup<'_, WallTime>,
     id: &str,
@@ -189,7 +189,7 @@ fn pure_seq(
             rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    let decision = limiter.try_acquire(1).await.expect("redis decision");
+                    let decision = limiter.acquire_now(1).await.expect("redis decision");
                     assert!(decision.is_allowed(), "the benchmark quota never binds");
                 }
                 start.elapsed()

@@ -3,7 +3,7 @@
 //! A [`Fleet`] holds one limiter per node, built from the real library types:
 //!
 //! - `pure-redis`: a [`RedisLimiter`] per node over the node's store handle. Every request is
-//!   a `try_acquire(1).await`, i.e. one store call. Requests are **open-loop and concurrent**:
+//!   an `acquire_now(1).await`, i.e. one store call. Requests are **open-loop and concurrent**:
 //!   each one runs in its own tokio task, started at its arrival time, as a server handling
 //!   requests concurrently over a multiplexed connection would. So requests overlap, queue at
 //!   the Redis service model, and their decision latency is the virtual time they waited.
@@ -295,7 +295,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 let clock = self.now.clone();
                 in_flight.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(REQUEST.scope(index, async move {
-                    let result = limiter.try_acquire(1).await;
+                    let result = limiter.acquire_now(1).await;
                     let t = clock();
                     let outcome = match result {
                         Ok(Decision::Allowed) => Outcome::Admitted,
@@ -355,7 +355,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 }
                 Some(Err(_)) | None => Outcome::Error,
             },
-            Nodes::Static { limiters } => match ready(limiters[node].try_acquire(1)) {
+            Nodes::Static { limiters } => match ready(limiters[node].acquire_now(1)) {
                 Ok(Decision::Allowed) => Outcome::Admitted,
                 Ok(Decision::Denied { .. }) => {
                     let up = &self.up;

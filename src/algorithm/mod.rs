@@ -121,7 +121,7 @@ pub use token_bucket::SLACK_MS;
 ///     .algorithm(Algorithm::SlidingWindow)
 ///     .build()?;
 /// for _ in 0..3 {
-///     assert!(limiter.try_acquire(1).await?.is_allowed());
+///     assert!(limiter.acquire_now(1).await?.is_allowed());
 /// }
 /// let verdict = limiter.check(1).await?;
 /// assert!(!verdict.is_allowed());

@@ -47,7 +47,7 @@ pub(crate) const MAX_POLL: Duration = Duration::from_millis(50);
 /// let permit = limiter.acquire(1).await?; // waits while the fleet is full
 /// assert_eq!(limiter.in_use(), 1);
 /// drop(permit); // the slot goes back
-/// if let Some(_permit) = limiter.try_acquire(2).await? {
+/// if let Some(_permit) = limiter.acquire_now(2).await? {
 ///     // run two jobs
 /// }
 /// # Ok(()) }
@@ -147,7 +147,7 @@ pub(crate) struct Counters {
     pub(crate) store_errors: AtomicU64,
     pub(crate) degraded: AtomicU64,
     /// Slots refused to callers that would not wait (longer): `try_acquire`,
-    /// `try_acquire_now` and `try_acquire_for` answering `None`.
+    /// `acquire_now` and `try_acquire_for` answering `None`.
     pub(crate) denied: AtomicU64,
 }
 
@@ -168,10 +168,33 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         }
     }
 
-    /// Takes `n` slots now if the fleet has them, without waiting for any to come back.
+    /// Takes `n` slots from the local pool, or answers `None` and asks the background task for
+    /// a lease (hybrid mode). Synchronous: one CAS on one atomic word, no lock, no allocation,
+    /// no I/O, never waits.
+    ///
+    /// A pure-mode limiter keeps no pool, so it cannot answer without the store: use
+    /// [`acquire_now`](Self::acquire_now) (one store call), which works in both modes.
+    ///
+    /// # Errors
+    /// [`Error::ZeroTokens`], [`Error::ExceedsLimit`], [`Error::Closed`] after shutdown;
+    /// [`Error::Config`] in pure mode.
+    #[inline]
+    pub fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+        let s = &*self.handle.shared;
+        s.check(n)?;
+        if !s.local.hybrid {
+            return Err(Error::Config(
+                "try_acquire needs hybrid mode (a local pool); use acquire_now".into(),
+            ));
+        }
+        s.count_denial(n, s.try_local(n))
+    }
+
+    /// Takes `n` slots now if the fleet has them, without waiting for any to come back: one
+    /// decision, in either mode.
     ///
     /// Pure mode: one store call. Hybrid mode: the local pool only (no I/O; the future is ready
-    /// at once), as [`try_acquire_now`](Self::try_acquire_now).
+    /// at once), as [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsLimit`], [`Error::Closed`] after shutdown,
@@ -180,7 +203,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// # Cancel safety
     /// Cancelling a pure-mode call while its store call is in flight cannot leak a slot for
     /// long: if the call went through, the next renewal corrects the count.
-    pub async fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+    pub async fn acquire_now(&self, n: u64) -> Result<Option<Permit>, Error> {
         let s = &*self.handle.shared;
         s.check(n)?;
         let attempt = match s.local.hybrid {
@@ -190,23 +213,13 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         s.count_denial(n, attempt)
     }
 
-    /// Hybrid mode's synchronous path: takes `n` slots from the local pool, or answers `None`
-    /// and asks the background task for a lease. One CAS on one atomic word: no lock, no
-    /// allocation, no I/O.
+    /// The old name of [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire), and [`Error::Config`] in pure mode (which needs
-    /// a store call for every acquire: use `try_acquire`).
-    #[inline]
+    /// As [`try_acquire`](Self::try_acquire).
+    #[deprecated(note = "use `try_acquire` (synchronous now, as on every limiter)")]
     pub fn try_acquire_now(&self, n: u64) -> Result<Option<Permit>, Error> {
-        let s = &*self.handle.shared;
-        s.check(n)?;
-        if !s.local.hybrid {
-            return Err(Error::Config(
-                "try_acquire_now needs hybrid mode; use try_acquire".into(),
-            ));
-        }
-        s.count_denial(n, s.try_local(n))
+        self.try_acquire(n)
     }
 
     /// Waits until `n` slots are taken.
@@ -216,11 +229,11 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// 50 ms (pure), or the background task does (hybrid).
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire); with [`FailurePolicy::FailClosed`] a store
+    /// As [`acquire_now`](Self::acquire_now); with [`FailurePolicy::FailClosed`] a store
     /// failure ends the wait.
     ///
     /// # Cancel safety
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`acquire_now`](Self::acquire_now).
     pub async fn acquire(&self, n: u64) -> Result<Permit, Error> {
         loop {
             // Without a deadline it only returns with a permit or an error.

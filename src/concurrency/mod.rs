@@ -40,7 +40,7 @@
 //! [`holders::step`]) has four operations: *acquire* between `min` and `want` slots (all or
 //! nothing below `min`), *release* some of the holder's slots (never below zero, never another
 //! holder's, each release number applied once), *sync* (renew, and set the holder's count), and
-//! *peek*. [`ConcurrencyMode::Pure`] sends one acquire per [`ConcurrencyLimiter::try_acquire`]
+//! *peek*. [`ConcurrencyMode::Pure`] sends one acquire per [`ConcurrencyLimiter::acquire_now`]
 //! (`min = want = n`); [`ConcurrencyMode::Hybrid`] leases a batch at once and hands the slots
 //! out from a local lock-free pool (one atomic word), so a permit costs no store call; slots
 //! come back to the pool on drop, the pool above one batch goes back to the store at once, and

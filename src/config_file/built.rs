@@ -11,7 +11,7 @@ use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStore};
 use crate::error::Error;
 use crate::hybrid::HybridLimiter;
 use crate::keyed::{KeyedHybridLimiter, KeyedRedisLimiter};
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter};
+use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
 use crate::pure::RedisLimiter;
 use crate::quota::Quota;
 use crate::store::LeaseStore;
@@ -34,10 +34,10 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         }
     }
 
-    async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
         match self {
             AnyLimiter::Hybrid(l) => l.try_acquire(n),
-            AnyLimiter::Pure(l) => l.try_acquire(n).await,
+            AnyLimiter::Pure(l) => l.acquire_now(n).await,
         }
     }
 
@@ -55,9 +55,10 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         }
     }
 
-    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
         match self {
-            AnyLimiter::Hybrid(l) => Some(l.try_acquire(n)),
+            // As a plain `try_acquire`: a lease still to come is a denial (never `NeedsLease`).
+            AnyLimiter::Hybrid(l) => Some(l.try_acquire(n).map(LocalAnswer::from)),
             AnyLimiter::Pure(_) => None,
         }
     }
@@ -129,14 +130,14 @@ where
         }
     }
 
-    async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
         match self {
             AnyKeyedLimiter::Hybrid(l) => l.try_acquire(key, n),
-            AnyKeyedLimiter::Pure(l) => l.try_acquire(key, n).await,
+            AnyKeyedLimiter::Pure(l) => l.acquire_now(key, n).await,
         }
     }
 
@@ -167,13 +168,14 @@ where
         }
     }
 
-    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => Some(l.try_acquire(key, n)),
+            // As a plain `try_acquire`: a lease still to come is a denial (never `NeedsLease`).
+            AnyKeyedLimiter::Hybrid(l) => Some(l.try_acquire(key, n).map(LocalAnswer::from)),
             AnyKeyedLimiter::Pure(_) => None,
         }
     }

@@ -89,17 +89,14 @@ where
     }
 
     fn check<B>(&self, _request: &Request<B>, tokens: u64, waits: Waits) -> Step {
-        step(
-            waits.next(self.limiter.try_acquire_local(tokens)),
-            |first| {
-                let limiter = self.limiter.clone();
-                Box::pin(async move {
-                    let lease = || limiter.try_acquire_or_lease(tokens, waits.lease_wait);
-                    let queue = |queue| limiter.try_acquire_for(tokens, queue);
-                    waits.settle(first, lease, queue).await
-                })
-            },
-        )
+        step(waits.next(self.limiter.local_answer(tokens)), |first| {
+            let limiter = self.limiter.clone();
+            Box::pin(async move {
+                let lease = || limiter.try_acquire_or_lease(tokens, waits.lease_wait);
+                let queue = |queue| limiter.try_acquire_for(tokens, queue);
+                waits.settle(first, lease, queue).await
+            })
+        })
     }
 }
 
@@ -137,7 +134,7 @@ where
             Ok(key) => key,
             Err(e) => return Step::NoKey(e),
         };
-        let next = waits.next(self.limiter.try_acquire_local(&*key, tokens));
+        let next = waits.next(self.limiter.local_answer(&*key, tokens));
         step(next, |first| {
             let limiter = self.limiter.clone();
             // The slow path owns its key: the request moves on to the inner service.

@@ -174,6 +174,18 @@ impl<S: LeaseStore> HybridLimiter<S> {
         }
     }
 
+    /// [`try_acquire`](Self::try_acquire) as a future, ready at once: the one-decision call
+    /// every limiter has (a [`RedisLimiter`](crate::RedisLimiter) makes a store call for it),
+    /// so code moving between modes needs no edit. Never waits for a lease: while the first
+    /// one is in flight it denies, as `try_acquire` does (see
+    /// [`try_acquire_or_lease`](Self::try_acquire_or_lease) to wait for it).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+        self.try_acquire(n)
+    }
+
     /// Waits until the limiter has been answered by the store once: its first lease is in the
     /// local bucket (or the store said the fleet's bucket is empty, and denials are honest),
     /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
@@ -420,7 +432,7 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
         HybridLimiter::quota(self)
     }
 
-    async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
         HybridLimiter::try_acquire(self, n)
     }
 
@@ -432,11 +444,7 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
         HybridLimiter::try_acquire_for(self, n, timeout).await
     }
 
-    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
-        Some(HybridLimiter::try_acquire(self, n))
-    }
-
-    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
         Some(HybridLimiter::try_acquire_local(self, n))
     }
 

@@ -305,6 +305,22 @@ where
         })
     }
 
+    /// [`try_acquire`](Self::try_acquire) as a future, ready at once: the one-decision call
+    /// every keyed limiter has (a [`KeyedRedisLimiter`] makes a store call for it), so code
+    /// moving between modes needs no edit. Never waits for a lease: a key without tokens is
+    /// denied while its lease is fetched, as with `try_acquire` (see
+    /// [`try_acquire_or_lease`](Self::try_acquire_or_lease) to wait for it).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        self.try_acquire(key, n)
+    }
+
     /// Waits until `n` tokens of `key` are taken: from local tokens, else from a lease made
     /// for this call (one store round trip), else after the store's `retry_after`.
     ///
@@ -407,7 +423,7 @@ where
         KeyedHybridLimiter::quota(self)
     }
 
-    async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -436,15 +452,7 @@ where
         KeyedHybridLimiter::try_acquire_for(self, key, n, timeout).await
     }
 
-    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        Some(KeyedHybridLimiter::try_acquire(self, key, n))
-    }
-
-    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,

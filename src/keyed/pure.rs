@@ -31,9 +31,9 @@ use super::name;
 /// use ratelease::{KeyedRedisLimiter, MemoryStore, Quota};
 ///
 /// let per_user = KeyedRedisLimiter::new("api", Quota::per_second(2)?, MemoryStore::new())?;
-/// assert!(per_user.try_acquire("alice", 2).await?.is_allowed());
-/// assert!(!per_user.try_acquire("alice", 1).await?.is_allowed());
-/// assert!(per_user.try_acquire("bob", 1).await?.is_allowed());
+/// assert!(per_user.acquire_now("alice", 2).await?.is_allowed());
+/// assert!(!per_user.acquire_now("alice", 1).await?.is_allowed());
+/// assert!(per_user.acquire_now("bob", 1).await?.is_allowed());
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -102,22 +102,56 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         self.quota
     }
 
-    /// Takes `n` tokens of `key` now, or says when to retry. One store call.
+    /// Takes `n` tokens of `key` now, or says when to retry. One store call: a pure limiter
+    /// keeps no local state, so it has no synchronous `try_acquire`, and this is its one
+    /// decision, under the name every keyed limiter gives it.
     ///
     /// # Errors
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
+    pub async fn acquire_now<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        n: u64,
+    ) -> Result<Decision, Error> {
+        self.limiter(key).acquire_now(n).await
+    }
+
+    /// The old name of [`acquire_now`](Self::acquire_now).
+    ///
+    /// # Errors
+    /// As [`acquire_now`](Self::acquire_now).
+    #[deprecated(
+        note = "use `acquire_now` (the same store call): `try_acquire` names the synchronous \
+                local check, which a pure limiter cannot make"
+    )]
     pub async fn try_acquire<Q: Display + ?Sized>(
         &self,
         key: &Q,
         n: u64,
     ) -> Result<Decision, Error> {
-        self.limiter(key).try_acquire(n).await
+        self.acquire_now(key, n).await
+    }
+
+    /// As [`acquire_now`](Self::acquire_now): a pure limiter has no lease to wait for. Here so
+    /// that code written for a [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) runs
+    /// unchanged.
+    ///
+    /// # Errors
+    /// As [`acquire_now`](Self::acquire_now).
+    pub async fn try_acquire_or_lease<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let _ = lease_wait;
+        self.acquire_now(key, n).await
     }
 
     /// Waits until `n` tokens of `key` are taken, sleeping for each reply's `retry_after`.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`acquire_now`](Self::acquire_now).
     pub async fn acquire<Q: Display + ?Sized>(&self, key: &Q, n: u64) -> Result<(), Error> {
         self.limiter(key).acquire(n).await
     }
@@ -126,7 +160,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// the wait would be longer.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire).
+    /// As [`acquire_now`](Self::acquire_now).
     pub async fn try_acquire_for<Q: Display + ?Sized>(
         &self,
         key: &Q,
@@ -142,12 +176,12 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
         self.quota
     }
 
-    async fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        KeyedRedisLimiter::try_acquire(self, key, n).await
+        KeyedRedisLimiter::acquire_now(self, key, n).await
     }
 
     async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
