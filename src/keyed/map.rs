@@ -51,7 +51,7 @@ struct Slot<K, V> {
 
 type Shard<K, V> = CachePadded<Mutex<HashTable<Slot<K, V>>>>;
 
-/// A concurrent map from keys to values that are shared by reference (atomics).
+/// A concurrent map from keys to values, each reached only under its shard's lock.
 pub(super) struct KeyMap<K, V, H> {
     shards: Box<[Shard<K, V>]>,
     hasher: H,
@@ -166,17 +166,19 @@ where
         Some((slot.key, slot.value))
     }
 
-    /// Calls `f` on every entry, [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
+    /// Calls `f` on every entry (which it may change), [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
     /// inserted meanwhile may be missed, and if its shard grows meanwhile (an insert) some
     /// entries may be seen twice or missed: this is for sweeps, which run again.
-    pub(super) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+    pub(super) fn for_each(&self, mut f: impl FnMut(&K, &mut V)) {
         for shard in self.shards.iter() {
             let mut start = 0;
             loop {
-                let table = shard.lock();
+                let mut table = shard.lock();
                 let end = (start + SCAN_CHUNK).min(table.num_buckets());
-                for slot in (start..end).filter_map(|i| table.get_bucket(i)) {
-                    f(&slot.key, &slot.value);
+                for i in start..end {
+                    if let Some(slot) = table.get_bucket_mut(i) {
+                        f(&slot.key, &mut slot.value);
+                    }
                 }
                 if end >= table.num_buckets() {
                     break;
