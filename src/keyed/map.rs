@@ -24,6 +24,16 @@
 //! swings as any hashbrown table does. Shards also bound what a resize costs: a shard grows
 //! under its lock, and none holds more than a few thousand keys.
 //!
+//! **Shards shrink again.** After a flood the tables would stay sized for it. The worker's
+//! sweep calls [`shrink`](KeyMap::shrink), which gives a shard whose entries fell below a
+//! quarter of its capacity a table for twice its entries (about half full, so it does not grow
+//! back at once). The new table is allocated and the old one freed without the shard's lock;
+//! under it, only the entries move — at most [`MAX_SHRINK_MOVES`], about a quarter of a table
+//! sized for the cap — so a shrink holds a shard about as long as a resize when it grows
+//! (BENCHMARKS.md, issue 15, measures callers' latency while a million keys are swept). A shard
+//! holding more than that many entries in a table four times too large (a table that grew past
+//! its share of the cap, then emptied) waits until enough of them are gone.
+//!
 //! Shards are picked with bits 24–55 of the hash: hashbrown takes the bucket from the low bits
 //! and the control byte from the top seven, so all three stay independent.
 
@@ -42,6 +52,12 @@ pub(super) const KEYS_PER_SHARD: usize = 3_277;
 const MIN_SHARDS: usize = 8;
 /// Buckets a walk over the map reads per hold of a shard's lock (about a microsecond).
 pub(super) const SCAN_CHUNK: usize = 256;
+
+/// Most entries a shrink moves while it holds a shard's lock: a quarter of a 4 096-bucket
+/// table's capacity, what a shard sized for the cap holds when it first qualifies.
+pub(super) const MAX_SHRINK_MOVES: usize = 1_024;
+/// Tables of at most this many buckets are not shrunk: it would save little.
+const MIN_SHRINK_BUCKETS: usize = 64;
 
 /// A key and its value, side by side in the table.
 struct Slot<K, V> {
@@ -188,6 +204,56 @@ where
         }
     }
 
+    /// Gives every shard whose entries fell below a quarter of its capacity a table for twice
+    /// its entries (see the module docs); returns the shards shrunk. The tables are allocated
+    /// and freed outside the shards' locks; under a lock at most [`MAX_SHRINK_MOVES`] entries
+    /// move.
+    pub(super) fn shrink(&self) -> usize {
+        fn oversized<T>(table: &HashTable<T>) -> bool {
+            table.num_buckets() > MIN_SHRINK_BUCKETS
+                && table.len() < table.capacity() / 4
+                && table.len() <= MAX_SHRINK_MOVES
+        }
+        let mut shrunk = 0;
+        for shard in self.shards.iter() {
+            let len = {
+                let table = shard.lock();
+                if !oversized(&table) {
+                    continue;
+                }
+                table.len()
+            };
+            // Allocated before taking the lock: an empty shard gets a table without any.
+            let mut smaller = HashTable::with_capacity(len * 2);
+            let old = {
+                let mut table = shard.lock();
+                // Keys came or went meanwhile: move them only if they still fit without a
+                // resize and the shard is still too big.
+                if !oversized(&table)
+                    || table.len() > smaller.capacity()
+                    || smaller.num_buckets() >= table.num_buckets()
+                {
+                    continue;
+                }
+                for slot in table.drain() {
+                    let hash = self.hash(&slot.key);
+                    smaller.insert_unique(hash, slot, |slot| self.hasher.hash_one(&slot.key));
+                }
+                std::mem::replace(&mut *table, smaller)
+            };
+            // Freed once the lock is let go of.
+            drop(old);
+            shrunk += 1;
+        }
+        shrunk
+    }
+
+    /// Bytes the shards' tables hold (entries and control bytes; not the shard headers).
+    #[cfg(test)]
+    pub(super) fn table_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().allocation_size()).sum()
+    }
+
     /// The sum of `f` over every entry, each shard read whole under its lock (no entry is
     /// missed or counted twice, however the shard changes between shards).
     pub(super) fn sum(&self, f: impl Fn(&V) -> u64) -> u64 {
@@ -260,5 +326,46 @@ mod tests {
         assert!(m.shards.iter().all(|s| s.lock().len() > 100));
         m.clear();
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn shards_shrink_once_their_keys_are_gone() {
+        let m = map(100_000);
+        let keys = 90_000u64;
+        for i in 0..keys {
+            assert!(m.insert_new(i.to_string(), || AtomicU64::new(i)));
+        }
+        let full = m.table_bytes();
+        assert!(full >= keys as usize * 25, "{full} bytes");
+        assert_eq!(m.shrink(), 0, "nothing to shrink while full");
+        // A sweep evicts all but every 100th key: no table shrinks before the sweep does.
+        for i in (0..keys).filter(|i| i % 100 != 0) {
+            assert!(m.remove_if(i.to_string().as_str(), |_| true).is_some());
+        }
+        assert_eq!(
+            m.table_bytes(),
+            full,
+            "hashbrown tables never shrink by themselves"
+        );
+        let shrunk = m.shrink();
+        assert!(shrunk > 0);
+        let after = m.table_bytes();
+        assert!(after * 16 <= full, "{full} bytes before, {after} after");
+        // Every key left is still there, with its value, and the map still grows.
+        for i in (0..keys).step_by(100) {
+            let v = m.get(i.to_string().as_str()).expect("kept");
+            assert_eq!(v.load(Ordering::Relaxed), i);
+        }
+        assert_eq!(m.sum(|_| 1), keys / 100);
+        for i in keys..keys + 10_000 {
+            assert!(m.insert_new(i.to_string(), || AtomicU64::new(i)));
+        }
+        assert!(m.get("95000").is_some());
+        // Emptied: no table is kept at all.
+        for i in (0..keys).step_by(100).chain(keys..keys + 10_000) {
+            m.remove_if(i.to_string().as_str(), |_| true);
+        }
+        m.shrink();
+        assert_eq!(m.table_bytes(), 0);
     }
 }

@@ -74,6 +74,8 @@
 //! after it was given back. The sweep evicts one key per hold of a shard's lock and looks at
 //! 256 buckets per hold, so a caller waits for it about a microsecond at most while the worker
 //! runs (`benches/sweep.rs`: p99.9 of 0.3–0.6 µs during a sweep of a million keys).
+//! After its evictions the sweep shrinks the map's shards that fell below a quarter full
+//! (`map.rs`), so the memory of a flood of keys goes back once its keys are gone.
 //!
 //! **The cap.** At most [`max_keys`](KeyedHybridBuilder::max_keys) keys are live (an atomic
 //! counter reserved before every insert: the cap is exact). A new key at the cap is not

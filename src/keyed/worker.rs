@@ -549,6 +549,11 @@ where
         let most = (self.s.max_in_flight / 2).max(1);
         while self.releasing < most && self.jobs.len() < self.s.max_in_flight {
             let Some((name, tokens)) = self.releases.pop_front() else {
+                // Drained: a sweep that evicted a flood of keys queued a release for each, and
+                // the queue would keep room for them all.
+                if self.releases.capacity() > MAX_RELEASE_BACKLOG {
+                    self.releases.shrink_to(MAX_RELEASE_BACKLOG);
+                }
                 return;
             };
             count(&self.s.counters.releases, 1);
@@ -622,6 +627,9 @@ where
                 self.give_back(bucket_name(&self.s.name, &key), tokens);
             }
         }
+        // A flood's keys gone, the tables they filled shrink (`map.rs`: no caller waits long).
+        self.s.map.shrink();
+        self.s.fallback_words.shrink();
     }
 
     /// At the cap: evicts the `max_keys / 16` least recently used keys (never-used keys
