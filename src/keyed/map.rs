@@ -24,6 +24,16 @@
 //! swings as any hashbrown table does. Shards also bound what a resize costs: a shard grows
 //! under its lock, and none holds more than a few thousand keys.
 //!
+//! **Shards shrink again.** After a flood the tables would stay sized for it. The worker's
+//! sweep calls [`shrink`](KeyMap::shrink), which gives a shard whose entries fell below a
+//! quarter of its capacity a table for twice its entries (about half full, so it does not grow
+//! back at once). The new table is allocated and the old one freed without the shard's lock;
+//! under it, only the entries move, and at most [`MAX_SHRINK_MOVES`] of them (a few µs), so
+//! no caller waits long behind a shrink. The price: a shard that keeps more entries than that
+//! in a table four times too large stays as it is until its entries fall to that many (a flood
+//! swept away leaves its shards nearly empty, which is the case this is for; shrinking in
+//! steps, with lookups in both tables meanwhile, would lift the limit and was not done).
+//!
 //! Shards are picked with bits 24–55 of the hash: hashbrown takes the bucket from the low bits
 //! and the control byte from the top seven, so all three stay independent.
 
@@ -43,6 +53,13 @@ const MIN_SHARDS: usize = 8;
 /// Buckets a walk over the map reads per hold of a shard's lock (about a microsecond).
 pub(super) const SCAN_CHUNK: usize = 256;
 
+/// Most entries a shrink moves while it holds a shard's lock. Measured on the 2-vCPU machine
+/// of BENCHMARKS.md (loaded): about 110 ns per entry moved (entries and the new table come
+/// from memory), 0.9–2 µs for 5 entries, 7–14 µs for 64; so 32, for a hold of a few µs.
+pub(super) const MAX_SHRINK_MOVES: usize = 32;
+/// Tables of at most this many buckets are not shrunk: it would save little.
+const MIN_SHRINK_BUCKETS: usize = 64;
+
 /// A key and its value, side by side in the table.
 struct Slot<K, V> {
     key: K,
@@ -51,7 +68,7 @@ struct Slot<K, V> {
 
 type Shard<K, V> = CachePadded<Mutex<HashTable<Slot<K, V>>>>;
 
-/// A concurrent map from keys to values that are shared by reference (atomics).
+/// A concurrent map from keys to values, each reached only under its shard's lock.
 pub(super) struct KeyMap<K, V, H> {
     shards: Box<[Shard<K, V>]>,
     hasher: H,
@@ -166,17 +183,19 @@ where
         Some((slot.key, slot.value))
     }
 
-    /// Calls `f` on every entry, [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
+    /// Calls `f` on every entry (which it may change), [`SCAN_CHUNK`] buckets per hold of a shard's lock. An entry
     /// inserted meanwhile may be missed, and if its shard grows meanwhile (an insert) some
     /// entries may be seen twice or missed: this is for sweeps, which run again.
-    pub(super) fn for_each(&self, mut f: impl FnMut(&K, &V)) {
+    pub(super) fn for_each(&self, mut f: impl FnMut(&K, &mut V)) {
         for shard in self.shards.iter() {
             let mut start = 0;
             loop {
-                let table = shard.lock();
+                let mut table = shard.lock();
                 let end = (start + SCAN_CHUNK).min(table.num_buckets());
-                for slot in (start..end).filter_map(|i| table.get_bucket(i)) {
-                    f(&slot.key, &slot.value);
+                for i in start..end {
+                    if let Some(slot) = table.get_bucket_mut(i) {
+                        f(&slot.key, &mut slot.value);
+                    }
                 }
                 if end >= table.num_buckets() {
                     break;
@@ -184,6 +203,60 @@ where
                 start = end;
             }
         }
+    }
+
+    /// Gives every shard whose entries fell below a quarter of its capacity a table for twice
+    /// its entries (see the module docs); returns the shards shrunk. The tables are allocated
+    /// and freed outside the shards' locks; under a lock at most [`MAX_SHRINK_MOVES`] entries
+    /// move.
+    pub(super) fn shrink(&self) -> usize {
+        // The entries the buckets hold at most (hashbrown's 7/8). Not `capacity()`: that is
+        // what can be inserted before the next resize, and removals leave tombstones that
+        // it does not count, so after an eviction sweep it is barely above the entries left.
+        fn oversized<T>(table: &HashTable<T>) -> bool {
+            let buckets = table.num_buckets();
+            buckets > MIN_SHRINK_BUCKETS
+                && table.len() < buckets / 8 * 7 / 4
+                && table.len() <= MAX_SHRINK_MOVES
+        }
+        let mut shrunk = 0;
+        for shard in self.shards.iter() {
+            let len = {
+                let table = shard.lock();
+                if !oversized(&table) {
+                    continue;
+                }
+                table.len()
+            };
+            // Allocated before taking the lock: an empty shard gets a table without any.
+            let mut smaller = HashTable::with_capacity(len * 2);
+            let old = {
+                let mut table = shard.lock();
+                // Keys came or went meanwhile: move them only if they still fit without a
+                // resize and the shard is still too big.
+                if !oversized(&table)
+                    || table.len() > smaller.capacity()
+                    || smaller.num_buckets() >= table.num_buckets()
+                {
+                    continue;
+                }
+                for slot in table.drain() {
+                    let hash = self.hash(&slot.key);
+                    smaller.insert_unique(hash, slot, |slot| self.hasher.hash_one(&slot.key));
+                }
+                std::mem::replace(&mut *table, smaller)
+            };
+            // Freed once the lock is let go of.
+            drop(old);
+            shrunk += 1;
+        }
+        shrunk
+    }
+
+    /// Bytes the shards' tables hold (entries and control bytes; not the shard headers).
+    #[cfg(test)]
+    pub(super) fn table_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().allocation_size()).sum()
     }
 
     /// The sum of `f` over every entry, each shard read whole under its lock (no entry is
@@ -258,5 +331,47 @@ mod tests {
         assert!(m.shards.iter().all(|s| s.lock().len() > 100));
         m.clear();
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn shards_shrink_once_their_keys_are_gone() {
+        let m = map(100_000);
+        let keys = 90_000u64;
+        for i in 0..keys {
+            assert!(m.insert_new(i.to_string(), || AtomicU64::new(i)));
+        }
+        let full = m.table_bytes();
+        assert!(full >= keys as usize * 25, "{full} bytes");
+        assert_eq!(m.shrink(), 0, "nothing to shrink while full");
+        // A sweep evicts all but every 200th key (about 15 per shard, fewer than
+        // `MAX_SHRINK_MOVES`): no table shrinks before the sweep does.
+        for i in (0..keys).filter(|i| i % 200 != 0) {
+            assert!(m.remove_if(i.to_string().as_str(), |_| true).is_some());
+        }
+        assert_eq!(
+            m.table_bytes(),
+            full,
+            "hashbrown tables never shrink by themselves"
+        );
+        let shrunk = m.shrink();
+        assert!(shrunk > 0);
+        let after = m.table_bytes();
+        assert!(after * 16 <= full, "{full} bytes before, {after} after");
+        // Every key left is still there, with its value, and the map still grows.
+        for i in (0..keys).step_by(200) {
+            let v = m.get(i.to_string().as_str()).expect("kept");
+            assert_eq!(v.load(Ordering::Relaxed), i);
+        }
+        assert_eq!(m.sum(|_| 1), keys / 200);
+        for i in keys..keys + 10_000 {
+            assert!(m.insert_new(i.to_string(), || AtomicU64::new(i)));
+        }
+        assert!(m.get("95000").is_some());
+        // Emptied: no table is kept at all.
+        for i in (0..keys).step_by(200).chain(keys..keys + 10_000) {
+            m.remove_if(i.to_string().as_str(), |_| true);
+        }
+        m.shrink();
+        assert_eq!(m.table_bytes(), 0);
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! **Per-key state is small.** A `HybridLimiter` is about 1.2 KiB of cache-padded slots plus a
 //! tokio task: fine for a few limiters, far too heavy for 100 000 keys. Here a key is 32 bytes
-//! of atomics (`src/keyed/state.rs`) stored inline beside the key in the key map (below;
+//! of plain integers, reached only under its shard's lock (`src/keyed/state.rs`) stored inline beside the key in the key map (below;
 //! BENCHMARKS.md measures bytes per key with the map's overhead), and **one background worker**
 //! serves every key: callers put lease requests on bounded queues, the worker runs up to
 //! [`max_in_flight`](KeyedHybridBuilder::max_in_flight) store calls at a time (a `RedisStore`
@@ -74,6 +74,8 @@
 //! after it was given back. The sweep evicts one key per hold of a shard's lock and looks at
 //! 256 buckets per hold, so a caller waits for it about a microsecond at most while the worker
 //! runs (`benches/sweep.rs`: p99.9 of 0.3–0.6 µs during a sweep of a million keys).
+//! After its evictions the sweep shrinks the map's shards that fell below a quarter full
+//! (`map.rs`), so the memory of a flood of keys goes back once its keys are gone.
 //!
 //! **The cap.** At most [`max_keys`](KeyedHybridBuilder::max_keys) keys are live (an atomic
 //! counter reserved before every insert: the cap is exact). A new key at the cap is not
@@ -126,8 +128,8 @@
 //!   million `u64` keys with the 48-byte state. Here the shard count comes from
 //!   [`max_keys`](KeyedHybridBuilder::max_keys): at the cap every shard holds about 80 % of a
 //!   4 096-bucket table, so a full limiter spends about `(entry + 1) / 0.8` bytes per key —
-//!   about 52 for `u64` (goal: 64), 67 for `IpAddr` (a 17-byte key beside the 4-byte-aligned
-//!   state makes a 52-byte entry; governor: 69). Below the cap the tables are part-grown, as
+//!   about 52 for `u64` (goal: 64), 63 for `IpAddr` (a 17-byte key beside the byte-aligned
+//!   state makes a 49-byte entry; governor: 69). Below the cap the tables are part-grown, as
 //!   any hashbrown table (up to about 77 bytes per `u64` key at two thirds of the cap).
 //! - **A mutex per shard, not a read-write lock, not lock-free reads.** Lock-free reads would
 //!   need epochs or entries that never move, and this crate has no `unsafe` code; a lock is

@@ -281,10 +281,10 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         check_tokens(n, self.quota.burst())?;
-        let Some(state) = self.map.get(key) else {
+        let Some(mut state) = self.map.get(key) else {
             return self.miss(key, None, n, queue);
         };
-        let Some(left) = self.take_held(&state, n) else {
+        let Some(left) = self.take_held(&mut state, n) else {
             return self.miss(key, Some(state), n, queue);
         };
         if state.below_low_water(left) {
@@ -297,12 +297,12 @@ where
     /// Out of line, so that the hit path stays small enough to inline.
     #[cold]
     #[inline(never)]
-    fn refill<Q>(&self, key: &Q, state: Ref<'_, KeyState>)
+    fn refill<Q>(&self, key: &Q, mut state: Ref<'_, KeyState>)
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        if let Some(queue) = self.claim_request(&state) {
+        if let Some(queue) = self.claim_request(&mut state) {
             drop(state);
             self.send_request(key, queue, 0);
         }
@@ -316,12 +316,12 @@ where
     {
         self.map
             .get(key)
-            .is_some_and(|state| self.take_held(&state, n).is_some())
+            .is_some_and(|mut state| self.take_held(&mut state, n).is_some())
     }
 
     /// Takes `n` of the tokens `state` holds and marks it used; returns what is left.
     #[inline]
-    pub(super) fn take_held(&self, state: &KeyState, n: u64) -> Option<u64> {
+    pub(super) fn take_held(&self, state: &mut KeyState, n: u64) -> Option<u64> {
         let left = state.take(n)?;
         state.touch(self.tick());
         Some(left)
@@ -334,7 +334,7 @@ where
     pub(super) fn miss<Q>(
         &self,
         key: &Q,
-        state: Option<Ref<'_, KeyState>>,
+        mut state: Option<Ref<'_, KeyState>>,
         n: u64,
         queue: bool,
     ) -> Result<Outcome, Error>
@@ -345,7 +345,7 @@ where
         if self.is_closed() {
             return Err(Error::Closed);
         }
-        if let Some(state) = &state {
+        if let Some(state) = &mut state {
             state.seen(self.tick());
         }
         // One clock reading for the block and the recent refusal.
@@ -390,9 +390,9 @@ where
         // Ask for a lease (under an open circuit: a probe) unless the key is known to wait.
         if queue && blocked.is_zero() {
             match state {
-                Some(s) => {
+                Some(mut s) => {
                     s.note_denied(n);
-                    if let Some(queue) = self.claim_request(&s) {
+                    if let Some(queue) = self.claim_request(&mut s) {
                         drop(s);
                         self.send_request(key, queue, n);
                     }
@@ -429,7 +429,7 @@ where
     /// Marks a lease of the key in `state` as queued, unless one is already; if this call
     /// did, returns the queue to send it to with [`send_request`](Self::send_request), once the
     /// shard's lock is let go of.
-    fn claim_request(&self, state: &KeyState) -> Option<&mpsc::Sender<Request<K>>> {
+    fn claim_request(&self, state: &mut KeyState) -> Option<&mpsc::Sender<Request<K>>> {
         state.mark_queued().then(|| self.queue_for(Some(state)))
     }
 
@@ -450,7 +450,7 @@ where
             // The queue is full (or closed): a later call asks again. The key is still there:
             // a key with a lease queued is never evicted.
             Err(_) => {
-                if let Some(state) = self.map.get(key) {
+                if let Some(mut state) = self.map.get(key) {
                     state.unqueue();
                 }
             }

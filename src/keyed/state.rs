@@ -1,40 +1,42 @@
-//! One key's local state: 32 bytes of atomics, 4-byte aligned, stored inline beside the key
-//! in the keyed limiter's map (`map.rs`): a 40-byte entry with a `u64` key, 52 with an
-//! `IpAddr` (17 bytes; 56 if the state were 8-byte aligned).
+//! One key's local state: 32 bytes of plain integers, **byte-aligned** (`repr(packed)`), stored
+//! inline beside the key in the keyed limiter's map (`map.rs`): a 40-byte entry with a `u64`
+//! key (the key's alignment pads it), 49 with an `IpAddr` (17 bytes: no padding at all; a
+//! 4-byte-aligned state made it 52, and 56 when the state was 8-byte aligned).
 //!
-//! Callers touch only the first 20 bytes on a hit: `tokens` (a load and a store), `last_use` and `flags`
-//! (a load each, and a store only when they change: once per tick and once per key) and
+//! Callers touch only the first 20 bytes on a hit: `tokens` (a load and a store), `last_use` and
+//! `flags` (a load each, and a store only when they change: once per tick and once per key) and
 //! `low_water` (a load). Everything else is read on the denial path or written by the worker.
 //! The rate word of [`FailurePolicy::LocalFallback`](crate::FailurePolicy) is not here: it is
 //! used only while the store fails, so it lives in a side map (`Shared::fallback_words`).
 //!
-//! The token count is 64 bits kept as two 32-bit halves: every access holds the shard's lock
-//! (below), so the count needs no single atomic word, and the halves keep the state 4-byte
-//! aligned. To fit, three values are narrower than a word: the largest denied request shares
-//! the flags word (27 bits, saturating: the request in hand still sizes its own lease);
-//! `granted_at_ms` is a wrapping millisecond clock (demand is measured over far less than 49
-//! days); `blocked_until_us` a wrapping microsecond clock, valid while [`BLOCKED`] is set, so a
-//! block is at most [`MAX_BLOCK`] long (a key refused for longer asks the store again then, and
-//! is refused again) and the sweep clears blocks that ended long ago
+//! To fit, three values are narrower than a word: the largest denied request shares the flags
+//! word (27 bits, saturating: the request in hand still sizes its own lease); `granted_at_ms` is
+//! a wrapping millisecond clock (demand is measured over far less than 49 days);
+//! `blocked_until_us` a wrapping microsecond clock, valid while [`BLOCKED`] is set, so a block
+//! is at most [`MAX_BLOCK`] long (a key refused for longer asks the store again then, and is
+//! refused again) and the sweep clears blocks that ended long ago
 //! ([`forget_old_block`](KeyState::forget_old_block)) before the clock can wrap onto them.
 //!
-//! # Memory ordering
+//! # No atomics: the shard's lock is the synchronisation
 //!
-//! Every field is `Relaxed`. A state is only ever reached through its map shard's mutex
-//! (`map.rs`), callers and worker alike, so every access to it is ordered by that lock:
-//! `tokens` is conserved because a take, a grant and a give back (each a load and a store of
-//! both halves) never overlap, and nothing else is published through it. The fields are
-//! atomics so that a value can be shared by reference (`&KeyState`) without `unsafe` code; a
-//! read of `tokens` outside the lock could see halves of two counts, and nothing reads it
-//! there. `flags`, `last_use` and the worker's fields are hints: a caller that sees a
-//! stale value requests a lease once too often or too late, and the next call corrects it (a
-//! caller that sees [`BLOCKED`] with the previous block's time reads an older block, the same
-//! kind of staleness). No caller ever waits on a flag (async callers have their own reply
-//! channel), so there is no lost-wake-up pattern to order. Eviction removes the state under
-//! the shard's lock, after every caller's last hold of it; the lock's acquire and release
-//! order its reads after every caller's last write, and no caller can reach it afterwards.
+//! A state is only ever reached through its map shard's mutex (`map.rs`): a lookup returns a
+//! guard that derefs to `&mut KeyState`, a walk over the map hands out `&mut KeyState` under the
+//! shard's lock, and eviction moves the state out under it. So every write has the borrow
+//! checker's proof that nobody else reads or writes the state meanwhile, and every read sees the
+//! last write through the lock's acquire and release — no field needs to be atomic, and none is.
+//! (An earlier version used relaxed atomics so that `&KeyState` could be shared: the same loads
+//! and stores, but a locked read-modify-write for every flag change, and 4-byte alignment.)
+//! `tokens` is conserved because a take, a grant and a give back never overlap (each holds
+//! `&mut`); eviction takes the tokens of a state no caller can reach any more.
+//!
+//! **Why packed.** Unaligned loads and stores cost nothing extra on x86-64 and AArch64 unless
+//! they straddle a cache line, and the fields are read by value (a packed field cannot be
+//! borrowed, so nothing here takes a reference to one). Byte alignment lets the entry take the
+//! key's alignment alone: with an `IpAddr` key (17 bytes, align 1) the entry is 49 bytes instead
+//! of 52, which is what brings an `IpAddr` key under 64 bytes with the map's overhead
+//! (BENCHMARKS.md, issue 15). With a `u64` key nothing changes (40 bytes, the key 8-aligned
+//! and the state after it, so `tokens` stays 8-aligned there).
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// A lease for the key is queued or in flight (at most one per key from sync callers).
@@ -59,31 +61,33 @@ const FORGET_BLOCK_AFTER: Duration = Duration::from_secs(60);
 
 /// One key's state.
 #[derive(Debug, Default)]
-#[repr(C)] // the fields a hit reads first, together
+#[repr(C, packed)] // the fields a hit reads first, together; byte-aligned (see the module docs)
 pub(crate) struct KeyState {
-    /// Leased tokens not yet spent: the low and the high 32 bits.
-    tokens: [AtomicU32; 2],
+    /// Leased tokens not yet spent.
+    tokens: u64,
     /// The tick of the last hit (see `mod.rs`: the worker's coarse clock).
-    last_use: AtomicU32,
+    last_use: u32,
     /// [`QUEUED`], [`USED`], [`GRANTED`], [`BLOCKED`], [`REFUSED`] in the low [`FLAG_BITS`];
     /// above them the largest request denied since the worker last leased (saturating at
     /// [`MAX_DENIED`]).
-    flags: AtomicU32,
+    flags: u32,
     /// Request a lease when a hit leaves fewer tokens than this (0: only when denied).
-    low_water: AtomicU32,
+    low_water: u32,
     /// Worker only: tokens held right after the last grant, plus any handed to a waiter
     /// (saturating). What is missing at the next lease was spent.
-    after_grant: AtomicU32,
+    after_grant: u32,
     /// Worker only: ms since origin of the last grant (wrapping; valid with [`GRANTED`]).
-    granted_at_ms: AtomicU32,
+    granted_at_ms: u32,
     /// Until when (µs since the limiter's origin, wrapping; valid with [`BLOCKED`]) the store
     /// said no lease can succeed, or the circuit said not to try: callers are denied locally
     /// until then.
-    blocked_until_us: AtomicU32,
+    blocked_until_us: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<KeyState>() == 32);
-const _: () = assert!(std::mem::align_of::<KeyState>() == 4);
+const _: () = assert!(std::mem::align_of::<KeyState>() == 1);
+const _: () = assert!(std::mem::size_of::<(std::net::IpAddr, KeyState)>() == 49);
+const _: () = assert!(std::mem::size_of::<(u64, KeyState)>() == 40);
 
 fn saturate(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
@@ -98,94 +102,78 @@ fn micros(ns: u64) -> u32 {
 impl KeyState {
     /// A new key, last used at `tick`, with `flags`.
     pub(crate) fn new(tick: u32, flags: u32) -> Self {
-        let state = KeyState::default();
-        state.last_use.store(tick, Ordering::Relaxed);
-        state.flags.store(flags, Ordering::Relaxed);
-        state
+        KeyState {
+            last_use: tick,
+            flags,
+            ..KeyState::default()
+        }
     }
 
-    /// The token count. Every caller holds the state's shard lock (see the module docs).
+    /// Takes `n` tokens and returns what is left, or `None` if there are fewer.
     #[inline]
-    fn load_tokens(&self) -> u64 {
-        let [low, high] = &self.tokens;
-        u64::from(low.load(Ordering::Relaxed)) | u64::from(high.load(Ordering::Relaxed)) << 32
-    }
-
-    /// Sets the token count, under the state's shard lock.
-    #[inline]
-    fn store_tokens(&self, n: u64) {
-        let [low, high] = &self.tokens;
-        // Truncated on purpose: the two halves.
-        low.store(n as u32, Ordering::Relaxed);
-        high.store((n >> 32) as u32, Ordering::Relaxed);
-    }
-
-    /// Takes `n` tokens and returns what is left, or `None` if there are fewer. The caller
-    /// holds the state's shard lock, so no other change to `tokens` can come between the
-    /// load and the store (see the module docs).
-    #[inline]
-    pub(crate) fn take(&self, n: u64) -> Option<u64> {
-        let left = self.load_tokens().checked_sub(n)?;
-        self.store_tokens(left);
+    pub(crate) fn take(&mut self, n: u64) -> Option<u64> {
+        let left = self.tokens.checked_sub(n)?;
+        self.tokens = left;
         Some(left)
     }
 
-    /// Records a hit at `tick`: stores only what changed, so a busy key's line is not
-    /// written again on every call.
+    /// Records a hit at `tick`: stores only what changed, so a busy key's flags and clock are
+    /// not written again on every call.
     #[inline]
-    pub(crate) fn touch(&self, tick: u32) {
+    pub(crate) fn touch(&mut self, tick: u32) {
         self.seen(tick);
-        if self.flags.load(Ordering::Relaxed) & USED == 0 {
-            self.flags.fetch_or(USED, Ordering::Relaxed);
+        if self.flags & USED == 0 {
+            self.flags |= USED;
         }
     }
 
     /// Records a call at `tick`, admitted or not: the key is in use.
     #[inline]
-    pub(crate) fn seen(&self, tick: u32) {
-        if self.last_use.load(Ordering::Relaxed) != tick {
-            self.last_use.store(tick, Ordering::Relaxed);
+    pub(crate) fn seen(&mut self, tick: u32) {
+        if self.last_use != tick {
+            self.last_use = tick;
         }
     }
 
     /// Whether a hit that left `left` tokens should request the next lease.
     #[inline]
     pub(crate) fn below_low_water(&self, left: u64) -> bool {
-        left < u64::from(self.low_water.load(Ordering::Relaxed))
+        left < u64::from(self.low_water)
     }
 
     /// Tokens held now.
     pub(crate) fn tokens(&self) -> u64 {
-        self.load_tokens()
+        self.tokens
     }
 
     /// Takes every token (to give them back); none can be spent afterwards.
-    pub(crate) fn take_all(&self) -> u64 {
-        self.after_grant.store(0, Ordering::Relaxed);
-        let all = self.load_tokens();
-        self.store_tokens(0);
+    pub(crate) fn take_all(&mut self) -> u64 {
+        self.after_grant = 0;
+        let all = self.tokens;
+        self.tokens = 0;
         all
     }
 
     /// Sets [`QUEUED`]; true if this call set it (and must queue the lease).
-    pub(crate) fn mark_queued(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & QUEUED == 0
-            && self.flags.fetch_or(QUEUED, Ordering::Relaxed) & QUEUED == 0
+    pub(crate) fn mark_queued(&mut self) -> bool {
+        let was = self.flags & QUEUED == 0;
+        self.flags |= QUEUED;
+        was
     }
 
     /// Clears [`QUEUED`].
-    pub(crate) fn unqueue(&self) {
-        self.flags.fetch_and(!QUEUED, Ordering::Relaxed);
+    pub(crate) fn unqueue(&mut self) {
+        self.flags &= !QUEUED;
     }
 
     /// The flags.
     pub(crate) fn flags(&self) -> u32 {
-        self.flags.load(Ordering::Relaxed) & FLAG_MASK
+        self.flags & FLAG_MASK
     }
 
     /// The tick of the last hit (or of creation).
     pub(crate) fn last_use(&self) -> u32 {
-        self.last_use.load(Ordering::Relaxed)
+        self.last_use
     }
 
     /// Eviction order: keys never used first, then by last use (lower goes first).
@@ -195,21 +183,18 @@ impl KeyState {
     }
 
     /// Remembers a denied request of `n` tokens, so the next lease takes at least that many.
-    pub(crate) fn note_denied(&self, n: u64) {
+    pub(crate) fn note_denied(&mut self, n: u64) {
         let n = n.min(MAX_DENIED) as u32;
-        let denied = |word: u32| word >> FLAG_BITS;
-        if denied(self.flags.load(Ordering::Relaxed)) < n {
-            let _ = self
-                .flags
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
-                    (denied(word) < n).then_some((word & FLAG_MASK) | (n << FLAG_BITS))
-                });
+        if self.flags >> FLAG_BITS < n {
+            self.flags = (self.flags & FLAG_MASK) | (n << FLAG_BITS);
         }
     }
 
     /// The largest request denied since the last call.
-    pub(crate) fn take_denied(&self) -> u64 {
-        u64::from(self.flags.fetch_and(FLAG_MASK, Ordering::Relaxed) >> FLAG_BITS)
+    pub(crate) fn take_denied(&mut self) -> u64 {
+        let denied = self.flags >> FLAG_BITS;
+        self.flags &= FLAG_MASK;
+        u64::from(denied)
     }
 
     /// The end of the block, in ns since origin, read at `now_ns` (`None` if not blocked).
@@ -217,7 +202,7 @@ impl KeyState {
         if self.flags() & BLOCKED == 0 {
             return None;
         }
-        let until = self.blocked_until_us.load(Ordering::Relaxed);
+        let until = self.blocked_until_us;
         // Signed distance on the wrapping clock: blocks are shorter than half its range.
         let ahead = i64::from(until.wrapping_sub(micros(now_ns)) as i32);
         let end_us = (now_ns / 1_000) as i64 + ahead;
@@ -244,66 +229,59 @@ impl KeyState {
 
     /// Denies callers locally until `until_ns` (at most [`MAX_BLOCK`] after `now_ns`), while
     /// the store is failing: no refusal. Worker only.
-    pub(crate) fn block_until(&self, until_ns: u64, now_ns: u64) {
+    pub(crate) fn block_until(&mut self, until_ns: u64, now_ns: u64) {
         self.set_block(until_ns, now_ns);
-        if self.flags() & REFUSED != 0 {
-            self.flags.fetch_and(!REFUSED, Ordering::Relaxed);
-        }
+        self.flags &= !REFUSED;
     }
 
     /// Denies callers locally until `until_ns` (at most [`MAX_BLOCK`] after `now_ns`), the
     /// store having refused the key until then. Worker only.
-    pub(crate) fn refuse_until(&self, until_ns: u64, now_ns: u64) {
+    pub(crate) fn refuse_until(&mut self, until_ns: u64, now_ns: u64) {
         self.set_block(until_ns, now_ns);
-        self.flags.fetch_or(REFUSED, Ordering::Relaxed);
+        self.flags |= REFUSED;
     }
 
-    fn set_block(&self, until_ns: u64, now_ns: u64) {
+    fn set_block(&mut self, until_ns: u64, now_ns: u64) {
         let until = until_ns.min(now_ns.saturating_add(crate::time::nanos(MAX_BLOCK)));
-        self.blocked_until_us
-            .store(micros(until.div_ceil(1_000) * 1_000), Ordering::Relaxed);
-        self.flags.fetch_or(BLOCKED, Ordering::Relaxed);
+        self.blocked_until_us = micros(until.div_ceil(1_000) * 1_000);
+        self.flags |= BLOCKED;
     }
 
     /// Forgets a block that ended long before `now_ns`, before the wrapping clock could make
     /// it look current again. Worker only (the sweep).
-    pub(crate) fn forget_old_block(&self, now_ns: u64) {
+    pub(crate) fn forget_old_block(&mut self, now_ns: u64) {
         if self.flags() & BLOCKED != 0 && !self.blocked_within(FORGET_BLOCK_AFTER, now_ns) {
-            self.flags
-                .fetch_and(!(BLOCKED | REFUSED), Ordering::Relaxed);
+            self.flags &= !(BLOCKED | REFUSED);
         }
     }
 
     /// Adds `n` tokens.
-    pub(crate) fn add(&self, n: u64) {
-        self.store_tokens(self.load_tokens() + n);
+    pub(crate) fn add(&mut self, n: u64) {
+        self.tokens += n;
     }
 
     /// Adds a grant at `now_ms` (`now_ns`), of which `to_waiter` went straight to a waiting
     /// caller and the rest into the key; sets the next low-water mark and ends any block
     /// (remembering when it ended, for [`refused_within`](Self::refused_within)). Worker only.
     pub(crate) fn grant(
-        &self,
+        &mut self,
         rest: u64,
         to_waiter: u64,
         low_water: u64,
         now_ms: u32,
         now_ns: u64,
     ) {
-        let held = self.load_tokens() + rest;
-        self.store_tokens(held);
-        self.after_grant
-            .store(saturate(held + to_waiter), Ordering::Relaxed);
-        self.granted_at_ms.store(now_ms, Ordering::Relaxed);
-        self.low_water.store(saturate(low_water), Ordering::Relaxed);
-        // Not blocked from now on; a block that was ended early reads as ending now (only the
-        // worker writes the block, so a load and a store suffice).
+        let held = self.tokens + rest;
+        self.tokens = held;
+        self.after_grant = saturate(held + to_waiter);
+        self.granted_at_ms = now_ms;
+        self.low_water = saturate(low_water);
+        // Not blocked from now on; a block that was ended early reads as ending now.
         if self.block_end(now_ns).is_some_and(|end| end > now_ns) {
-            self.blocked_until_us
-                .store(micros(now_ns.div_ceil(1_000) * 1_000), Ordering::Relaxed);
+            self.blocked_until_us = micros(now_ns.div_ceil(1_000) * 1_000);
         }
         let used = if to_waiter > 0 { USED } else { 0 };
-        self.flags.fetch_or(GRANTED | used, Ordering::Relaxed);
+        self.flags |= GRANTED | used;
     }
 
     /// Tokens per second spent since the last grant (0 if never granted): the key's demand,
@@ -312,11 +290,9 @@ impl KeyState {
         if self.flags() & GRANTED == 0 {
             return 0.0;
         }
-        let after = u64::from(self.after_grant.load(Ordering::Relaxed));
+        let after = u64::from(self.after_grant);
         let spent = after.saturating_sub(self.tokens());
-        let elapsed_ms = now_ms
-            .wrapping_sub(self.granted_at_ms.load(Ordering::Relaxed))
-            .max(1);
+        let elapsed_ms = now_ms.wrapping_sub(self.granted_at_ms).max(1);
         spent as f64 * 1_000.0 / f64::from(elapsed_ms)
     }
 }
@@ -327,7 +303,7 @@ mod tests {
 
     #[test]
     fn take_grant_and_give_back_conserve_tokens() {
-        let s = KeyState::new(7, QUEUED);
+        let mut s = KeyState::new(7, QUEUED);
         assert_eq!(s.take(1), None);
         s.grant(5, 0, 2, 1_000, 1_000_000_000);
         assert_eq!(s.take(3), Some(2));
@@ -340,14 +316,14 @@ mod tests {
 
     #[test]
     fn demand_is_what_was_spent_since_the_grant() {
-        let s = KeyState::new(0, 0);
+        let mut s = KeyState::new(0, 0);
         assert_eq!(s.demand(5_000), 0.0, "never granted: no demand");
         s.grant(10, 2, 0, 1_000, 1_000_000_000);
         s.take(4).unwrap();
         // 2 handed to a waiter + 4 taken, over 500 ms.
         assert_eq!(s.demand(1_500), 12.0);
         // The millisecond clock wraps.
-        let w = KeyState::new(0, 0);
+        let mut w = KeyState::new(0, 0);
         w.grant(1, 0, 0, u32::MAX - 99, 1);
         w.take(1).unwrap();
         assert_eq!(w.demand(100), 5.0);
@@ -355,7 +331,7 @@ mod tests {
 
     #[test]
     fn flags_and_eviction_rank() {
-        let s = KeyState::new(3, 0);
+        let mut s = KeyState::new(3, 0);
         assert!(s.mark_queued());
         assert!(!s.mark_queued(), "only the first caller queues");
         s.unqueue();
@@ -378,7 +354,7 @@ mod tests {
 
     #[test]
     fn a_block_ended_by_a_grant_stays_recent_for_the_window() {
-        let s = KeyState::new(0, 0);
+        let mut s = KeyState::new(0, 0);
         let second = Duration::from_secs(1);
         assert!(!s.refused_within(second, 5_000_000_000), "never refused");
         s.block_until(9_000_000_000, 0);
@@ -395,8 +371,8 @@ mod tests {
         assert!(!s.refused_within(second, 3_000_000_000));
     }
     #[test]
-    fn token_counts_above_32_bits_survive_the_halves() {
-        let s = KeyState::new(0, 0);
+    fn token_counts_above_32_bits_survive() {
+        let mut s = KeyState::new(0, 0);
         let big = (1u64 << 52) + 7;
         s.grant(big, 0, 0, 0, 0);
         assert_eq!(s.tokens(), big);
@@ -408,7 +384,7 @@ mod tests {
 
     #[test]
     fn narrow_fields_keep_their_meaning() {
-        let s = KeyState::new(0, 0);
+        let mut s = KeyState::new(0, 0);
         // The largest denied request shares the flags word without disturbing the flags.
         assert!(s.mark_queued());
         s.note_denied(u64::MAX);

@@ -17,10 +17,10 @@
 //! alone owns, until that lease is answered; then it is answered from what that lease brought
 //! (or by the key's refusal), and only if neither serves it does it lease for itself. So a
 //! key's waiters share its one lease, and each is woken by its own key's answer alone.
-//! Callers set and clear `QUEUED` with relaxed atomics, so the worker can read it stale: a
-//! flag read as clear only costs a second lease; one read as set after a caller cleared it
-//! (its queue was full: no lease will come) is found at the next tick, which resumes the
-//! requests held for it.
+//! Callers set and clear `QUEUED` under the key's shard lock, as the worker reads it, but a
+//! caller can clear it right after the worker looked: a request held back for a flag that a
+//! caller cleared (its queue was full: no lease will come) is found at the next tick, which
+//! resumes the requests held for it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Display;
@@ -196,7 +196,7 @@ where
             self.answer_failing(request, now);
             return;
         }
-        let state = self.s.map.get(&request.key);
+        let mut state = self.s.map.get(&request.key);
         // A waiting caller's key with a lease queued or in flight: that lease answers it.
         let queued = state.as_deref().is_some_and(|s| s.flags() & QUEUED != 0);
         if request.reply.is_some() && queued {
@@ -204,9 +204,9 @@ where
             self.park(request);
             return;
         }
-        let Some(ask) = self.size(state.as_deref(), &request) else {
+        let Some(ask) = self.size(state.as_deref_mut(), &request) else {
             // Served meanwhile (a grant landed since the caller asked).
-            if let Some(state) = &state {
+            if let Some(state) = &mut state {
                 state.unqueue();
             }
             drop(state);
@@ -235,7 +235,7 @@ where
 
     /// The lease to ask for, or `None` if a sync request was served meanwhile. Exact until the
     /// key has measured demand, then sized by the policy (see the module docs).
-    fn size(&self, state: Option<&KeyState>, request: &Request<K>) -> Option<LeaseAsk> {
+    fn size(&self, state: Option<&mut KeyState>, request: &Request<K>) -> Option<LeaseAsk> {
         let quota = &self.s.quota;
         let burst = quota.burst();
         let exact = |n: u64| LeaseAsk {
@@ -280,7 +280,7 @@ where
     /// the next probe, a waiting caller gets the last error.
     fn answer_failing(&mut self, request: Request<K>, now: Instant) {
         let until = self.probe_at.unwrap_or(now).max(now);
-        if let Some(state) = self.s.map.get(&request.key) {
+        if let Some(mut state) = self.s.map.get(&request.key) {
             state.block_until(self.ns_at(until), self.ns_at(now));
             if request.reply.is_none() {
                 state.unqueue();
@@ -327,11 +327,14 @@ where
         }
         // The shard's lock is let go of before the caller is woken.
         let (took, refused) = match self.s.map.get(&request.key) {
-            Some(state) if self.s.take_held(&state, request.n).is_some() => (true, None),
-            Some(state) => {
-                let blocked = state.blocked_for(self.s.now_ns());
-                let refused = !blocked.is_zero() && !self.s.circuit.is_open();
-                (false, refused.then_some(blocked))
+            Some(mut state) => {
+                if self.s.take_held(&mut state, request.n).is_some() {
+                    (true, None)
+                } else {
+                    let blocked = state.blocked_for(self.s.now_ns());
+                    let refused = !blocked.is_zero() && !self.s.circuit.is_open();
+                    (false, refused.then_some(blocked))
+                }
             }
             None => (false, None),
         };
@@ -345,7 +348,7 @@ where
                     .s
                     .map
                     .get(&request.key)
-                    .map(|state| state.add(request.n));
+                    .map(|mut state| state.add(request.n));
                 if kept.is_none() {
                     self.give_back(bucket_name(&self.s.name, &request.key), request.n);
                 }
@@ -463,7 +466,7 @@ where
                 let kept = s
                     .map
                     .get(&request.key)
-                    .map(|state| state.grant(rest, to_waiter, ask.low_water, now_ms, now_ns))
+                    .map(|mut state| state.grant(rest, to_waiter, ask.low_water, now_ms, now_ns))
                     .is_some();
                 if !kept && rest > 0 {
                     self.give_back(bucket_name(&s.name, &request.key), rest);
@@ -474,7 +477,10 @@ where
                     .is_some_and(|w| w.send(Answer::Granted).is_ok());
                 if to_waiter > 0 && !told {
                     // The waiter left meanwhile: its tokens stay with the key (or go back).
-                    let kept = s.map.get(&request.key).map(|state| state.add(to_waiter));
+                    let kept = s
+                        .map
+                        .get(&request.key)
+                        .map(|mut state| state.add(to_waiter));
                     if kept.is_none() {
                         self.give_back(bucket_name(&s.name, &request.key), to_waiter);
                     }
@@ -504,7 +510,7 @@ where
             }
         };
         if block.is_some() || sync {
-            if let Some(state) = s.map.get(&request.key) {
+            if let Some(mut state) = s.map.get(&request.key) {
                 let now_ns = self.ns_at(now);
                 match block {
                     Some(until) if refused => state.refuse_until(self.ns_at(until), now_ns),
@@ -544,6 +550,11 @@ where
         let most = (self.s.max_in_flight / 2).max(1);
         while self.releasing < most && self.jobs.len() < self.s.max_in_flight {
             let Some((name, tokens)) = self.releases.pop_front() else {
+                // Drained: a sweep that evicted a flood of keys queued a release for each, and
+                // the queue would keep room for them all.
+                if self.releases.capacity() > MAX_RELEASE_BACKLOG {
+                    self.releases.shrink_to(MAX_RELEASE_BACKLOG);
+                }
                 return;
             };
             count(&self.s.counters.releases, 1);
@@ -567,7 +578,7 @@ where
             .s
             .map
             .remove_if(key, |state| state.flags() & QUEUED == 0 && still(state));
-        let Some((key, state)) = removed else {
+        let Some((key, mut state)) = removed else {
             return false;
         };
         self.s.live.fetch_sub(1, Ordering::Relaxed);
@@ -610,13 +621,16 @@ where
         }
         for key in holding {
             let tokens = match self.s.map.get(&key) {
-                Some(state) if idle(&state) >= give_back => state.take_all(),
+                Some(mut state) if idle(&state) >= give_back => state.take_all(),
                 _ => 0,
             };
             if tokens > 0 {
                 self.give_back(bucket_name(&self.s.name, &key), tokens);
             }
         }
+        // A flood's keys gone, the tables they filled shrink (`map.rs`: no caller waits long).
+        self.s.map.shrink();
+        self.s.fallback_words.shrink();
     }
 
     /// At the cap: evicts the `max_keys / 16` least recently used keys (never-used keys
