@@ -756,3 +756,37 @@ fn the_failure_policy_defaults_to_the_last_known_share_and_reaches_pure_limiters
         Some(FailurePolicy::last_known_share(4))
     );
 }
+
+/// A layer over a file-built hybrid limiter waits for a first lease as over one built in code:
+/// `local_answer` says a lease is still to come (not "denied"), and `try_acquire_or_lease`
+/// waits for it and admits.
+#[tokio::test]
+async fn file_built_hybrid_limiters_wait_for_their_first_lease() {
+    let file =
+        LimitersConfig::from_toml("[limiters.api]\nrate = 100\n[keyed.per-user]\nrate = 10\n")
+            .unwrap();
+    let store = MemoryStore::new();
+    let limiters = file.build(&store).unwrap();
+    let api = limiters.get("api").unwrap();
+    // Built a moment ago on a current-thread runtime: its first lease has not run yet.
+    assert!(matches!(
+        api.local_answer(1),
+        Some(Ok(LocalAnswer::NeedsLease { .. }))
+    ));
+    let wait = Duration::from_secs(1);
+    assert!(api
+        .try_acquire_or_lease(1, wait)
+        .await
+        .unwrap()
+        .is_allowed());
+    let per_user = limiters.keyed("per-user").unwrap();
+    assert!(matches!(
+        per_user.local_answer("ada", 1),
+        Some(Ok(LocalAnswer::NeedsLease { .. }))
+    ));
+    assert!(per_user
+        .try_acquire_or_lease("ada", 1, wait)
+        .await
+        .unwrap()
+        .is_allowed());
+}

@@ -57,9 +57,17 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
 
     fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
         match self {
-            // As a plain `try_acquire`: a lease still to come is a denial (never `NeedsLease`).
-            AnyLimiter::Hybrid(l) => Some(l.try_acquire(n).map(LocalAnswer::from)),
+            // The hybrid limiter's own answer, `NeedsLease` included: a layer over a limiter
+            // built from a file waits for a first lease as it does over one built in code.
+            AnyLimiter::Hybrid(l) => Some(l.try_acquire_local(n)),
             AnyLimiter::Pure(_) => None,
+        }
+    }
+
+    async fn try_acquire_or_lease(&self, n: u64, lease_wait: Duration) -> Result<Decision, Error> {
+        match self {
+            AnyLimiter::Hybrid(l) => l.try_acquire_or_lease(n, lease_wait).await,
+            AnyLimiter::Pure(l) => l.acquire_now(n).await,
         }
     }
 }
@@ -174,9 +182,26 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            // As a plain `try_acquire`: a lease still to come is a denial (never `NeedsLease`).
-            AnyKeyedLimiter::Hybrid(l) => Some(l.try_acquire(key, n).map(LocalAnswer::from)),
+            // The hybrid limiter's own answer, `NeedsLease` included (a new key's first lease
+            // in flight): a layer over a file-built limiter waits for it as over any other.
+            AnyKeyedLimiter::Hybrid(l) => Some(l.try_acquire_local(key, n)),
             AnyKeyedLimiter::Pure(_) => None,
+        }
+    }
+
+    async fn try_acquire_or_lease<Q>(
+        &self,
+        key: &Q,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: KeyRef<K> + ?Sized,
+    {
+        match self {
+            AnyKeyedLimiter::Hybrid(l) => l.try_acquire_or_lease(key, n, lease_wait).await,
+            AnyKeyedLimiter::Pure(l) => l.acquire_now(key, n).await,
         }
     }
 }
