@@ -11,9 +11,9 @@ def fmt_int(n):
 def row(mode, m, pure_calls, extra):
     hyb = mode=='hybrid'
     calls=fmt_int(m['store_calls'])
-    if hyb:
+    if mode in ('hybrid', 'hybrid-rate'):
         pct = 100.0*m['store_calls']/pure_calls if pure_calls else 0
-        calls=f"**{calls}** ({pct:.1f} %)"
+        calls=f"**{calls}** ({pct:.1f} %)" if hyb else f"{calls} ({pct:.1f} %)"
     over=str(m['max_window_overshoot'])
     cells=[f"**{mode}**" if hyb else mode, f"{m['utilization']:.4f}", f"{m['first_second_admission']:.3f}",
            f"{m['jain_acceptance']:.4f}", f"{m['min_max_acceptance_ratio']:.3f}", f"**{over}**" if hyb else over,
