@@ -46,6 +46,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         counted: 0,
         renew_at: None,
         sent_at: None,
+        early_gap: Duration::ZERO,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -117,6 +118,10 @@ struct Task {
     renew_at: Option<Instant>,
     /// When the last lease call was sent.
     sent_at: Option<Instant>,
+    /// How long after a call an early renewal comes (see `renew_due`): a quarter horizon, and
+    /// twice as long after each early renewal that did not raise the rate (the store had no
+    /// more to give), up to the regular renewal.
+    early_gap: Duration,
 }
 
 impl Task {
@@ -157,13 +162,12 @@ impl Task {
 
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
         let local = s.local.available();
-        // A drip while the local bucket has room for it (a full one would lose it anyway),
-        // and the rate lease's renewal.
-        let drip = self
-            .drip
-            .due()
-            .filter(|_| local < self.drip.cap(self.counted));
-        let rate = [drip, self.renew_due()].into_iter().flatten().min();
+        // The rate lease's drips, full bucket or not (callers spend it without waking the
+        // task, and a drip covers one step at most), and its renewal.
+        let rate = [self.drip.due(), self.renew_due()]
+            .into_iter()
+            .flatten()
+            .min();
         if local == 0 {
             // Nothing to expire or give back; a caller's denial wakes the task too.
             return rate;
@@ -223,7 +227,7 @@ impl Task {
         };
         let held = self.drip.per_second();
         if wanted > 2.0 * held || wanted < held / 2.0 {
-            let early = self.sent_at? + review_after(terms.horizon);
+            let early = self.sent_at? + self.early_gap.max(review_after(terms.horizon));
             return Some(renew.min(early));
         }
         Some(renew)
@@ -467,7 +471,8 @@ impl Task {
         // The rate lease drips up to the call and not while it is in flight: the store ends
         // the rate it holds when it runs the call, and its reply starts the next one.
         self.drip(s, Instant::now());
-        let rated = self.drip.rate_mtps() > 0;
+        let held_before = self.drip.rate_mtps();
+        let rated = held_before > 0;
         self.drip.suspend();
         let ctx = self.context(s, s.signal.take_denied());
         let mut ask = s.policy.ask(&ctx);
@@ -543,6 +548,15 @@ impl Task {
                 .rate_mtps
                 .store(reply.rate_mtps, Ordering::Relaxed);
             self.renew_at = (reply.rate_mtps > 0).then(|| sent + terms.ttl / 2);
+            // A renewal that did not raise the rate much: the store had no more to give, so
+            // the next early one waits twice as long.
+            self.early_gap = if rated && reply.rate_mtps <= held_before + held_before / 4 {
+                (self.early_gap * 2)
+                    .max(review_after(terms.horizon))
+                    .min(terms.ttl / 2)
+            } else {
+                Duration::ZERO
+            };
             self.sent_at = Some(sent);
             if reply.granted > 0 {
                 self.review_at = Some(Instant::now() + review_after(terms.horizon));
@@ -570,6 +584,10 @@ impl Task {
         // A pause on the store's own answer (over the limit, or a grant's pacing) is a refusal;
         // a back-off after an error, or an unconfigured name's recheck, is not.
         let refused = matches!(&result, Ok(reply) if reply.source != QuotaSource::Absent);
+        // Whether the store had a whole batch for it (a rated node's asks are for a horizon of
+        // its rate at least: see `RateAsk::shape`).
+        let whole_batch =
+            matches!(&result, Ok(reply) if reply.granted > 0 && reply.granted >= request.min);
         let pause = match result {
             Ok(reply) if reply.source == QuotaSource::Absent => {
                 s.recovered();
@@ -609,13 +627,19 @@ impl Task {
                 Some(Instant::now() + wait)
             }
         };
-        // A node holding a rate asks again when the store said a batch of tokens beyond its
-        // rate would be there (at once if it is: its asks are for a horizon of its share at
-        // least), and no later than its rate's renewal (early if its demand moved away from
-        // it). Callers may retry when its next drip lands.
-        let pause = match (pause, self.renew_due()) {
-            (Some(at), Some(renew)) if self.drip.rate_mtps() > 0 => Some(at.min(renew)),
-            (pause, _) => pause,
+        // A node holding a rate asks again at its rate's renewal (early if its demand moved
+        // away from it), whatever its callers are denied meanwhile — the rate is its share —
+        // unless the store just had a whole batch of tokens beyond the rate for it: tokens are
+        // plentiful, and it asks again when its callers need them (or when the store said).
+        // Chasing the few tokens the refill leaves beside the rates cost a call per token or
+        // two. Callers may retry when its next drip lands.
+        let pause = match self.renew_due() {
+            Some(renew) if self.drip.rate_mtps() > 0 => match pause {
+                Some(at) if whole_batch => Some(at.min(renew)),
+                None if whole_batch => None,
+                _ => Some(renew),
+            },
+            _ => pause,
         };
         let next = s.policy.ask(&self.context(s, 0));
         s.low_water

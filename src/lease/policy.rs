@@ -323,7 +323,7 @@ pub(crate) fn rate_ask(
     let lease = (usable * horizon).ceil() as u64;
     Some(RateAsk {
         rate_mtps,
-        capacity: (slack + lease.max(MIN_ROOM)).min((part as u64).max(slack + 1)),
+        capacity: (slack + (2 * lease).max(MIN_ROOM)).min((part as u64).max(slack + 1)),
         batch: lease,
     })
 }
