@@ -272,7 +272,8 @@ pub(crate) struct RateAsk {
     /// The rate, millitokens per second: the node's demand as sized for leases, capped at its
     /// share.
     pub(crate) rate_mtps: u64,
-    /// Counted tokens worth keeping for it: the slack plus room for a horizon of the rate.
+    /// Counted tokens worth keeping for it: the slack plus room for two horizons of the rate
+    /// (at least [`MIN_ROOM`]), never more than the node's part of the burst.
     pub(crate) capacity: u64,
     /// Fewest tokens beyond the rate worth a call while it is held: a horizon of it.
     pub(crate) batch: u64,
@@ -427,9 +428,9 @@ mod tests {
         let q = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
         let t = terms(12);
         let r = rate_ask(&q, &t, &ctx(q, 0, 0, 400.0, Some(200.0)), false).unwrap();
-        // 200/s; slack 1 (a 3 ms step), room 4 (a horizon is 2.4 tokens, at least 4); its
-        // part of the burst is 10 tokens.
-        assert_eq!((r.rate_mtps, r.capacity, r.batch), (200_000, 5, 3));
+        // 200/s; slack 1 (a 3 ms step), room 6 (two horizons of 2.4 tokens, rounded up per
+        // horizon; at least 4); its part of the burst is 10 tokens.
+        assert_eq!((r.rate_mtps, r.capacity, r.batch), (200_000, 7, 3));
         // Nothing measured yet: no rate.
         assert_eq!(rate_ask(&q, &t, &ctx(q, 0, 0, 0.0, None), false), None);
         // One second of burst, a horizon of 250 ms: 50 tokens a lease, token leases serve.
