@@ -228,7 +228,37 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         );
     }
 
+    // A lease that also asks for a rate (a rate lease): every leaser holds one, so the bucket
+    // is stored with the rates held and each call ends one rate and grants the next.
     let leasers = plan.leasers.first().copied().unwrap_or(10).max(1);
+    let rated = |id: u64| NodeLease {
+        id,
+        held: 10,
+        demand_mtps: 1_000_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(600),
+        rate_mtps: 1_000_000,
+    };
+    let name = format!("rate{leasers}");
+    for id in 0..leasers {
+        store
+            .lease(&name, &big, &LeaseRequest::new(10, 1).by(rated(id)))
+            .await?;
+    }
+    let label = format!("node lease asking a rate, {leasers} leasers");
+    costs.push(
+        run_op(&mut admin, &label, &["evalsha"], plan, |i| {
+            let store = store.clone();
+            let name = name.clone();
+            async move {
+                let req = LeaseRequest::new(10, 1).by(rated(i % leasers));
+                store.lease(&name, &big, &req).await?;
+                Ok(())
+            }
+        })
+        .await?,
+    );
+
     let name = format!("lease{leasers}");
     costs.push(
         run_op(&mut admin, "node release", &["evalsha"], plan, |i| {
