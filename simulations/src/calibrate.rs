@@ -197,29 +197,50 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         .await?,
     );
 
-    for &leasers in &plan.leasers {
-        let name = format!("lease{leasers}");
-        let terms = |id: u64| NodeLease {
+    // Leases on terms, with every leaser on record first (not measured): plain ones at each
+    // fleet size, then ones that also ask for a rate (a rate lease; every leaser holds one, so
+    // the bucket is stored with the rates held and each call ends one rate and grants the next).
+    let terms = |rate_mtps: u64| {
+        move |id: u64| NodeLease {
             id,
-            held: 0,
+            held: if rate_mtps > 0 { 10 } else { 0 },
             demand_mtps: 1_000_000,
             horizon: Duration::from_millis(100),
             ttl: Duration::from_secs(600),
-            rate_mtps: 0,
-        };
-        // Put every leaser on record first (not measured).
-        for id in 0..leasers {
+            rate_mtps,
+        }
+    };
+    let leasers = plan.leasers.first().copied().unwrap_or(10).max(1);
+    let cases = plan
+        .leasers
+        .iter()
+        .map(|&n| {
+            (
+                n,
+                0,
+                format!("lease{n}"),
+                format!("node lease on terms, {n} leasers"),
+            )
+        })
+        .chain([(
+            leasers,
+            1_000_000,
+            format!("rate{leasers}"),
+            format!("node lease asking a rate, {leasers} leasers"),
+        )]);
+    for (count, rate_mtps, name, label) in cases {
+        let terms = terms(rate_mtps);
+        for id in 0..count {
             store
                 .lease(&name, &big, &LeaseRequest::new(10, 1).by(terms(id)))
                 .await?;
         }
-        let label = format!("node lease on terms, {leasers} leasers");
         costs.push(
             run_op(&mut admin, &label, &["evalsha"], plan, |i| {
                 let store = store.clone();
                 let name = name.clone();
                 async move {
-                    let req = LeaseRequest::new(10, 1).by(terms(i % leasers));
+                    let req = LeaseRequest::new(10, 1).by(terms(i % count));
                     store.lease(&name, &big, &req).await?;
                     Ok(())
                 }
@@ -227,37 +248,6 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
             .await?,
         );
     }
-
-    // A lease that also asks for a rate (a rate lease): every leaser holds one, so the bucket
-    // is stored with the rates held and each call ends one rate and grants the next.
-    let leasers = plan.leasers.first().copied().unwrap_or(10).max(1);
-    let rated = |id: u64| NodeLease {
-        id,
-        held: 10,
-        demand_mtps: 1_000_000,
-        horizon: Duration::from_millis(100),
-        ttl: Duration::from_secs(600),
-        rate_mtps: 1_000_000,
-    };
-    let name = format!("rate{leasers}");
-    for id in 0..leasers {
-        store
-            .lease(&name, &big, &LeaseRequest::new(10, 1).by(rated(id)))
-            .await?;
-    }
-    let label = format!("node lease asking a rate, {leasers} leasers");
-    costs.push(
-        run_op(&mut admin, &label, &["evalsha"], plan, |i| {
-            let store = store.clone();
-            let name = name.clone();
-            async move {
-                let req = LeaseRequest::new(10, 1).by(rated(i % leasers));
-                store.lease(&name, &big, &req).await?;
-                Ok(())
-            }
-        })
-        .await?,
-    );
 
     let name = format!("lease{leasers}");
     costs.push(
