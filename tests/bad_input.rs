@@ -119,9 +119,10 @@ fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
 }
 
 /// The bucket's stored state is absent, or a packed bucket whose numbers are integers in
-/// range (level, scale, time, outstanding, demand, a valid quota, latest expiry);
-/// each leaser record is a packed record of six integers in range, with an expiry entry for
-/// every record. Given a fourth key, the name's config is absent or a valid quota.
+/// range (level, scale, time, outstanding, demand, a valid quota, latest expiry, rate held);
+/// each leaser record is a packed record of six (seven with a rate) integers in range, with an
+/// expiry entry for every record. Given a fourth key, the name's config is absent or a valid
+/// quota.
 const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
     read: |keys, pipe| {
         pipe.cmd("GET").arg(&keys[0]);
@@ -159,6 +160,7 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
                     && int(b.d, 0.0, M)
                     && quota_ok(&b.r.to_string(), &b.p.to_string(), &b.b.to_string())
                     && int(b.x, 0.0, 2.0 * M)
+                    && int(b.reserved, 0.0, M)
             }
             Some(None) => false,
         };
@@ -233,17 +235,29 @@ fn token_bucket_script() -> fuzz::Script {
         2 => Just("none".to_string()),
         1 => fuzz::junk(),
     ];
+    // A rate lease's ask (ARGV[14]): absent, a rate, or junk.
+    let rate = prop_oneof![
+        3 => Just(None),
+        3 => (0u64..5_000_000).prop_map(|v| Some(v.to_string())),
+        1 => fuzz::junk().prop_map(Some),
+    ];
     let args = (
         (ops, prop::collection::vec(plausible.clone(), 5), now),
-        (node, prop::collection::vec(plausible, 4), unconfigured),
+        (
+            node,
+            prop::collection::vec(plausible, 4),
+            unconfigured,
+            rate,
+        ),
     )
-        .prop_map(|((op, rest, now), (node, node_args, unconfigured))| {
+        .prop_map(|((op, rest, now), (node, node_args, unconfigured, rate))| {
             let mut args = vec![op];
             args.extend(rest);
             args.push(now);
             args.push(node);
             args.extend(node_args);
             args.push(unconfigured);
+            args.extend(rate);
             args
         });
     fuzz::Script {
@@ -261,16 +275,21 @@ fn token_bucket_script() -> fuzz::Script {
             let reply: Vec<i64> =
                 redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
             // Config ops: {rate, period_us, burst, flag}; lease and release: five fields,
-            // and with the config key the quota they ran under and its source.
+            // and with the config key the quota they ran under and its source; a lease by a
+            // node that asked for a rate (ARGV[14]) one more, the rate it holds.
+            let asked_rate = args[0] == "lease"
+                && args.get(7).is_some_and(|n| !n.is_empty())
+                && args.get(13).is_some_and(|r| !r.is_empty());
             let len = match (args[0].as_str(), keys.len()) {
                 (op, 4) if op.starts_with("config_") => 4,
                 ("config_get", 1) => 4,
-                (_, 4) => 9,
+                (_, 4) => 9 + usize::from(asked_rate),
+                (_, 3) => 5 + usize::from(asked_rate),
                 _ => 5,
             };
-            let in_range = match len {
-                4 => reply[3] <= 1,
-                9 => reply[8] <= 2,
+            let in_range = match (len, keys.len()) {
+                (4, _) => reply[3] <= 1,
+                (9 | 10, 4) => reply[8] <= 2,
                 _ => true,
             };
             // One key (the bucket alone, an anonymous call): `{0}` if the bucket has leasers

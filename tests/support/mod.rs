@@ -808,7 +808,8 @@ pub fn max_in_window(admissions: &[(u64, u64)], window_us: u64) -> u64 {
 }
 
 /// A token bucket's stored state, decoded from the packed string `lua/token_bucket.lua` keeps
-/// at the bucket's key (a format byte 1, then nine little-endian doubles).
+/// at the bucket's key (a format byte 1, then nine little-endian doubles; while leasers hold
+/// rates, format 2 with a tenth, the rate they hold).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
     /// Level, in 1/scale token units.
@@ -827,14 +828,17 @@ pub struct BucketState {
     pub b: f64,
     /// Latest lease expiry on record, µs (0: no leaser records).
     pub x: f64,
+    /// Rate held by leasers (rate leases), millitokens per second (0 in format 1).
+    pub reserved: f64,
 }
 
 impl BucketState {
     /// The state in `raw`, or `None` if it is not a packed bucket.
     pub fn decode(raw: &[u8]) -> Option<Self> {
-        let [1, rest @ ..] = raw else { return None };
-        if rest.len() != 72 {
-            return None;
+        let (format, rest) = raw.split_first()?;
+        match (format, rest.len()) {
+            (1, 72) | (2, 80) => {}
+            _ => return None,
         }
         let f: Vec<f64> = rest
             .chunks_exact(8)
@@ -850,6 +854,7 @@ impl BucketState {
             p: f[6],
             b: f[7],
             x: f[8],
+            reserved: f.get(9).copied().unwrap_or(0.0),
         })
     }
 
@@ -862,13 +867,15 @@ impl BucketState {
 }
 
 /// A leaser record of `lua/token_bucket.lua` (a format byte 1, then six little-endian doubles:
-/// outstanding, demand, credit, credit time, expiry, release sequence), or `None`.
-pub fn decode_leaser_record(raw: &[u8]) -> Option<[f64; 6]> {
-    let [1, rest @ ..] = raw else { return None };
-    if rest.len() != 48 {
-        return None;
+/// outstanding, demand, credit, credit time, expiry, release sequence; format 2 adds a
+/// seventh, the rate it holds), or `None`. The rate is 0 in format 1.
+pub fn decode_leaser_record(raw: &[u8]) -> Option<[f64; 7]> {
+    let (format, rest) = raw.split_first()?;
+    match (format, rest.len()) {
+        (1, 48) | (2, 56) => {}
+        _ => return None,
     }
-    let mut f = [0.0; 6];
+    let mut f = [0.0; 7];
     for (x, c) in f.iter_mut().zip(rest.chunks_exact(8)) {
         *x = f64::from_le_bytes(c.try_into().unwrap());
     }
