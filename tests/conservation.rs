@@ -348,8 +348,9 @@ fn drip(n: &mut Node, now: u64, step_us: u64) -> u64 {
     let whole = amount.floor();
     let room = n.counted.saturating_sub(n.slack).saturating_sub(n.local);
     let add = (whole as u64).min(room);
+    // As the limiter: the fraction carried never reaches past the cap.
     n.carry = if add as f64 == whole {
-        amount - whole
+        (amount - whole).min((room - add) as f64)
     } else {
         0.0
     };

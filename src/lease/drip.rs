@@ -14,7 +14,8 @@
 //! - **one step at most**: a drip covers at most one step (a quarter of the horizon) of time,
 //!   however long since the last one. Drips are lazy — callers spend between them — so a drip
 //!   after the bucket sat full adds what a continuous bucket would have lost at its cap: the
-//!   node can run ahead of a continuous bucket by at most one step's tokens, the **slack**;
+//!   node can run ahead of a continuous bucket by at most one step's tokens, the **slack**
+//!   (the fraction of a token a drip carries to the next never reaches past the cap either);
 //! - **slack kept back**: the local bucket never holds more than the counted tokens less the
 //!   slack, so the run-ahead stays inside what the store counts;
 //! - **no drip in flight**: never while a call is in flight, so the rate it uses is always one
@@ -125,7 +126,15 @@ impl Drip {
         let whole = u64::try_from(amount / PER_TOKEN).unwrap_or(u64::MAX);
         let room = self.cap(counted).saturating_sub(held);
         let add = whole.min(room);
-        self.carry = if add == whole { amount % PER_TOKEN } else { 0 };
+        // The fraction carried never reaches past the cap either (a full bucket loses what
+        // it earns, fractions included): held + added + carried stays within the cap, so the
+        // next drip runs ahead of a continuous bucket by one step's tokens at most.
+        let left = u128::from(room - add) * PER_TOKEN;
+        self.carry = if add == whole {
+            (amount % PER_TOKEN).min(left)
+        } else {
+            0
+        };
         add
     }
 }
@@ -171,6 +180,20 @@ mod tests {
         // Full: what the rate earns is lost, not carried.
         assert_eq!(d.earn(at(20), 10, 7), 0);
         assert_eq!(d.earn(at(30), 10, 2), 3);
+    }
+
+    #[test]
+    fn a_fraction_carried_never_reaches_past_the_cap() {
+        let mut d = Drip::default();
+        // 50/s, horizon 40 ms: 0.5 tokens a step, slack 1. Counted 5: cap 4.
+        d.start(50_000, Duration::from_millis(40), at(0));
+        // Holding 3: 0.45 earned, carried (room for it).
+        assert_eq!(d.earn(at(9), 5, 3), 0);
+        // Holding 4 (the cap): the next 0.45 and the carry are lost, not carried.
+        assert_eq!(d.earn(at(18), 5, 4), 0);
+        // All spent: one step's 0.5 at most, nothing carried from before: still 0.
+        assert_eq!(d.earn(at(28), 5, 0), 0);
+        assert_eq!(d.earn(at(38), 5, 0), 1);
     }
 
     #[test]
