@@ -193,6 +193,23 @@ pub struct LeaseReply {
 }
 
 impl LeaseReply {
+    /// A reply that grants nothing and says nothing (every count 0, no wait) under `quota`,
+    /// from `source`: what a store answers when it did nothing ([`QuotaSource::Absent`]), and
+    /// the rest of a reply built from a few fields (`LeaseReply { granted, ..empty }`).
+    pub fn empty(quota: Quota, source: QuotaSource) -> Self {
+        LeaseReply {
+            granted: 0,
+            remaining: 0,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+            share_mtps: 0,
+            rate_mtps: 0,
+            quota,
+            source,
+            at: None,
+        }
+    }
+
     /// Refuses a reply that grants more than `request` wanted: a store (or a wrapper around
     /// one) that did would have limiters count tokens the bucket never had.
     pub(crate) fn within(self, request: &LeaseRequest) -> Result<Self, StoreError> {

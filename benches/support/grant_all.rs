@@ -1,7 +1,6 @@
 //! A store for keyed benchmarks that grants every lease in full and keeps nothing: only the
 //! limiter's own map and worker are measured (with Redis the buckets live in Redis).
 
-use std::time::Duration;
 
 use ratelease::{
     LeaseReply, LeaseRequest, LeaseStore, Quota, QuotaSource, ReleaseRequest, StoreError,
@@ -35,12 +34,6 @@ fn reply(quota: &Quota, granted: u64) -> LeaseReply {
     LeaseReply {
         granted,
         remaining: quota.burst(),
-        retry_after: Duration::ZERO,
-        reset_after: Duration::ZERO,
-        share_mtps: 0,
-        rate_mtps: 0,
-        quota: *quota,
-        source: QuotaSource::Caller,
-        at: None,
+        ..LeaseReply::empty(*quota, QuotaSource::Caller)
     }
 }

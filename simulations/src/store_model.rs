@@ -267,13 +267,7 @@ impl StoreModel {
                 let reply = LeaseReply {
                     granted: a,
                     remaining: b,
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                    share_mtps: 0,
-                    rate_mtps: 0,
-                    quota,
-                    source: ratelease::QuotaSource::Caller,
-                    at: None,
+                    ..LeaseReply::empty(quota, ratelease::QuotaSource::Caller)
                 };
                 (Ok(reply), false)
             }

@@ -318,21 +318,15 @@ impl RedisStore {
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
         let bad = || StoreError::BadReply(format!("expected 9 or 10 integers, got {reply:?}"));
         // The tenth, the rate the node holds, only if the call asked for one.
-        let (
-            granted,
-            remaining,
-            retry_us,
-            reset_us,
-            share_mtps,
-            rate,
-            period,
-            burst,
-            source,
-            rate_mtps,
-        ) = match reply[..] {
-            [g, l, r, s, sh, ra, p, b, so] => (g, l, r, s, sh, ra, p, b, so, 0),
-            [g, l, r, s, sh, ra, p, b, so, rt] => (g, l, r, s, sh, ra, p, b, so, rt),
+        let (head, rate_mtps) = match reply.split_at_checked(9) {
+            Some((head, [])) => (head, 0),
+            Some((head, &[rate_mtps])) => (head, rate_mtps),
             _ => return Err(bad()),
+        };
+        let &[granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
+            head
+        else {
+            return Err(bad());
         };
         Ok(LeaseReply {
             granted,
@@ -367,17 +361,7 @@ impl RedisStore {
             Some(stored) => (stored, QuotaSource::Stored),
             // What the script answers when told not to fall back: nothing done.
             None if configured_only => {
-                return Ok(Some(LeaseReply {
-                    granted: 0,
-                    remaining: 0,
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                    share_mtps: 0,
-                    rate_mtps: 0,
-                    quota: *quota,
-                    source: QuotaSource::Absent,
-                    at: None,
-                }))
+                return Ok(Some(LeaseReply::empty(*quota, QuotaSource::Absent)))
             }
             None => (*quota, QuotaSource::Caller),
         };

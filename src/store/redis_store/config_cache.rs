@@ -147,17 +147,7 @@ mod tests {
     use super::*;
 
     fn reply(source: QuotaSource, quota: Quota) -> LeaseReply {
-        LeaseReply {
-            granted: 0,
-            remaining: 0,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::ZERO,
-            share_mtps: 0,
-            rate_mtps: 0,
-            quota,
-            source,
-            at: None,
-        }
+        LeaseReply::empty(quota, source)
     }
 
     #[test]
