@@ -1,7 +1,6 @@
 //! A store for keyed benchmarks that grants every lease in full and keeps nothing: only the
 //! limiter's own map and worker are measured (with Redis the buckets live in Redis).
 
-
 use ratelease::{
     LeaseReply, LeaseRequest, LeaseStore, Quota, QuotaSource, ReleaseRequest, StoreError,
 };

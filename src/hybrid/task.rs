@@ -44,7 +44,6 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         granted_at: None,
         drip: Drip::default(),
         counted: 0,
-        renew_at: None,
         sent_at: None,
         early_gap: Duration::ZERO,
     };
@@ -57,7 +56,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         task.observe(&s, now);
         task.expire(&s, now).await;
         task.trim(&s, now).await;
-        task.drip(&s, now);
+        task.add_drip(&s, now);
         let renew = task.renew_due().is_some_and(|at| now >= at);
         if !s.signal.is_requested() && !renew {
             task.give_back_if_idle(&s, now).await;
@@ -114,8 +113,6 @@ struct Task {
     /// the grant, less what it returned since): while it holds a rate, its own bucket, which
     /// the drip fills up to this less the slack (see `lease/drip.rs`).
     counted: u64,
-    /// When to renew the rate lease (half its ttl after the call that granted it).
-    renew_at: Option<Instant>,
     /// When the last lease call was sent.
     sent_at: Option<Instant>,
     /// How long after a call an early renewal comes (see `renew_due`): a quarter horizon, and
@@ -181,9 +178,8 @@ impl Task {
 
     /// Adds what the rate lease earned to the local bucket (see `lease/drip.rs`). The count is
     /// `settled`: a chunk in transit between words must not read as room.
-    fn drip<S>(&mut self, s: &Shared<S>, now: Instant) {
+    fn add_drip<S>(&mut self, s: &Shared<S>, now: Instant) {
         let add = self.drip.earn(now, self.counted, s.local.settled());
-
         if add > 0 {
             s.local.add(add);
             s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
@@ -213,14 +209,24 @@ impl Task {
         }
     }
 
-    /// When to renew the rate lease: half its ttl after the call that granted it, or a review
-    /// (a quarter horizon, see `review_after`) after it if the node's demand (capped by its share) is more than half as much again as
-    /// the rate it holds (a cold node asks before anything is measured; a node whose demand
-    /// grew wants more) or less than two thirds of it (the rest is wasted on it and held from
-    /// the fleet). `None` without a rate lease.
+    /// Ends the rate lease on this side (given back, or unknown after a failed call): no more
+    /// drips, no renewal.
+    fn end_rate<S>(&mut self, s: &Shared<S>) {
+        self.drip.stop();
+        s.counters.rate_mtps.store(0, Ordering::Relaxed);
+    }
+
+    /// When to renew the rate lease: half its ttl after the call that granted it, or sooner
+    /// (`early_gap` after it, at least a review: see `review_after`) if the node's demand,
+    /// capped by its share, moved 2× away from the rate it holds — it grew (a node that wants
+    /// more) or fell (the rest is wasted on it and held from the fleet). `None` without a rate
+    /// lease.
     fn renew_due(&self) -> Option<Instant> {
-        let renew = self.renew_at?;
+        if self.drip.rate_mtps() == 0 {
+            return None;
+        }
         let terms = self.terms?;
+        let renew = self.sent_at? + terms.ttl / 2;
         let wanted = match self.share {
             Some(share) if share > 0.0 => self.sizing_demand(None).min(share),
             _ => self.sizing_demand(None),
@@ -274,10 +280,10 @@ impl Task {
         }
         while let Some(due) = self.drip.due().filter(|&due| due < deadline) {
             tokio::time::sleep_until(due).await;
-            self.drip(s, Instant::now());
+            self.add_drip(s, Instant::now());
         }
         tokio::time::sleep_until(deadline).await;
-        self.drip(s, Instant::now());
+        self.add_drip(s, Instant::now());
     }
 
     /// Adds granted tokens to the local bucket. Under the fixed window they belong to the
@@ -317,10 +323,8 @@ impl Task {
         let tokens = s.local.take_all();
         let terms = self.node_terms(s);
         // The rate lease ends with the lease: its tokens are gone with the rest.
-        self.drip.stop();
-        self.renew_at = None;
+        self.end_rate(s);
         self.counted = 0;
-        s.counters.rate_mtps.store(0, Ordering::Relaxed);
         if tokens == 0 && (terms.is_none() || self.expires.is_none()) {
             return;
         }
@@ -470,7 +474,7 @@ impl Task {
         self.recent.look(Instant::now(), demanded);
         // The rate lease drips up to the call and not while it is in flight: the store ends
         // the rate it holds when it runs the call, and its reply starts the next one.
-        self.drip(s, Instant::now());
+        self.add_drip(s, Instant::now());
         let held_before = self.drip.rate_mtps();
         let rated = held_before > 0;
         self.drip.suspend();
@@ -547,7 +551,6 @@ impl Task {
             s.counters
                 .rate_mtps
                 .store(reply.rate_mtps, Ordering::Relaxed);
-            self.renew_at = (reply.rate_mtps > 0).then(|| sent + terms.ttl / 2);
             // A renewal that did not raise the rate much: the store had no more to give, so
             // the next early one waits twice as long.
             self.early_gap = if rated && reply.rate_mtps <= held_before + held_before / 4 {
@@ -577,9 +580,7 @@ impl Task {
         }
         if result.is_err() {
             // Whether the store ran the call is unknown: the rate it held may have ended.
-            self.drip.stop();
-            self.renew_at = None;
-            s.counters.rate_mtps.store(0, Ordering::Relaxed);
+            self.end_rate(s);
         }
         // A pause on the store's own answer (over the limit, or a grant's pacing) is a refusal;
         // a back-off after an error, or an unconfigured name's recheck, is not.
@@ -634,12 +635,9 @@ impl Task {
         // Chasing the few tokens the refill leaves beside the rates cost a call per token or
         // two. Callers may retry when its next drip lands.
         let pause = match self.renew_due() {
-            Some(renew) if self.drip.rate_mtps() > 0 => match pause {
-                Some(at) if whole_batch => Some(at.min(renew)),
-                None if whole_batch => None,
-                _ => Some(renew),
-            },
-            _ => pause,
+            Some(renew) if whole_batch => pause.map(|at| at.min(renew)),
+            Some(renew) => Some(renew),
+            None => pause,
         };
         let next = s.policy.ask(&self.context(s, 0));
         s.low_water
