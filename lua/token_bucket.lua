@@ -245,6 +245,11 @@ local RESERVED_RETRY_US = 1000000
 -- less this. Set when the bucket is loaded (never in the pure-mode short path: no leasers).
 local res = 0
 
+-- Units per µs left to a bucket under quota `p` while `res` is held by leasers (0 or less: none).
+local function unreserved(p)
+  return p.inc - res * p.scale / 1e9
+end
+
 -- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
 -- never more than RESERVED_RETRY_US beyond the time at the whole rate (rate leases are renewed,
 -- and shrink, about that often).
@@ -252,7 +257,7 @@ local function fill_time(p, units)
   if res == 0 then return ceil_div(units, p.inc) end
   if units == 0 then return 0 end
   local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
-  local eff = p.inc - res * p.scale / 1e9
+  local eff = unreserved(p)
   if eff <= 0 then return most end
   return math.min(math.ceil(units / eff), most)
 end
@@ -413,7 +418,7 @@ local function refill(p, to)
       if res == 0 then
         if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
       else
-        local eff = p.inc - res * p.scale / 1e9
+        local eff = unreserved(p)
         if eff > 0 then
           if dt >= math.ceil(room / eff) then
             level = level + room

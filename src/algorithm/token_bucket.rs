@@ -52,6 +52,12 @@ pub fn drip_slack(rate_mtps: u64, step_us: u64) -> u64 {
     (rate_mtps as f64 * step_us as f64 / 1e9).ceil() as u64
 }
 
+/// Units per µs left to a bucket under `q` while leasers hold `reserved` millitokens per second
+/// of its rate (0 or less: none).
+fn unreserved(q: &Quota, reserved: u64) -> f64 {
+    q.increment() as f64 - reserved as f64 * q.scale() as f64 / 1e9
+}
+
 /// Units a bucket under `q` gains in `dt` µs while leasers hold `reserved` millitokens per
 /// second of its rate, at most `room`. With nothing reserved it is exact (`dt × inc`); with a
 /// reservation the reserved units are rounded up and the gain down, so the shared bucket never
@@ -65,14 +71,14 @@ fn gain(q: &Quota, reserved: u64, dt: u64, room: u64) -> u64 {
             dt * inc
         };
     }
-    let scale = q.scale() as f64;
-    let eff = inc as f64 - reserved as f64 * scale / 1e9;
+    let eff = unreserved(q, reserved);
     if eff <= 0.0 {
         return 0;
     }
     if dt as f64 >= (room as f64 / eff).ceil() {
         return room;
     }
+    let scale = q.scale() as f64;
     let add = (dt as f64 * inc as f64 - (dt as f64 * reserved as f64 * scale / 1e9).ceil()).floor();
     add.min(room as f64).max(0.0) as u64
 }
@@ -90,7 +96,7 @@ fn fill_time(q: &Quota, reserved: u64, units: u64) -> u64 {
         return 0;
     }
     let most = units.div_ceil(inc) + RESERVED_RETRY_US;
-    let eff = inc as f64 - reserved as f64 * q.scale() as f64 / 1e9;
+    let eff = unreserved(q, reserved);
     if eff <= 0.0 {
         return most;
     }
