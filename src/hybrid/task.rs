@@ -11,7 +11,7 @@ use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::drip::Drip;
-use crate::lease::policy::rate_ask;
+use crate::lease::policy::{capped, rate_ask};
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
@@ -227,10 +227,7 @@ impl Task {
         }
         let terms = self.terms?;
         let renew = self.sent_at? + terms.ttl / 2;
-        let wanted = match self.share {
-            Some(share) if share > 0.0 => self.sizing_demand(None).min(share),
-            _ => self.sizing_demand(None),
-        };
+        let wanted = capped(self.sizing_demand(None), self.share);
         let held = self.drip.per_second();
         if wanted > 2.0 * held || wanted < held / 2.0 {
             let early = self.sent_at? + self.early_gap.max(review_after(terms.horizon));

@@ -207,10 +207,7 @@ impl LeasePolicy for AdaptiveLease {
         } else {
             ctx.quota.per_second_f64() / 10.0
         };
-        let rate = match ctx.share {
-            Some(share) if share > 0.0 => demand.min(share),
-            _ => demand,
-        };
+        let rate = capped(demand, ctx.share);
         // What a rate lease drips needs no token lease: tokens (and the mark) for the rest.
         let rate = (rate - ctx.rate_held).max(0.0);
         let target = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
@@ -233,10 +230,7 @@ impl LeasePolicy for AdaptiveLease {
             return None;
         }
         let horizon = self.horizon_for(&ctx.quota).as_secs_f64();
-        let rate = match ctx.share {
-            Some(share) if share > 0.0 => ctx.demand.min(share),
-            _ => ctx.demand,
-        };
+        let rate = capped(ctx.demand, ctx.share);
         let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
         Some((2.0 * lease).ceil() as u64)
     }
@@ -253,6 +247,15 @@ impl LeasePolicy for AdaptiveLease {
             idle_after: self.idle_after,
             rate_leases: self.rate_leases,
         })
+    }
+}
+
+/// The rate a node can use: its demand, capped by the fair share the store last reported (if
+/// any; asking beyond it is pointless, the store caps grants at it).
+pub(crate) fn capped(demand: f64, share: Option<f64>) -> f64 {
+    match share {
+        Some(share) if share > 0.0 => demand.min(share),
+        _ => demand,
     }
 }
 
@@ -309,10 +312,7 @@ pub(crate) fn rate_ask(
     ctx: &LeaseContext,
     rated: bool,
 ) -> Option<RateAsk> {
-    let usable = match ctx.share {
-        Some(share) if share > 0.0 => ctx.demand.min(share),
-        _ => ctx.demand,
-    };
+    let usable = capped(ctx.demand, ctx.share);
     let rate_mtps = (usable * 1_000.0).min(MAX_VALUE as f64) as u64;
     let horizon = terms.horizon.as_secs_f64();
     let slack = drip_slack(rate_mtps, drip_step_us(micros(terms.horizon)));
