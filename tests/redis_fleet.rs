@@ -210,3 +210,42 @@ async fn works_over_a_unix_socket() {
     }
     assert_eq!(allowed, 10, "burst of 10, then denied");
 }
+
+/// Where leasing buys nothing (forced here by a threshold no demand reaches: the node enters
+/// once the store has told it its share and never leaves), a miss of `acquire_now` is one exact decision in the real
+/// store: the burst is admitted once, across the local tokens and the decisions, and the
+/// decisions the store refuses leave its state as a pure limiter's would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_now_decides_in_redis_where_leasing_buys_nothing() {
+    let server = RedisServer::start();
+    // One token every 10 s: nothing refills during the test.
+    let quota = Quota::with_parts(1, Duration::from_secs(10), 8).unwrap();
+    let limiter = HybridLimiter::builder("per-request", quota, store(&server).await)
+        .policy(ratelease::AdaptiveLease::new().per_request_below(1e12))
+        .build()
+        .unwrap();
+    limiter.ready().await.unwrap();
+    // The regime is decided by the task after the first reply; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !limiter.stats().per_request && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(limiter.stats().per_request, "{:?}", limiter.stats());
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if limiter.acquire_now(1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    let stats = limiter.stats();
+    assert_eq!(admitted, 8, "the burst, once: {stats:?}");
+    assert!(stats.decisions >= 1, "{stats:?}");
+    assert_eq!(
+        stats.tokens_decided + stats.tokens_leased,
+        8,
+        "every token came from a lease or a decision: {stats:?}"
+    );
+    // A pure limiter on the same key sees the bucket empty.
+    let pure = RedisLimiter::new("per-request", quota, store(&server).await).unwrap();
+    assert!(!pure.acquire_now(1).await.unwrap().is_allowed());
+}

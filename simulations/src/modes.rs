@@ -8,9 +8,12 @@
 //!   requests concurrently over a multiplexed connection would. So requests overlap, queue at
 //!   the Redis service model, and their decision latency is the virtual time they waited.
 //! - `hybrid`: a [`HybridLimiter`] per node with the builder's defaults (whatever lease policy
-//!   the library ships) and a seed derived from the master seed. Requests call the synchronous
-//!   `try_acquire(1)` from the driver itself, as a request handler would: no task, no waiting,
-//!   decision latency zero.
+//!   the library ships) and a seed derived from the master seed. Requests call
+//!   `acquire_now(1)` from the driver itself, as a request handler would. Answered from the
+//!   local bucket (the common case) it is ready at once: no task, no waiting, decision latency
+//!   zero. Where leasing buys the node nothing (a part of the burst of a token or two, see
+//!   `AdaptiveLease::per_request_below`) a miss is a decision in the store: that request then
+//!   runs in its own task, as pure-Redis requests do, and its tokens count when the script ran.
 //! - `hybrid-rate`: the same with rate leases on (`AdaptiveLease::new().rate_leases(true)`).
 //! - `hybrid-fixed`: the same with `FixedLease::new(batch)`.
 //! - `static-share`: a [`RedisLimiter`] per node over a private, zero-latency [`MemoryStore`]
@@ -30,15 +33,18 @@
 //! simply stops or starts.
 //!
 //! `rejected_while_tokens_idle` counts denials while another live node held unused tokens: for
-//! the hybrid modes, another limiter's `available() ≥ 1`; for static-share, another node's
+//! the hybrid modes, another limiter's `available() ≥ 1` (denials answered at once; a
+//! decision in the store is not looked at); for static-share, another node's
 //! private bucket holding a whole token; never for pure-Redis, which holds nothing locally.
 //! Which nodes hold tokens is looked up at most once per millisecond of the run's time (a scan
 //! of every node), so a fleet of 100 000 nodes does not scan itself per denial.
 //!
 //! The fleet is generic over the store, so live mode runs exactly this code against Redis.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -290,27 +296,12 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         let outcome = match &self.nodes {
             Nodes::Pure(limiters) => {
                 let limiter = limiters[node].clone();
-                let records = self.records.clone();
-                let in_flight = self.in_flight.clone();
-                let clock = self.now.clone();
-                in_flight.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(REQUEST.scope(index, async move {
-                    let result = limiter.acquire_now(1).await;
-                    let t = clock();
-                    let outcome = match result {
-                        Ok(Decision::Allowed) => Outcome::Admitted,
-                        Ok(Decision::Denied { .. }) => Outcome::Rejected,
-                        Err(_) => Outcome::Error,
-                    };
-                    lock(&records)[index] = RequestRecord {
-                        arrival_ns: a.t_ns,
-                        node: a.node,
-                        outcome,
-                        decided_ns: t,
-                        latency_ns: t.saturating_sub(started),
-                    };
-                    in_flight.fetch_sub(1, Ordering::Relaxed);
-                }));
+                self.spawn_decision(
+                    index,
+                    a,
+                    started,
+                    async move { limiter.acquire_now(1).await },
+                );
                 return;
             }
             Nodes::Lock {
@@ -343,9 +334,25 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 });
                 return;
             }
-            Nodes::Hybrid { live, .. } => match live[node].as_ref().map(|l| l.try_acquire(1)) {
-                Some(Ok(Decision::Allowed)) => Outcome::Admitted,
-                Some(Ok(Decision::Denied { .. })) => {
+            Nodes::Hybrid { live, .. } => match live[node].clone().map(|l| {
+                // `acquire_now`: the local bucket, or (where leasing buys nothing) a decision
+                // in the store, in which case the request waits for it as in pure-Redis mode.
+                let mut decision =
+                    Box::pin(REQUEST.scope(index, async move { l.acquire_now(1).await }));
+                match decision
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(result) => Some(result),
+                    Poll::Pending => {
+                        self.spawn_decision(index, a, started, decision);
+                        None
+                    }
+                }
+            }) {
+                Some(None) => return,
+                Some(Some(Ok(Decision::Allowed))) => Outcome::Admitted,
+                Some(Some(Ok(Decision::Denied { .. }))) => {
                     let up = &self.up;
                     let idle = self.holders.other_than(node, started, live.len(), |j| {
                         up[j] && live[j].as_ref().is_some_and(|l| l.available() >= 1)
@@ -353,7 +360,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                     self.idle_denials += u64::from(idle);
                     Outcome::Rejected
                 }
-                Some(Err(_)) | None => Outcome::Error,
+                Some(Some(Err(_))) | None => Outcome::Error,
             },
             Nodes::Static { limiters } => match ready(limiters[node].acquire_now(1)) {
                 Ok(Decision::Allowed) => Outcome::Admitted,
@@ -377,6 +384,37 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             decided_ns: decided,
             latency_ns: decided.saturating_sub(started),
         };
+    }
+
+    /// Runs one decision that waits for the store (a pure-Redis call, or a hybrid node's
+    /// decision in the store) as its own task, and records its outcome when it is answered.
+    /// `decision` runs in the request's [`REQUEST`] scope, so the store model notes when the
+    /// script ran for it (the time its tokens count at).
+    fn spawn_decision<F>(&self, index: usize, a: Arrival, started: u64, decision: F)
+    where
+        F: Future<Output = Result<Decision, ratelease::Error>> + Send + 'static,
+    {
+        let records = self.records.clone();
+        let in_flight = self.in_flight.clone();
+        let clock = self.now.clone();
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(REQUEST.scope(index, async move {
+            let result = decision.await;
+            let t = clock();
+            let outcome = match result {
+                Ok(Decision::Allowed) => Outcome::Admitted,
+                Ok(Decision::Denied { .. }) => Outcome::Rejected,
+                Err(_) => Outcome::Error,
+            };
+            lock(&records)[index] = RequestRecord {
+                arrival_ns: a.t_ns,
+                node: a.node,
+                outcome,
+                decided_ns: t,
+                latency_ns: t.saturating_sub(started),
+            };
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        }));
     }
 
     /// Applies one change to the fleet, now.

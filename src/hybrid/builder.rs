@@ -183,6 +183,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             round_trip: RttEstimate::default(),
             finished: Notify::new(),
             answered: AtomicBool::new(false),
+            per_request: AtomicBool::new(false),
             counters: Counters::default(),
             metrics,
         });

@@ -157,6 +157,17 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`]; [`Error::Closed`] after shutdown.
     #[inline]
     pub fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+        if self.take_local(n)? {
+            Ok(Decision::Allowed)
+        } else {
+            self.handle.shared.denied(n)
+        }
+    }
+
+    /// The hot path of every check: `n` tokens from the local bucket (`false`: too few), the
+    /// task woken below the low-water mark.
+    #[inline]
+    fn take_local(&self, n: u64) -> Result<bool, Error> {
         let s = &*self.handle.shared;
         // Relaxed: a plain value the task replaces after a central change; a caller that reads
         // the old one a moment late answers as just before the change.
@@ -168,22 +179,33 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 if left < s.low_water.load(Ordering::Relaxed) {
                     s.signal.request();
                 }
-                Ok(Decision::Allowed)
+                Ok(true)
             }
-            Err(_) => s.denied(n),
+            Err(_) => Ok(false),
         }
     }
 
-    /// [`try_acquire`](Self::try_acquire) as a future, ready at once: the one-decision call
-    /// every limiter has (a [`RedisLimiter`](crate::RedisLimiter) makes a store call for it),
-    /// so code moving between modes needs no edit. Never waits for a lease: while the first
-    /// one is in flight it denies, as `try_acquire` does (see
+    /// One decision, the call every limiter has (a [`RedisLimiter`](crate::RedisLimiter)
+    /// makes a store call for it), so code moving between modes needs no edit. Answered from
+    /// the local bucket as [`try_acquire`](Self::try_acquire) is, ready at once — except where
+    /// leasing buys nothing (a node whose demand is below a token or so per lease horizon, see
+    /// [`AdaptiveLease::per_request_below`](crate::AdaptiveLease::per_request_below)): there
+    /// a miss is one decision in the store, as in pure-Redis mode, rather than a denial while
+    /// the fleet has tokens. Never waits for a lease (see
     /// [`try_acquire_or_lease`](Self::try_acquire_or_lease) to wait for it).
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
-        self.try_acquire(n)
+        if self.take_local(n)? {
+            return Ok(Decision::Allowed);
+        }
+        let s = &*self.handle.shared;
+        if s.decides_per_request() {
+            s.decide(n).await
+        } else {
+            s.denied(n)
+        }
     }
 
     /// Waits until the limiter has been answered by the store once: its first lease is in the
@@ -337,11 +359,28 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub fn try_acquire_local(&self, n: u64) -> Result<LocalAnswer, Error> {
-        let retry_after = match self.try_acquire(n)? {
+        if self.take_local(n)? {
+            return Ok(LocalAnswer::Allowed);
+        }
+        let s = &*self.handle.shared;
+        // Where leasing buys nothing, the answer is a decision in the store: no word yet,
+        // unless the store's last refusal still stands.
+        if s.decides_per_request() {
+            let blocked = s.blocked_for();
+            return Ok(if blocked.is_zero() {
+                LocalAnswer::NeedsLease {
+                    retry_after: s.rtt(),
+                }
+            } else {
+                LocalAnswer::Denied {
+                    retry_after: blocked,
+                }
+            });
+        }
+        let retry_after = match s.denied(n)? {
             Decision::Allowed => return Ok(LocalAnswer::Allowed),
             Decision::Denied { retry_after } => retry_after,
         };
-        let s = &*self.handle.shared;
         Ok(
             if !s.refused_within(RECENTLY_REFUSED) && !s.circuit.is_open() {
                 LocalAnswer::NeedsLease { retry_after }
@@ -353,7 +392,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the
     /// store has not said no (a lease in flight), but never for tokens the store said are not
-    /// there: that is `Denied` at once. What a server that sheds load wants.
+    /// there: that is `Denied` at once. What a server that sheds load wants. Where leasing
+    /// buys nothing, a miss is one decision in the store, as in
+    /// [`acquire_now`](Self::acquire_now).
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
@@ -362,6 +403,12 @@ impl<S: LeaseStore> HybridLimiter<S> {
         n: u64,
         lease_wait: Duration,
     ) -> Result<Decision, Error> {
+        if self.take_local(n)? {
+            return Ok(Decision::Allowed);
+        }
+        if self.handle.shared.decides_per_request() {
+            return self.handle.shared.decide(n).await;
+        }
         let wait = self.wait(n, Patience::LeaseOnly);
         bounded(time::from_now(lease_wait), wait, || {
             self.handle.shared.rtt()

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::error::{Error, StoreError};
@@ -21,6 +22,7 @@ use crate::limiter::Decision;
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::names::Registration;
+use crate::store::LeaseRequest;
 use crate::store::LeaseStore;
 use crate::time::Origin;
 
@@ -87,6 +89,10 @@ pub(super) struct Shared<S> {
     pub(super) finished: Notify,
     /// Whether a lease call has been answered (or failed): see [`HybridLimiter::ready`].
     pub(super) answered: AtomicBool,
+    /// Leasing buys nothing now (the task's reading of the policy's
+    /// [`per_request`](LeasePolicy::per_request)): a miss in `acquire_now` is one decision in
+    /// the store ([`Shared::decide`]).
+    pub(super) per_request: AtomicBool,
     pub(super) counters: Counters,
     pub(super) metrics: HybridMetrics,
 }
@@ -107,6 +113,10 @@ pub(super) struct Counters {
     pub(super) tokens_dripped: AtomicU64,
     /// Tokens taken from the local bucket for a release still in flight.
     pub(super) returning: AtomicU64,
+    /// Decisions made in the store for one request each (see [`Shared::decide`]).
+    pub(super) decisions: AtomicU64,
+    /// Tokens they admitted.
+    pub(super) decided: AtomicU64,
 }
 
 impl<S> Shared<S> {
@@ -129,6 +139,10 @@ impl<S> Shared<S> {
             rate_mtps: get(&c.rate_mtps),
             tokens_dripped: get(&c.tokens_dripped),
             local_tokens: self.local.available(),
+            decisions: get(&c.decisions),
+            tokens_decided: get(&c.decided),
+            // Relaxed: a state flag, read as a statistic.
+            per_request: self.per_request.load(Ordering::Relaxed),
         }
     }
 
@@ -150,7 +164,8 @@ pub(super) fn publisher<S: LeaseStore>(s: Arc<Shared<S>>) -> impl FnMut() -> boo
     let mut last = Published::default();
     move || {
         let stats = s.stats();
-        let admitted = s.spent(s.local.settled()) + stats.tokens_admitted_degraded;
+        let admitted =
+            s.spent(s.local.settled()) + stats.tokens_admitted_degraded + stats.tokens_decided;
         s.metrics.publish(&mut last, &stats, admitted);
         stats.local_tokens > 0 || stats.circuit_open || !s.blocked_for().is_zero()
     }
@@ -202,6 +217,69 @@ impl<S: LeaseStore> Shared<S> {
         Ok(Decision::Denied {
             retry_after: policy_wait.unwrap_or_else(|| self.retry_hint()),
         })
+    }
+
+    /// Whether a miss is a decision in the store now: leasing buys nothing, and the store
+    /// answers (neither the failure policy nor an unconfigured name's answer is in force).
+    pub(super) fn decides_per_request(&self) -> bool {
+        // Relaxed: state flags the task sets; a caller that reads one a moment late decides
+        // as just before.
+        self.per_request.load(Ordering::Relaxed)
+            && !self.absent.load(Ordering::Relaxed)
+            && !self.circuit.is_open()
+            && !self.signal.is_closed()
+    }
+
+    /// A miss of `acquire_now` while leasing buys nothing: one decision in the store for
+    /// this request, as a [`RedisLimiter`](crate::RedisLimiter) makes — an exact take of `n`
+    /// tokens that the store does not count as held, since they are spent at once. A known
+    /// refusal (the store's last "not before") answers without a call; the failure policy
+    /// answers while the circuit is open, as for `try_acquire`.
+    #[cold]
+    pub(super) async fn decide(&self, n: u64) -> Result<Decision, Error> {
+        if !self.decides_per_request() {
+            return self.denied(n);
+        }
+        let blocked = self.blocked_for();
+        if !blocked.is_zero() {
+            // Relaxed: a statistic, as in `denied`.
+            self.denied_total.fetch_add(n, Ordering::Relaxed);
+            return Ok(Decision::Denied {
+                retry_after: blocked,
+            });
+        }
+        let request = LeaseRequest::exact(n)
+            .for_client(self.client)
+            .configured_only(!self.unconfigured.falls_back())
+            .algorithm(self.algorithm);
+        let sent = Instant::now();
+        let reply = self.store.lease(&self.name, &self.quota, &request).await;
+        self.observe_rtt(sent.elapsed());
+        // Relaxed: statistics.
+        self.counters.decisions.fetch_add(1, Ordering::Relaxed);
+        match reply.and_then(|r| r.within(&request)) {
+            Ok(r) if r.source == QuotaSource::Absent => self.denied(n),
+            Ok(r) if r.granted >= n => {
+                self.recovered();
+                self.counters.decided.fetch_add(n, Ordering::Relaxed);
+                Ok(Decision::Allowed)
+            }
+            Ok(r) => {
+                self.recovered();
+                self.denied_total.fetch_add(n, Ordering::Relaxed);
+                // The bucket holds fewer than `n` until then, whoever asks.
+                if !r.retry_after.is_zero() {
+                    self.block_until(Instant::now() + r.retry_after, true);
+                }
+                Ok(Decision::Denied {
+                    retry_after: r.retry_after,
+                })
+            }
+            Err(error) => {
+                self.fail(error);
+                self.denied(n)
+            }
+        }
     }
 
     pub(super) fn now_ns(&self) -> u64 {
@@ -303,6 +381,27 @@ pub(super) fn spurious<S>(s: &Shared<S>) -> bool {
     }
     s.signal.done();
     if enough() {
+        return true;
+    }
+    s.signal.request();
+    false
+}
+
+/// Whether a refill request is to be dropped because leasing buys nothing now (see
+/// [`Shared::per_request`]) and nobody was denied by `try_acquire`: a low-water crossing
+/// then asks for nothing. The flag is lowered and the denial looked at again, as in
+/// [`spurious`].
+pub(super) fn not_denied_per_request<S>(s: &Shared<S>) -> bool {
+    // Relaxed: state flags; see `Shared::denied`.
+    if !s.per_request.load(Ordering::Relaxed)
+        || s.circuit.is_open()
+        || s.absent.load(Ordering::Relaxed)
+        || s.signal.was_denied()
+    {
+        return false;
+    }
+    s.signal.done();
+    if !s.signal.was_denied() {
         return true;
     }
     s.signal.request();

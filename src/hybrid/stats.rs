@@ -34,11 +34,19 @@ pub struct HybridStats {
     pub tokens_dripped: u64,
     /// Tokens in the local bucket now.
     pub local_tokens: u64,
+    /// Decisions made in the store for one request each, while leasing bought nothing (see
+    /// [`AdaptiveLease::per_request_below`](crate::AdaptiveLease::per_request_below)),
+    /// including failed ones.
+    pub decisions: u64,
+    /// Tokens those decisions admitted.
+    pub tokens_decided: u64,
+    /// Whether a miss in `acquire_now` is a decision in the store now.
+    pub per_request: bool,
 }
 
 impl HybridStats {
     /// Every call made to the store.
     pub fn store_calls(&self) -> u64 {
-        self.leases + self.releases
+        self.leases + self.releases + self.decisions
     }
 }

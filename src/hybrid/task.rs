@@ -18,7 +18,7 @@ use crate::quota::{Quota, MAX_VALUE};
 use crate::retry::{jitter, Backoff, MIN_RETRY};
 use crate::store::{LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest};
 
-use super::shared::{spurious, Shared};
+use super::shared::{not_denied_per_request, spurious, Shared};
 use super::{WINDOW_JITTER, WINDOW_MARGIN};
 
 /// The background task: one lease at a time, for as long as the limiter lives.
@@ -34,6 +34,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         rng,
         backoff: Backoff::for_errors(),
         demand: DemandEstimator::new(DEMAND_TAU, Instant::now()),
+        slow_demand: DemandEstimator::new(PER_REQUEST_TAU, Instant::now()),
         recent: RecentRate::new(),
         share: None,
         fallback_share_mtps: 0,
@@ -46,6 +47,8 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         counted: 0,
         sent_at: None,
         early_gap: Duration::ZERO,
+        started: Instant::now(),
+        per_request_review: None,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -54,6 +57,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         }
         let now = Instant::now();
         task.observe(&s, now);
+        task.review_per_request(&s, now);
         task.expire(&s, now).await;
         task.trim(&s, now).await;
         task.add_drip(&s, now);
@@ -62,7 +66,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
             task.give_back_if_idle(&s, now).await;
             continue;
         }
-        if !renew && spurious(&s) {
+        if !renew && (spurious(&s) || not_denied_per_request(&s)) {
             continue;
         }
         if !task.lease(&s).await {
@@ -76,6 +80,8 @@ pub(super) async fn refill_loop<S: LeaseStore>(
 
 /// Time constant of the demand estimate.
 const DEMAND_TAU: Duration = Duration::from_millis(300);
+/// Time constant of the demand whether leasing pays is decided on.
+const PER_REQUEST_TAU: Duration = Duration::from_secs(1);
 /// The last interval's demand counts for sizing for two horizons after it was measured, and
 /// at least this long.
 const RECENT_MAX_AGE: Duration = Duration::from_millis(20);
@@ -89,6 +95,9 @@ struct Task {
     rng: fastrand::Rng,
     backoff: Backoff,
     demand: DemandEstimator,
+    /// The demand over a longer time constant: whether leasing pays is decided on it (a few
+    /// tokens a second are mostly noise over `DEMAND_TAU`).
+    slow_demand: DemandEstimator,
     /// Demand between the last two leases: follows a ramp within a lease, where `demand` lags
     /// by its time constant (see `sizing_demand`).
     recent: RecentRate,
@@ -119,6 +128,11 @@ struct Task {
     /// twice as long after each early renewal that did not raise the rate (the store had no
     /// more to give), up to the regular renewal.
     early_gap: Duration,
+    /// When the task started: the regime is decided on a demand measured for a while.
+    started: Instant,
+    /// While a miss is a decision in the store: when to look at the demand again (the task
+    /// is not woken by those misses).
+    per_request_review: Option<Instant>,
 }
 
 impl Task {
@@ -129,13 +143,16 @@ impl Task {
 
     /// Tokens asked for so far, admitted or denied: the running total demand is measured on.
     fn demanded<S>(s: &Shared<S>) -> u64 {
-        // Relaxed: a statistic (see `Shared::denied`).
-        Self::consumed(s) + s.denied_total.load(Ordering::Relaxed)
+        // Relaxed: statistics (see `Shared::denied`).
+        Self::consumed(s)
+            + s.denied_total.load(Ordering::Relaxed)
+            + s.counters.decided.load(Ordering::Relaxed)
     }
 
     fn observe<S>(&mut self, s: &Shared<S>, now: Instant) {
         let demanded = Self::demanded(s);
         let rate = self.demand.observe(now, demanded);
+        self.slow_demand.observe(now, demanded);
         s.counters
             .demand_mtps
             .store((rate * 1_000.0) as u64, Ordering::Relaxed);
@@ -160,8 +177,9 @@ impl Task {
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
         let local = s.local.available();
         // The rate lease's drips, full bucket or not (callers spend it without waking the
-        // task, and a drip covers one step at most), and its renewal.
-        let rate = [self.drip.due(), self.renew_due()]
+        // task, and a drip covers one step at most), and its renewal; the next look at the
+        // demand while misses are decisions in the store.
+        let rate = [self.drip.due(), self.renew_due(), self.per_request_review]
             .into_iter()
             .flatten()
             .min();
@@ -174,6 +192,38 @@ impl Task {
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Decides whether leasing buys nothing now (the policy's
+    /// [`per_request`](crate::LeasePolicy::per_request)) on the slow demand estimate — or,
+    /// until that has run for its time constant, on nothing measured (the policy then goes by
+    /// the share alone); it leaves on either estimate (the fast one discounted). While it does, misses in `acquire_now` are decisions in the store and
+    /// the task leases only on a denial of `try_acquire`. Leaving, it leases at once.
+    fn review_per_request<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
+        // Relaxed: a state flag only the task writes; callers read it as a hint.
+        let was = s.per_request.load(Ordering::Relaxed);
+        let mut ctx = self.context(s, 0);
+        ctx.demand = if was {
+            // Leaving on the slow estimate, or on a quarter of the fast one: noisy at a few
+            // tokens a second, it shows a burst within tens of milliseconds.
+            self.slow_demand.rate().max(self.demand.rate() / 4.0)
+        } else if now >= self.started + PER_REQUEST_TAU {
+            self.slow_demand.rate()
+        } else {
+            0.0
+        };
+        let is = s.policy.per_request(&ctx, was);
+        if is != was {
+            s.per_request.store(is, Ordering::Relaxed);
+            if !is {
+                s.signal.request();
+            }
+        }
+        self.per_request_review = is.then(|| {
+            now + self
+                .terms
+                .map_or(RECENT_MAX_AGE, |t| review_after(t.horizon))
+        });
     }
 
     /// Adds what the rate lease earned to the local bucket (see `lease/drip.rs`). The count is

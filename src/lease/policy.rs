@@ -86,6 +86,15 @@ pub trait LeasePolicy: Send + Sync + 'static {
         let _ = ctx;
         None
     }
+
+    /// Whether leasing buys nothing for this node now, so that a miss of the local bucket in
+    /// [`acquire_now`](crate::HybridLimiter::acquire_now) should be one decision in the store,
+    /// as in pure-Redis mode, and the task should not lease ahead of demand (`now`: whether the
+    /// node decides so already, for hysteresis). The default: never.
+    fn per_request(&self, ctx: &LeaseContext, now: bool) -> bool {
+        let _ = (ctx, now);
+        false
+    }
 }
 
 /// Shortest lead of [`AdaptiveLease`]'s low-water mark: a refill also waits for the background
@@ -131,6 +140,7 @@ pub struct AdaptiveLease {
     idle_after: Duration,
     headroom: f64,
     rate_leases: bool,
+    per_request_below: f64,
 }
 
 impl Default for AdaptiveLease {
@@ -141,6 +151,7 @@ impl Default for AdaptiveLease {
             idle_after: Duration::from_millis(500),
             headroom: 1.25,
             rate_leases: false,
+            per_request_below: 3.0,
         }
     }
 }
@@ -183,6 +194,22 @@ impl AdaptiveLease {
     /// ("Rate leases") has where that pays and where it costs.
     pub fn rate_leases(mut self, on: bool) -> Self {
         self.rate_leases = on;
+        self
+    }
+
+    /// Below this many tokens of its part of the burst (`burst × demand / rate`, default 3;
+    /// twice as many to leave), leasing buys a node nothing: a token it holds for its next
+    /// request counts against the fleet's burst until its next call, and a node that small
+    /// holds one most of the time — a fleet of such nodes keeps its bucket near empty. A miss
+    /// in [`acquire_now`](crate::HybridLimiter::acquire_now) is then one decision in the
+    /// store, as in pure-Redis mode (`try_acquire` still answers from the local bucket and
+    /// leases on a denial). 0 turns it off.
+    pub fn per_request_below(mut self, tokens: f64) -> Self {
+        self.per_request_below = if tokens.is_finite() {
+            tokens.max(0.0)
+        } else {
+            0.0
+        };
         self
     }
 
@@ -233,6 +260,25 @@ impl LeasePolicy for AdaptiveLease {
         let rate = capped(ctx.demand, ctx.share);
         let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
         Some((2.0 * lease).ceil() as u64)
+    }
+
+    /// Below [`per_request_below`](AdaptiveLease::per_request_below) tokens of the node's part
+    /// of the burst (`burst × demand / rate`; by its share before any demand is measured, and
+    /// no change before the first share) to enter; twice that to leave. The demand, not the
+    /// share: nodes that decide per request report no demand to the store, so the shares of
+    /// the others grow past what they use.
+    fn per_request(&self, ctx: &LeaseContext, now: bool) -> bool {
+        if self.per_request_below <= 0.0 {
+            return false;
+        }
+        let usable = match ctx.share {
+            _ if now || ctx.demand > 0.0 => ctx.demand,
+            Some(share) if share > 0.0 => share,
+            _ => return false,
+        };
+        let below = if now { 2.0 } else { 1.0 } * self.per_request_below;
+        let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64();
+        part < below
     }
 
     fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
@@ -420,6 +466,30 @@ mod tests {
             idle_after: Duration::from_millis(500),
             rate_leases: true,
         }
+    }
+
+    #[test]
+    fn decides_per_request_where_its_part_of_the_burst_is_a_token_or_two() {
+        // 20/s, burst 20: a node's part of the burst is its rate in tokens.
+        let q = Quota::per_second(20).unwrap();
+        let p = AdaptiveLease::new();
+        // Nothing measured: by the share once known (1/s: a part of one token), else no change.
+        assert!(p.per_request(&ctx(q, 0, 0, 0.0, Some(1.0)), false));
+        assert!(!p.per_request(&ctx(q, 0, 0, 0.0, None), false));
+        assert!(p.per_request(&ctx(q, 0, 0, 0.0, None), true));
+        // Measured: by the demand, not the share (2/s in, 4/s out; 5/s stays, 7/s leaves).
+        assert!(p.per_request(&ctx(q, 0, 0, 2.0, Some(10.0)), false));
+        assert!(!p.per_request(&ctx(q, 0, 0, 4.0, Some(1.0)), false));
+        assert!(p.per_request(&ctx(q, 0, 0, 5.0, Some(1.0)), true));
+        assert!(!p.per_request(&ctx(q, 0, 0, 7.0, Some(1.0)), true));
+        // Off.
+        let off = AdaptiveLease::new().per_request_below(0.0);
+        assert!(!off.per_request(&ctx(q, 0, 0, 1.0, Some(1.0)), false));
+        // A wide fleet: 100 000/s with a second of burst, a share of 10/s: ten tokens.
+        let wide = Quota::per_second(100_000).unwrap();
+        assert!(!p.per_request(&ctx(wide, 0, 0, 0.0, Some(10.0)), false));
+        // A fixed batch lease never decides per request.
+        assert!(!FixedLease::new(1).per_request(&ctx(q, 0, 0, 1.0, Some(1.0)), false));
     }
 
     #[test]

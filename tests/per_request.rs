@@ -1,0 +1,129 @@
+//! A low limit shared by many processes, end to end on virtual time: 20 hybrid limiters share
+//! 20 tokens a second (burst 20), each asked twice its share. A node's part of the burst is a
+//! token: the token it would hold for its next request counts against the fleet's burst until
+//! its next call, so token leases alone leave the shared bucket near empty. Where leasing buys
+//! nothing, `acquire_now` decides in the store per request, as pure-Redis mode does: the fleet
+//! admits its budget, keeps the bound `burst + rate × W` in every window, and makes no more
+//! store calls than one per request.
+
+use std::time::Duration;
+
+use ratelease::{AdaptiveLease, HybridLimiter, MemoryStore, Quota, TokioClock};
+
+const NODES: usize = 20;
+const SECONDS: u64 = 60;
+
+/// One run: admissions per 100 ms of the whole fleet, requests made, and the limiters' stats.
+struct Run {
+    admitted: Vec<u64>,
+    requests: u64,
+    calls: u64,
+    decisions: u64,
+    per_request_nodes: usize,
+}
+
+async fn run(policy: AdaptiveLease) -> Run {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let quota = Quota::per_second(20).unwrap();
+    let nodes: Vec<_> = (0..NODES as u64)
+        .map(|i| {
+            HybridLimiter::builder("low-rate", quota, store.clone())
+                .policy(policy)
+                .seed(i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // Poisson arrivals at 2/s per node (a fixed-seed generator), checked every millisecond.
+    let per_ms = 2.0 / 1_000.0;
+    let mut seed = 17u64;
+    let mut uniform = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut next: Vec<f64> = (0..NODES).map(|_| 0.0).collect();
+    let mut admitted = vec![0u64; (SECONDS * 10) as usize];
+    let mut requests = 0;
+    for ms in 0..SECONDS * 1_000 {
+        for (i, limiter) in nodes.iter().enumerate() {
+            while next[i] <= ms as f64 {
+                next[i] += -(1.0 - uniform()).ln() / per_ms;
+                requests += 1;
+                // A decision in the store takes no virtual time (the memory store answers
+                // at once), so it counts in this millisecond.
+                if limiter.acquire_now(1).await.unwrap().is_allowed() {
+                    admitted[(ms / 100) as usize] += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stats: Vec<_> = nodes.iter().map(|l| l.stats()).collect();
+    Run {
+        admitted,
+        requests,
+        calls: stats.iter().map(|s| s.store_calls()).sum(),
+        decisions: stats.iter().map(|s| s.decisions).sum(),
+        per_request_nodes: stats.iter().filter(|s| s.per_request).count(),
+    }
+}
+
+/// Every window of whole 100 ms steps: at most burst + rate × W (one extra step of rate,
+/// since a window of n steps spans up to n × 100 ms).
+fn assert_bound(admitted: &[u64]) {
+    let mut prefix = vec![0u64];
+    for a in admitted {
+        prefix.push(prefix.last().unwrap() + a);
+    }
+    for width in [1usize, 5, 10, 50, 100] {
+        for start in 0..=admitted.len() - width {
+            let n = prefix[start + width] - prefix[start];
+            let bound = 20 + 2 * (width as u64 + 1);
+            assert!(
+                n <= bound,
+                "{n} admitted in {width} steps from step {start} (bound {bound})"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn where_leasing_buys_nothing_acquire_now_decides_in_the_store() {
+    let decided = run(AdaptiveLease::new()).await;
+    let leased = run(AdaptiveLease::new().per_request_below(0.0)).await;
+    assert_bound(&decided.admitted);
+    assert_bound(&leased.admitted);
+    // The regime was really used: most nodes decide per request, and most requests were
+    // decided in the store; turned off, none were.
+    assert!(
+        decided.per_request_nodes >= NODES / 2,
+        "{} nodes decide per request",
+        decided.per_request_nodes
+    );
+    assert!(
+        decided.decisions > decided.requests / 2,
+        "{} decisions for {} requests",
+        decided.decisions,
+        decided.requests
+    );
+    assert_eq!(leased.decisions, 0);
+    // Nearly the whole budget (20 + 20/s × 60 s), as pure-Redis mode admits; token leases
+    // alone leave a tenth of it in the bucket.
+    let budget = (20 + 20 * SECONDS) as f64;
+    let with: u64 = decided.admitted.iter().sum();
+    let without: u64 = leased.admitted.iter().sum();
+    assert!(with as f64 >= 0.97 * budget, "admitted {with} of {budget}");
+    assert!(
+        with as f64 >= without as f64 + 0.04 * budget,
+        "admitted {with} deciding per request, {without} leasing"
+    );
+    // No more store calls than pure-Redis mode makes (one per request).
+    assert!(
+        decided.calls <= decided.requests,
+        "{} store calls for {} requests",
+        decided.calls,
+        decided.requests
+    );
+}
