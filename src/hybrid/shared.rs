@@ -257,6 +257,9 @@ impl<S: LeaseStore> Shared<S> {
         self.observe_rtt(sent.elapsed());
         // Relaxed: statistics.
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
+        // The task looks at the demand again (it is not woken by these misses otherwise): a
+        // burst ends the regime within a few decisions, not at the next review.
+        self.signal.request();
         match reply.and_then(|r| r.within(&request)) {
             Ok(r) if r.source == QuotaSource::Absent => self.denied(n),
             Ok(r) if r.granted >= n => {
