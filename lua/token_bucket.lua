@@ -88,8 +88,10 @@
 -- Fairness. A node's share of the rate is proportional to its reported demand (rate × d / D),
 -- which gives every node the same acceptance ratio, as one shared bucket would. Each node has a
 -- credit that accrues at its share (capped at one horizon's worth, or `min` if larger). Tokens above a reserve of
--- one horizon of the fleet rate are first come, first served; the reserve itself is handed out
--- only against credit. A node is served only when it can get a horizon of its share (or its
+-- half a horizon of the fleet rate are first come, first served; the reserve itself is handed
+-- out only against credit. (While the fleet wants more than the rate, credits are drawn as they
+-- accrue and the reserve is never spent: it is burst the fleet cannot use. Half a horizon keeps
+-- shares as fair as a whole one did and gives the rest back.) A node is served only when it can get a horizon of its share (or its
 -- min, or its want if smaller), and every reply says when that will be, so a busy node makes
 -- about one call per horizon, not one per token.
 --
@@ -551,7 +553,7 @@ elseif op == 'lease' then
   if now > r.tc then r.tc = now end
   -- Above the reserve: first come, first served. The reserve: against credit.
   local whole = floor_div(level, scale)
-  local reserve = math.min(math.floor(rate * horizon / period), burst)
+  local reserve = math.min(math.floor(rate * horizon / period / 2), burst)
   local free = math.max(0, whole - reserve)
   local avail = free + math.min(whole - free, floor_div(r.c, scale))
   local floor_tokens = math.min(math.floor(rho * horizon / scale), want, burst)

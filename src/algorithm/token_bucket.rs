@@ -505,7 +505,7 @@ pub fn step_with(
             r.credit_ts = r.credit_ts.max(now);
             let whole = level / scale;
             let reserve =
-                ((rate as f64 * horizon / period as f64).floor()).min(burst as f64) as u64;
+                ((rate as f64 * horizon / period as f64 / 2.0).floor()).min(burst as f64) as u64;
             let free = whole.saturating_sub(reserve);
             let avail = free + (whole - free).min(r.credit / scale);
             let floor_tokens = (rho * horizon / scale as f64)
@@ -1012,19 +1012,24 @@ mod tests {
 
     #[test]
     fn the_reserve_is_handed_out_against_credit_only() {
-        // 1 000/s, burst 100, horizon 100 ms: the reserve is the whole bucket (100 tokens).
-        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        // 1 000/s, burst 50, horizon 100 ms: the reserve (half a horizon of the rate) is the
+        // whole bucket.
+        let q = Quota::per_second(1_000).unwrap().with_burst(50).unwrap();
         let mut st = Stored::default();
-        // Two nodes with equal demand: each may take its credit, 50 tokens, not the bucket.
+        // Alone, a node's credit is the whole reserve.
         assert_eq!(
             node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0).granted,
-            100
+            50
         );
+        // Four nodes with equal demand: each may take its credit (a quarter of the rate for a
+        // horizon, 25 tokens), not the bucket.
         let mut st = Stored::default();
-        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
+        for other in ["b", "c", "d"] {
+            node_lease(&mut st, &q, other, 1, 0, 1_000_000, 0);
+        }
         let a = node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0);
-        assert_eq!(a.granted, 50, "half the reserve: a's credit");
-        let again = node_lease(&mut st, &q, "a", 100, 50, 1_000_000, 0);
+        assert_eq!(a.granted, 25, "half the reserve: a's credit");
+        let again = node_lease(&mut st, &q, "a", 100, 25, 1_000_000, 0);
         assert_eq!(again.granted, 0, "no credit left");
         assert!(again.retry_after_us > 0);
     }
