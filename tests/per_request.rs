@@ -110,13 +110,14 @@ async fn where_leasing_buys_nothing_acquire_now_decides_in_the_store() {
     );
     assert_eq!(leased.decisions, 0);
     // Nearly the whole budget (20 + 20/s × 60 s), as pure-Redis mode admits; token leases
-    // alone leave a tenth of it in the bucket.
+    // alone leave some of it in the bucket (measured: 1 205 against 1 181 of 1 220; 1 067
+    // with the larger reserve the store kept before).
     let budget = (20 + 20 * SECONDS) as f64;
     let with: u64 = decided.admitted.iter().sum();
     let without: u64 = leased.admitted.iter().sum();
     assert!(with as f64 >= 0.97 * budget, "admitted {with} of {budget}");
     assert!(
-        with as f64 >= without as f64 + 0.04 * budget,
+        with as f64 >= without as f64 + 0.015 * budget,
         "admitted {with} deciding per request, {without} leasing"
     );
     // No more store calls than pure-Redis mode makes (one per request).
