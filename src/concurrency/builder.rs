@@ -58,6 +58,23 @@ pub struct ConcurrencyBuilder<S> {
     pub(super) runtime: Option<tokio::runtime::Handle>,
 }
 
+impl<S> ConcurrencyBuilder<S> {
+    /// The builder [`ConcurrencyLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, limit: u64, store: S) -> Self {
+        ConcurrencyBuilder {
+            name,
+            limit,
+            store,
+            ttl: DEFAULT_HOLDER_TTL,
+            mode: ConcurrencyMode::Pure,
+            failure: FailurePolicy::default(),
+            holder_id: None,
+            idle_return: DEFAULT_IDLE_RETURN,
+            runtime: None,
+        }
+    }
+}
+
 impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
     /// How long this process's record lives without a renewal (default
     /// [`DEFAULT_HOLDER_TTL`]): the slots of a crashed process come back this long after its

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::failure::{Circuit, FailurePolicy};
 use crate::key;
 use crate::lease::local::LocalBucket;
-use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
+use crate::lease::policy::{AdaptiveLease, FixedLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::retry::{RttEstimate, DEFAULT_RTT};
@@ -42,6 +42,26 @@ pub struct HybridBuilder<S> {
     pub(super) budget: Budget,
     pub(super) unconfigured: Unconfigured,
     pub(super) algorithm: Algorithm,
+}
+
+impl<S> HybridBuilder<S> {
+    /// The builder [`HybridLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, quota: Quota, store: S) -> Self {
+        HybridBuilder {
+            name,
+            quota,
+            store,
+            policy: Box::new(AdaptiveLease::default()),
+            prefetch: true,
+            seed: None,
+            node_id: None,
+            failure: FailurePolicy::default(),
+            runtime: None,
+            budget: Budget::Overall,
+            unconfigured: Unconfigured::UseQuota,
+            algorithm: Algorithm::TokenBucket,
+        }
+    }
 }
 
 impl<S: LeaseStore> HybridBuilder<S> {

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::error::Error;
 use crate::failure::{Circuit, FailurePolicy};
-use crate::lease::policy::{FixedLease, LeasePolicy};
+use crate::lease::policy::{AdaptiveLease, FixedLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::names::{self, Scope};
@@ -47,6 +47,27 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 /// Default [`KeyedHybridBuilder::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
+impl<K, S> KeyedHybridBuilder<K, S> {
+    /// The builder [`KeyedHybridLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, quota: Quota, store: S) -> Self {
+        KeyedHybridBuilder {
+            name,
+            quota,
+            store,
+            policy: Box::new(AdaptiveLease::default()),
+            max_keys: DEFAULT_MAX_KEYS,
+            idle_ttl: None,
+            give_back_after: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            failure: FailurePolicy::default(),
+            seed: None,
+            runtime: None,
+            hasher: super::DefaultKeyHasher::default(),
+            _key: std::marker::PhantomData,
+        }
+    }
+}
 
 impl<K, S, H> KeyedHybridBuilder<K, S, H>
 where
