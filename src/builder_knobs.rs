@@ -1,6 +1,8 @@
 //! The knobs the limiter builders share, each written once: its value and default
 //! ([`CommonKnobs`], a field `knobs` of every builder) and its documented setter
-//! ([`knob_setters!`], which writes the setters a builder names into its `impl`).
+//! ([`knob_setters!`], which writes the setters a builder names into its `impl`). The lease
+//! policy is the one shared knob kept in a field of the builder's own (`policy`, see
+//! [`knob_setters!`]).
 //!
 //! | knob | [`HybridBuilder`](crate::HybridBuilder) | [`RedisLimiterBuilder`](crate::RedisLimiterBuilder) | [`KeyedHybridBuilder`](crate::KeyedHybridBuilder) | [`ConcurrencyBuilder`](crate::ConcurrencyBuilder) |
 //! | --- | --- | --- | --- | --- |
@@ -19,9 +21,9 @@ use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
 use crate::error::Error;
 use crate::failure::FailurePolicy;
-use crate::lease::policy::{AdaptiveLease, LeasePolicy};
 
 /// The values of the shared knobs, at their defaults until a setter changes them.
+#[derive(Debug)]
 pub(crate) struct CommonKnobs {
     /// How to count.
     pub(crate) algorithm: Algorithm,
@@ -37,23 +39,6 @@ pub(crate) struct CommonKnobs {
     pub(crate) seed: Option<u64>,
     /// Where the background task runs; `None`: the runtime `build` is called on.
     pub(crate) runtime: Option<tokio::runtime::Handle>,
-    /// How leases are sized; `None`: [`AdaptiveLease::default`] (made at build: a builder of a
-    /// limiter that leases nothing allocates nothing).
-    pub(crate) policy: Option<Box<dyn LeasePolicy>>,
-}
-
-impl std::fmt::Debug for CommonKnobs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // A lease policy need not be `Debug`.
-        f.debug_struct("CommonKnobs")
-            .field("algorithm", &self.algorithm)
-            .field("budget", &self.budget)
-            .field("unconfigured", &self.unconfigured)
-            .field("failure", &self.failure)
-            .field("seed", &self.seed)
-            .field("runtime", &self.runtime)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for CommonKnobs {
@@ -65,7 +50,6 @@ impl Default for CommonKnobs {
             failure: None,
             seed: None,
             runtime: None,
-            policy: None,
         }
     }
 }
@@ -92,18 +76,13 @@ impl CommonKnobs {
             None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime),
         }
     }
-
-    /// The lease policy set, else [`AdaptiveLease::default`]; taken out of the knobs.
-    pub(crate) fn take_policy(&mut self) -> Box<dyn LeasePolicy> {
-        self.policy
-            .take()
-            .unwrap_or_else(|| Box::new(AdaptiveLease::default()))
-    }
 }
 
 /// Writes the setters of the shared knobs a builder names, in its `impl` block; the builder
-/// keeps a [`CommonKnobs`] in a field `knobs`. Each knob may be preceded by doc lines of the
-/// builder's own, added after the shared ones:
+/// keeps a [`CommonKnobs`] in a field `knobs`, and a builder that offers `policy` its lease
+/// policy in a field `policy: Box<dyn LeasePolicy>` (not in [`CommonKnobs`]: a boxed policy
+/// need not be unwind-safe, and the builders that lease nothing stay so). Each knob may be
+/// preceded by doc lines of the builder's own, added after the shared ones:
 ///
 /// ```text
 /// impl<S: LeaseStore> HybridBuilder<S> {
@@ -171,7 +150,7 @@ macro_rules! knob_setters {
         /// Sizes leases with `policy` (default: [`AdaptiveLease`](crate::AdaptiveLease)).
         $(#[$doc])*
         pub fn policy(mut self, policy: impl $crate::LeasePolicy) -> Self {
-            self.knobs.policy = Some(Box::new(policy));
+            self.policy = Box::new(policy);
             self
         }
     };

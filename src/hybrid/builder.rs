@@ -14,7 +14,7 @@ use crate::failure::Circuit;
 use crate::failure::FailurePolicy;
 use crate::key;
 use crate::lease::local::LocalBucket;
-use crate::lease::policy::LeaseContext;
+use crate::lease::policy::{AdaptiveLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::retry::{RttEstimate, DEFAULT_RTT};
@@ -35,6 +35,7 @@ pub struct HybridBuilder<S> {
     pub(super) name: String,
     pub(super) quota: Quota,
     pub(super) store: S,
+    pub(super) policy: Box<dyn LeasePolicy>,
     pub(super) prefetch: bool,
     pub(super) node_id: Option<u64>,
     pub(super) knobs: CommonKnobs,
@@ -47,6 +48,7 @@ impl<S> HybridBuilder<S> {
             name,
             quota,
             store,
+            policy: Box::new(AdaptiveLease::default()),
             prefetch: true,
             node_id: None,
             knobs: CommonKnobs::default(),
@@ -99,17 +101,17 @@ impl<S: LeaseStore> HybridBuilder<S> {
     /// [`algorithm`](Self::algorithm)) or combine with the builder's settings (as
     /// [`RedisLimiterBuilder::build`](crate::RedisLimiterBuilder::build));
     /// [`Error::NoRuntime`] outside a tokio runtime.
-    pub fn build(mut self) -> Result<HybridLimiter<S>, Error> {
+    pub fn build(self) -> Result<HybridLimiter<S>, Error> {
         key::validate_name(&self.name)?;
         let (algorithm, unconfigured) = (self.knobs.algorithm, self.knobs.unconfigured);
         algorithm.check_hybrid(&self.quota, unconfigured)?;
         let runtime = self.knobs.runtime_or_current()?;
         let failure = self.knobs.failure_or_default();
-        let policy = self.knobs.take_policy();
         let seed = self.knobs.seed_or_random();
         let mut rng = fastrand::Rng::with_seed(seed);
         let node_id = self.node_id.unwrap_or_else(|| rng.u64(..));
-        let low_water = policy
+        let low_water = self
+            .policy
             .ask(&LeaseContext {
                 quota: self.quota,
                 local: 0,
@@ -121,7 +123,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             })
             .low_water
             .min(self.quota.burst());
-        let terms = policy.terms(&self.quota);
+        let terms = self.policy.terms(&self.quota);
         let metrics = HybridMetrics::new(&self.name, failure.name());
         let client = (self.knobs.budget == Budget::PerClient).then_some(node_id);
         // The builder's quota matters only where an unconfigured name runs under it.
@@ -142,7 +144,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             absent: AtomicBool::new(false),
             name: self.name,
             store: self.store,
-            policy,
+            policy: self.policy,
             node_id,
             denied_total: AtomicU64::new(0),
             failure,

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::failure::Circuit;
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
+use crate::lease::policy::{AdaptiveLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::names::{self, Scope};
@@ -32,6 +33,7 @@ pub struct KeyedHybridBuilder<K, S, H = super::DefaultKeyHasher> {
     pub(super) name: String,
     pub(super) quota: Quota,
     pub(super) store: S,
+    pub(super) policy: Box<dyn LeasePolicy>,
     pub(super) max_keys: usize,
     pub(super) idle_ttl: Option<Duration>,
     pub(super) give_back_after: Option<Duration>,
@@ -54,6 +56,7 @@ impl<K, S> KeyedHybridBuilder<K, S> {
             name,
             quota,
             store,
+            policy: Box::new(AdaptiveLease::default()),
             max_keys: DEFAULT_MAX_KEYS,
             idle_ttl: None,
             give_back_after: None,
@@ -126,6 +129,7 @@ where
             name: self.name,
             quota: self.quota,
             store: self.store,
+            policy: self.policy,
             max_keys: self.max_keys,
             idle_ttl: self.idle_ttl,
             give_back_after: self.give_back_after,
@@ -145,12 +149,11 @@ where
     /// # Errors
     /// [`Error::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
     /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
-    pub fn build(mut self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
+    pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
         super::name::validate_keyed_name(&self.name)?;
         let runtime = self.knobs.runtime_or_current()?;
         let failure = self.knobs.failure_or_default();
-        let policy = self.knobs.take_policy();
-        let terms = policy.terms(&self.quota);
+        let terms = self.policy.terms(&self.quota);
         let registration = names::register(&self.store, &self.name, Scope::Keyed, self.quota);
         let idle_ttl = self
             .idle_ttl
@@ -188,7 +191,7 @@ where
             name: self.name,
             quota: self.quota,
             store: self.store,
-            policy,
+            policy: self.policy,
         });
         let seed = self.knobs.seed_or_random();
         let requests = super::worker::Requests {
