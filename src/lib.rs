@@ -104,6 +104,7 @@
 mod lua;
 
 pub mod algorithm;
+mod builder_knobs;
 mod clock;
 pub mod concurrency;
 pub mod config;

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
+use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::config::{Budget, Unconfigured};
 use crate::error::{Error, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate, ProbeGate};
@@ -58,12 +59,8 @@ pub struct RedisLimiterBuilder<S> {
     name: String,
     quota: Quota,
     store: S,
-    budget: Budget,
     client_id: Option<u64>,
-    unconfigured: Unconfigured,
-    algorithm: Algorithm,
-    failure: Option<FailurePolicy>,
-    seed: Option<u64>,
+    knobs: CommonKnobs,
     /// The circuit to share instead of one of the limiter's own (a keyed limiter's).
     outage: Option<Arc<Outage>>,
     /// Handles to report to instead of the limiter's own (a keyed limiter's, shared by its
@@ -84,44 +81,24 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
         self
     }
 
-    /// How to count (default [`Algorithm::TokenBucket`]).
-    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
-        self
-    }
-
-    /// Whose budget to spend (default [`Budget::Overall`]).
-    pub fn budget(mut self, budget: Budget) -> Self {
-        self.budget = budget;
-        self
+    knob_setters! {
+        algorithm,
+        /// [`Budget::PerClient`] spends the budget of this builder's
+        /// [`client_id`](Self::client_id).
+        budget,
+        /// By default none answers: each call returns [`Error::Store`], at once while the
+        /// circuit is open. [`FailurePolicy::LastKnownShare`] enforces the rate this node was
+        /// granted over the last second before the failure.
+        on_store_failure,
+        /// It draws the jitter of the circuit's probes.
+        seed,
+        if_unconfigured,
     }
 
     /// This client's id for [`Budget::PerClient`] (default: random). Instances that should
     /// share one client budget use the same id.
     pub fn client_id(mut self, id: u64) -> Self {
         self.client_id = Some(id);
-        self
-    }
-
-    /// What to answer while the store is failing, instead of its error (the default: each
-    /// call returns [`Error::Store`], at once while the circuit is open).
-    /// [`FailurePolicy::LastKnownShare`] enforces the rate this node was granted over the
-    /// last second before the failure. See [`crate::failure`].
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = Some(policy);
-        self
-    }
-
-    /// Seeds the jitter of the circuit's probes (default: random). Set it for reproducible
-    /// simulations.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// What to do if the name has no quota stored centrally (default: use the builder's).
-    pub fn if_unconfigured(mut self, what: Unconfigured) -> Self {
-        self.unconfigured = what;
         self
     }
 
@@ -137,8 +114,10 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
     /// [`Unconfigured::UseQuota`] (central configuration is the token bucket's).
     pub fn build(self) -> Result<RedisLimiter<S>, Error> {
         key::validate_name(&self.name)?;
-        self.algorithm.check(&self.quota, self.unconfigured)?;
-        let client = match self.budget {
+        self.knobs
+            .algorithm
+            .check(&self.quota, self.knobs.unconfigured)?;
+        let client = match self.knobs.budget {
             Budget::Overall => None,
             Budget::PerClient => Some(self.client_id.unwrap_or_else(|| fastrand::u64(..))),
         };
@@ -149,30 +128,31 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
         // A key's limiter of a keyed limiter (which shares its circuit) is made per call: the
         // keyed limiter registers its name instead. The builder's quota matters only where an
         // unconfigured name runs under it.
-        let registration = (self.outage.is_none() && self.unconfigured.falls_back()).then(|| {
-            let scope = Scope::Named {
-                algorithm: self.algorithm,
-                client,
-            };
-            names::register(&self.store, &self.name, scope, self.quota)
-        });
+        let registration =
+            (self.outage.is_none() && self.knobs.unconfigured.falls_back()).then(|| {
+                let scope = Scope::Named {
+                    algorithm: self.knobs.algorithm,
+                    client,
+                };
+                names::register(&self.store, &self.name, scope, self.quota)
+            });
         Ok(RedisLimiter {
             name: self.name.into(),
             quota: self.quota,
             store: self.store,
             client,
-            unconfigured: self.unconfigured,
-            algorithm: self.algorithm,
-            failure: self.failure,
+            unconfigured: self.knobs.unconfigured,
+            algorithm: self.knobs.algorithm,
+            failure: self.knobs.failure,
             state: Arc::new(State {
                 effective: Mutex::new(self.quota),
                 origin: Origin::now(),
                 absent_until_ns: AtomicU64::new(0),
                 metrics,
-                fallback: self.failure.and_then(|f| f.local_rate(&self.quota)),
+                fallback: self.knobs.failure.and_then(|f| f.local_rate(&self.quota)),
                 outage: self
                     .outage
-                    .unwrap_or_else(|| Arc::new(Outage::new(self.seed))),
+                    .unwrap_or_else(|| Arc::new(Outage::new(self.knobs.seed))),
                 meter: GrantMeter::default(),
                 share_mtps: AtomicU64::new(0),
                 _registration: registration.flatten(),
@@ -312,12 +292,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
             name: name.into(),
             quota,
             store,
-            budget: Budget::Overall,
             client_id: None,
-            unconfigured: Unconfigured::UseQuota,
-            algorithm: Algorithm::TokenBucket,
-            failure: None,
-            seed: None,
+            knobs: CommonKnobs::default(),
             outage: None,
             metrics: None,
         }

@@ -11,7 +11,9 @@ use tokio::sync::Notify;
 use super::permit::Local;
 use super::store::ConcurrencyStore;
 use super::task;
+use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::error::Error;
+#[cfg(doc)]
 use crate::failure::FailurePolicy;
 use crate::key;
 use crate::protocol::node_key;
@@ -52,13 +54,38 @@ pub struct ConcurrencyBuilder<S> {
     pub(super) store: S,
     pub(super) ttl: Duration,
     pub(super) mode: ConcurrencyMode,
-    pub(super) failure: FailurePolicy,
     pub(super) holder_id: Option<u64>,
     pub(super) idle_return: Duration,
-    pub(super) runtime: Option<tokio::runtime::Handle>,
+    pub(super) knobs: CommonKnobs,
+}
+
+impl<S> ConcurrencyBuilder<S> {
+    /// The builder [`ConcurrencyLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, limit: u64, store: S) -> Self {
+        ConcurrencyBuilder {
+            name,
+            limit,
+            store,
+            ttl: DEFAULT_HOLDER_TTL,
+            mode: ConcurrencyMode::Pure,
+            holder_id: None,
+            idle_return: DEFAULT_IDLE_RETURN,
+            knobs: CommonKnobs::default(),
+        }
+    }
 }
 
 impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
+    knob_setters! {
+        /// The default is [`FailurePolicy::LastKnownShare`] with one node if unknown, i.e. each
+        /// process may hold up to the limit: the concurrency store gives no share. Permits it
+        /// admits are counted locally only: `LocalFallback { expected_nodes }` admits at most
+        /// `max(1, limit / expected_nodes)` of them per process, and `LastKnownShare {
+        /// nodes_if_unknown }` as many for its node count.
+        on_store_failure,
+        runtime,
+    }
+
     /// How long this process's record lives without a renewal (default
     /// [`DEFAULT_HOLDER_TTL`]): the slots of a crashed process come back this long after its
     /// last renewal, and never sooner. Renewals are sent every third of it.
@@ -79,16 +106,6 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
         self
     }
 
-    /// What to answer when the store fails (default: [`FailurePolicy::LastKnownShare`] with
-    /// one node if unknown, i.e. each process may hold up to the limit: the concurrency store
-    /// gives no share). Permits it admits are counted locally only: `LocalFallback {
-    /// expected_nodes }` admits at most `max(1, limit / expected_nodes)` of them per process,
-    /// and `LastKnownShare { nodes_if_unknown }` as many for its node count.
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
     /// This process's holder id in the store (default: random). Ids must be unique among the
     /// processes sharing a name.
     pub fn holder_id(mut self, id: u64) -> Self {
@@ -103,12 +120,6 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
         self
     }
 
-    /// Runs the background task on `runtime` (default: the runtime `build` is called on).
-    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
-        self.runtime = Some(runtime);
-        self
-    }
-
     /// Builds the limiter and starts its background task.
     ///
     /// # Errors
@@ -118,10 +129,8 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
     pub fn build(self) -> Result<ConcurrencyLimiter<S>, Error> {
         key::validate_name(&self.name)?;
         let batch = check_settings(self.limit, self.ttl, self.mode)?;
-        let runtime = match self.runtime {
-            Some(rt) => rt,
-            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
-        };
+        let runtime = self.knobs.runtime_or_current()?;
+        let failure = self.knobs.failure_or_default();
         let holder_id = self.holder_id.unwrap_or_else(|| fastrand::u64(..));
         let metrics = ConcurrencyMetrics::new(&self.name, batch > 0);
         let shared = Arc::new(Shared {
@@ -135,9 +144,9 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
             batch,
             low_water: batch / 4,
             idle_return: self.idle_return,
-            failure: self.failure,
+            failure,
             // No share is learnt for permits: `LastKnownShare` divides by its node count.
-            fallback_share: match self.failure.fallback_nodes() {
+            fallback_share: match failure.fallback_nodes() {
                 Some(nodes) => (self.limit / u64::from(nodes.get())).max(1),
                 None => 0,
             },

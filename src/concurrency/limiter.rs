@@ -20,9 +20,9 @@ use crate::retry::Backoff;
 use crate::store::RedisStore;
 use crate::time::{self, micros};
 
-use super::builder::{
-    ConcurrencyBuilder, ConcurrencyMode, DEFAULT_HOLDER_TTL, DEFAULT_IDLE_RETURN,
-};
+#[cfg(doc)]
+use super::builder::DEFAULT_HOLDER_TTL;
+use super::builder::{ConcurrencyBuilder, ConcurrencyMode};
 use super::metrics::{ConcurrencyMetrics, ConcurrencyPublished};
 use super::stats::ConcurrencyStats;
 
@@ -155,17 +155,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// A builder for limit `limit` on name `name` in `store` (pure mode, ttl
     /// [`DEFAULT_HOLDER_TTL`]).
     pub fn builder(name: impl Into<String>, limit: u64, store: S) -> ConcurrencyBuilder<S> {
-        ConcurrencyBuilder {
-            name: name.into(),
-            limit,
-            store,
-            ttl: DEFAULT_HOLDER_TTL,
-            mode: ConcurrencyMode::Pure,
-            failure: FailurePolicy::default(),
-            holder_id: None,
-            idle_return: DEFAULT_IDLE_RETURN,
-            runtime: None,
-        }
+        ConcurrencyBuilder::new(name.into(), limit, store)
     }
 
     /// Takes `n` slots from the local pool, or answers `None` and asks the background task for

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::algorithm::Algorithm;
-use crate::config::{Budget, Unconfigured};
+use crate::builder_knobs::{knob_setters, CommonKnobs};
+use crate::config::Budget;
 use crate::error::Error;
-use crate::failure::{Circuit, FailurePolicy};
+use crate::failure::Circuit;
+#[cfg(doc)]
+use crate::failure::FailurePolicy;
 use crate::key;
 use crate::lease::local::LocalBucket;
-use crate::lease::policy::{FixedLease, LeaseContext, LeasePolicy};
+use crate::lease::policy::{AdaptiveLease, LeaseContext, LeasePolicy};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::retry::{RttEstimate, DEFAULT_RTT};
@@ -35,32 +37,42 @@ pub struct HybridBuilder<S> {
     pub(super) store: S,
     pub(super) policy: Box<dyn LeasePolicy>,
     pub(super) prefetch: bool,
-    pub(super) seed: Option<u64>,
     pub(super) node_id: Option<u64>,
-    pub(super) failure: FailurePolicy,
-    pub(super) runtime: Option<tokio::runtime::Handle>,
-    pub(super) budget: Budget,
-    pub(super) unconfigured: Unconfigured,
-    pub(super) algorithm: Algorithm,
+    pub(super) knobs: CommonKnobs,
+}
+
+impl<S> HybridBuilder<S> {
+    /// The builder [`HybridLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, quota: Quota, store: S) -> Self {
+        HybridBuilder {
+            name,
+            quota,
+            store,
+            policy: Box::new(AdaptiveLease::default()),
+            prefetch: true,
+            node_id: None,
+            knobs: CommonKnobs::default(),
+        }
+    }
 }
 
 impl<S: LeaseStore> HybridBuilder<S> {
-    /// How to count (default [`Algorithm::TokenBucket`]). Batches are leased under the token
-    /// bucket and the fixed window; the others are an [`Error::Config`] at build.
-    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
-        self
-    }
-
-    /// Sizes leases with `policy` (default: [`AdaptiveLease`](crate::AdaptiveLease)).
-    pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
-        self.policy = Box::new(policy);
-        self
-    }
-
-    /// Shorthand for `.policy(FixedLease::new(size))`.
-    pub fn lease_size(self, size: u64) -> Self {
-        self.policy(FixedLease::new(size))
+    knob_setters! {
+        /// Batches are leased under the token bucket and the fixed window; the others are an
+        /// [`Error::Config`] at build.
+        algorithm,
+        policy,
+        lease_size,
+        /// It draws the jitter of retries and the node id.
+        seed,
+        /// It answers once local tokens are spent (default: [`FailurePolicy::LastKnownShare`]:
+        /// the share of the rate the store last gave this node).
+        on_store_failure,
+        /// [`Budget::PerClient`] gives this instance a bucket of its own, keyed by its
+        /// [`node_id`](Self::node_id).
+        budget,
+        if_unconfigured,
+        runtime,
     }
 
     /// Whether to lease the first batch at once, when the limiter is built (default true). The
@@ -71,44 +83,10 @@ impl<S: LeaseStore> HybridBuilder<S> {
         self
     }
 
-    /// Seeds the jitter of retries and the node id (default: random). Set it for reproducible
-    /// simulations.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// What to answer when local tokens are spent and the store is failing (default:
-    /// [`FailurePolicy::LastKnownShare`]: the share of the rate the store last gave this node).
-    /// See [`crate::failure`].
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
     /// This node's id in the store's lease records (default: random). Ids must be unique among
     /// the instances sharing a limiter name; the id of a restarted process may be reused.
     pub fn node_id(mut self, id: u64) -> Self {
         self.node_id = Some(id);
-        self
-    }
-
-    /// Whose budget to spend (default [`Budget::Overall`]). [`Budget::PerClient`] gives this
-    /// instance a bucket of its own, keyed by its [`node_id`](Self::node_id).
-    pub fn budget(mut self, budget: Budget) -> Self {
-        self.budget = budget;
-        self
-    }
-
-    /// What to do if the name has no quota stored centrally (default: use the builder's).
-    pub fn if_unconfigured(mut self, what: Unconfigured) -> Self {
-        self.unconfigured = what;
-        self
-    }
-
-    /// Runs the background task on `runtime` (default: the runtime `build` is called on).
-    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
-        self.runtime = Some(runtime);
         self
     }
 
@@ -125,13 +103,11 @@ impl<S: LeaseStore> HybridBuilder<S> {
     /// [`Error::NoRuntime`] outside a tokio runtime.
     pub fn build(self) -> Result<HybridLimiter<S>, Error> {
         key::validate_name(&self.name)?;
-        self.algorithm
-            .check_hybrid(&self.quota, self.unconfigured)?;
-        let runtime = match self.runtime {
-            Some(rt) => rt,
-            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
-        };
-        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let (algorithm, unconfigured) = (self.knobs.algorithm, self.knobs.unconfigured);
+        algorithm.check_hybrid(&self.quota, unconfigured)?;
+        let runtime = self.knobs.runtime_or_current()?;
+        let failure = self.knobs.failure_or_default();
+        let seed = self.knobs.seed_or_random();
         let mut rng = fastrand::Rng::with_seed(seed);
         let node_id = self.node_id.unwrap_or_else(|| rng.u64(..));
         let low_water = self
@@ -148,14 +124,11 @@ impl<S: LeaseStore> HybridBuilder<S> {
             .low_water
             .min(self.quota.burst());
         let terms = self.policy.terms(&self.quota);
-        let metrics = HybridMetrics::new(&self.name, self.failure.name());
-        let client = (self.budget == Budget::PerClient).then_some(node_id);
+        let metrics = HybridMetrics::new(&self.name, failure.name());
+        let client = (self.knobs.budget == Budget::PerClient).then_some(node_id);
         // The builder's quota matters only where an unconfigured name runs under it.
-        let registration = self.unconfigured.falls_back().then(|| {
-            let scope = Scope::Named {
-                algorithm: self.algorithm,
-                client,
-            };
+        let registration = unconfigured.falls_back().then(|| {
+            let scope = Scope::Named { algorithm, client };
             names::register(&self.store, &self.name, scope, self.quota)
         });
         let shared = Arc::new(Shared {
@@ -166,16 +139,16 @@ impl<S: LeaseStore> HybridBuilder<S> {
             burst: AtomicU64::new(self.quota.burst()),
             effective: Mutex::new(self.quota),
             client,
-            unconfigured: self.unconfigured,
-            algorithm: self.algorithm,
+            unconfigured,
+            algorithm,
             absent: AtomicBool::new(false),
             name: self.name,
             store: self.store,
             policy: self.policy,
             node_id,
             denied_total: AtomicU64::new(0),
-            failure: self.failure,
-            fallback: self.failure.local_rate(&self.quota),
+            failure,
+            fallback: failure.local_rate(&self.quota),
             circuit: Circuit::default(),
             origin: Origin::now(),
             blocked_until_ns: AtomicU64::new(0),

@@ -53,9 +53,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::config::{Budget, Unconfigured};
+#[cfg(doc)]
+use crate::config::Unconfigured;
 use crate::error::Error;
 use crate::failure::FailurePolicy;
+#[cfg(doc)]
 use crate::lease::policy::AdaptiveLease;
 use crate::limiter::{
     bounded, check_tokens, Decision, Limiter, LocalAnswer, Patience, RECENTLY_REFUSED,
@@ -124,20 +126,7 @@ impl<S: LeaseStore> std::fmt::Debug for HybridLimiter<S> {
 impl<S: LeaseStore> HybridLimiter<S> {
     /// A builder for limiter `name` with `quota`, leasing from `store`.
     pub fn builder(name: impl Into<String>, quota: Quota, store: S) -> HybridBuilder<S> {
-        HybridBuilder {
-            name: name.into(),
-            quota,
-            store,
-            policy: Box::new(AdaptiveLease::default()),
-            prefetch: true,
-            seed: None,
-            node_id: None,
-            failure: FailurePolicy::default(),
-            runtime: None,
-            budget: Budget::Overall,
-            unconfigured: Unconfigured::UseQuota,
-            algorithm: Algorithm::TokenBucket,
-        }
+        HybridBuilder::new(name.into(), quota, store)
     }
 
     /// A limiter with default settings, on the current tokio runtime.

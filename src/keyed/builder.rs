@@ -9,9 +9,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
+use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::error::Error;
-use crate::failure::{Circuit, FailurePolicy};
-use crate::lease::policy::{FixedLease, LeasePolicy};
+use crate::failure::Circuit;
+#[cfg(doc)]
+use crate::failure::FailurePolicy;
+use crate::lease::policy::{AdaptiveLease, LeasePolicy};
 use crate::quota::Quota;
 use crate::retry::RttEstimate;
 use crate::store::names::{self, Scope};
@@ -35,9 +38,7 @@ pub struct KeyedHybridBuilder<K, S, H = super::DefaultKeyHasher> {
     pub(super) idle_ttl: Option<Duration>,
     pub(super) give_back_after: Option<Duration>,
     pub(super) max_in_flight: usize,
-    pub(super) failure: FailurePolicy,
-    pub(super) seed: Option<u64>,
-    pub(super) runtime: Option<tokio::runtime::Handle>,
+    pub(super) knobs: CommonKnobs,
     pub(super) hasher: H,
     pub(super) _key: std::marker::PhantomData<fn(K)>,
 }
@@ -48,24 +49,46 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 /// Default [`KeyedHybridBuilder::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
+impl<K, S> KeyedHybridBuilder<K, S> {
+    /// The builder [`KeyedHybridLimiter::builder`] returns: every setting at its default.
+    pub(super) fn new(name: String, quota: Quota, store: S) -> Self {
+        KeyedHybridBuilder {
+            name,
+            quota,
+            store,
+            policy: Box::new(AdaptiveLease::default()),
+            max_keys: DEFAULT_MAX_KEYS,
+            idle_ttl: None,
+            give_back_after: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            knobs: CommonKnobs::default(),
+            hasher: super::DefaultKeyHasher::default(),
+            _key: std::marker::PhantomData,
+        }
+    }
+}
+
 impl<K, S, H> KeyedHybridBuilder<K, S, H>
 where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore,
     H: BuildHasher + Clone + Send + Sync + 'static,
 {
-    /// Sizes the leases of keys with measured demand (default: [`AdaptiveLease`](crate::AdaptiveLease)). Its
-    /// `want` and low-water mark are used, `min` is the request in hand, and its terms are
-    /// ignored: keyed leases are anonymous (see the module docs).
-    pub fn policy(mut self, policy: impl LeasePolicy) -> Self {
-        self.policy = Box::new(policy);
-        self
-    }
-
-    /// Shorthand for `.policy(FixedLease::new(size))`: keys with measured demand lease
-    /// batches of `size`.
-    pub fn lease_size(self, size: u64) -> Self {
-        self.policy(FixedLease::new(size))
+    knob_setters! {
+        /// It sizes the leases of keys with measured demand: its `want` and low-water mark
+        /// are used, `min` is the request in hand, and its terms are ignored: keyed leases are
+        /// anonymous (see the module docs).
+        policy,
+        /// Keys with measured demand lease batches of `size`.
+        lease_size,
+        /// It answers once a key's tokens are spent (default: [`FailurePolicy::LastKnownShare`],
+        /// which for a keyed limiter is `rate / nodes_if_unknown` per key: its keys share one
+        /// fallback rate, so no key's share is learnt).
+        on_store_failure,
+        /// It draws the jitter of retries.
+        seed,
+        /// That task is the worker of every key.
+        runtime,
     }
 
     /// Most keys with local state (default [`DEFAULT_MAX_KEYS`], at least 1). Memory is about
@@ -98,21 +121,6 @@ where
         self
     }
 
-    /// What to answer when a key's tokens are spent and the store is failing (default:
-    /// [`FailurePolicy::LastKnownShare`], which for a keyed limiter is `rate /
-    /// nodes_if_unknown` per key: its keys share one fallback rate, so no key's share is
-    /// learnt).
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
-    /// Seeds the jitter of retries (default: random).
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
     /// Hashes keys with `hasher` (default: [`DefaultKeyHasher`](super::DefaultKeyHasher),
     /// foldhash with a random seed per limiter). Any hasher must be seeded at random where
     /// keys come from outside: an unseeded one lets crafted keys collide in one shard.
@@ -126,18 +134,10 @@ where
             idle_ttl: self.idle_ttl,
             give_back_after: self.give_back_after,
             max_in_flight: self.max_in_flight,
-            failure: self.failure,
-            seed: self.seed,
-            runtime: self.runtime,
+            knobs: self.knobs,
             hasher,
             _key: std::marker::PhantomData,
         }
-    }
-
-    /// Runs the worker on `runtime` (default: the runtime `build` is called on).
-    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
-        self.runtime = Some(runtime);
-        self
     }
 
     /// Builds the limiter and starts its worker.
@@ -151,10 +151,8 @@ where
     /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
     pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
         super::name::validate_keyed_name(&self.name)?;
-        let runtime = match self.runtime {
-            Some(rt) => rt,
-            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?,
-        };
+        let runtime = self.knobs.runtime_or_current()?;
+        let failure = self.knobs.failure_or_default();
         let terms = self.policy.terms(&self.quota);
         let registration = names::register(&self.store, &self.name, Scope::Keyed, self.quota);
         let idle_ttl = self
@@ -181,21 +179,21 @@ where
             max_in_flight: self.max_in_flight,
             known,
             fresh,
-            fallback: self.failure.local_rate(&self.quota),
-            failure: self.failure,
+            fallback: failure.local_rate(&self.quota),
+            failure,
             circuit: Circuit::default(),
             round_trip: RttEstimate::default(),
             closed: AtomicBool::new(false),
             pressure: AtomicBool::new(false),
             wake: Notify::new(),
             counters: Counters::default(),
-            metrics: KeyedMetrics::new(&self.name, self.failure.name()),
+            metrics: KeyedMetrics::new(&self.name, failure.name()),
             name: self.name,
             quota: self.quota,
             store: self.store,
             policy: self.policy,
         });
-        let seed = self.seed.unwrap_or_else(|| fastrand::u64(..));
+        let seed = self.knobs.seed_or_random();
         let requests = super::worker::Requests {
             known: known_requests,
             fresh: fresh_requests,

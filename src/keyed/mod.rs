@@ -171,7 +171,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Error;
+#[cfg(doc)]
 use crate::failure::FailurePolicy;
+#[cfg(doc)]
 use crate::lease::policy::AdaptiveLease;
 use crate::limiter::{bounded, Decision, KeyRef, KeyedLimiter, LocalAnswer, Patience};
 use crate::quota::Quota;
@@ -254,21 +256,7 @@ where
 {
     /// A builder for keyed limiter `name`: every key gets `quota`, leased from `store`.
     pub fn builder(name: impl Into<String>, quota: Quota, store: S) -> KeyedHybridBuilder<K, S> {
-        KeyedHybridBuilder {
-            name: name.into(),
-            quota,
-            store,
-            policy: Box::new(AdaptiveLease::default()),
-            max_keys: DEFAULT_MAX_KEYS,
-            idle_ttl: None,
-            give_back_after: None,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            failure: FailurePolicy::default(),
-            seed: None,
-            runtime: None,
-            hasher: DefaultKeyHasher::default(),
-            _key: std::marker::PhantomData,
-        }
+        KeyedHybridBuilder::new(name.into(), quota, store)
     }
 
     /// A keyed limiter with default settings, on the current tokio runtime.
