@@ -527,7 +527,7 @@ impl Task {
         self.drip.suspend();
         let ctx = self.context(s, s.signal.take_denied());
         let mut ask = s.policy.ask(&ctx);
-        let terms = self.node_terms(s);
+        let terms = self.node_terms(s).map(|t| s.policy.terms_at(t, ctx.rtt));
         let rate = terms
             .filter(|t| t.rate_leases)
             .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));

@@ -87,6 +87,13 @@ pub trait LeasePolicy: Send + Sync + 'static {
         None
     }
 
+    /// The terms of one lease call, given the store's smoothed round trip: the policy may
+    /// lengthen the horizon while the store is slow (default: `terms` as they are).
+    fn terms_at(&self, terms: LeaseTerms, rtt: Duration) -> LeaseTerms {
+        let _ = rtt;
+        terms
+    }
+
     /// Whether leasing buys nothing for this node now, so that a miss of the local bucket in
     /// [`acquire_now`](crate::HybridLimiter::acquire_now) should be one decision in the store,
     /// as in pure-Redis mode, and the task should not lease ahead of demand (`now`: whether the
@@ -168,6 +175,20 @@ impl AdaptiveLease {
         self
     }
 
+    /// The lease validity used for `quota` (see [`ttl`](Self::ttl)).
+    fn ttl_for(&self, quota: &Quota) -> Duration {
+        let horizon = self.horizon_for(quota);
+        self.ttl
+            .unwrap_or((horizon * 10).max(Duration::from_secs(1)))
+            .max(horizon * 2)
+    }
+
+    /// The horizon of one lease call: [`horizon_for`](Self::horizon_for), stretched while the
+    /// store answers slowly (see [`LeasePolicy::terms_at`]).
+    fn horizon_at(&self, quota: &Quota, rtt: Duration) -> Duration {
+        stretched(self.horizon_for(quota), rtt, self.ttl_for(quota))
+    }
+
     /// The horizon used for `quota`.
     pub fn horizon_for(&self, quota: &Quota) -> Duration {
         self.horizon.unwrap_or_else(|| {
@@ -227,7 +248,7 @@ impl AdaptiveLease {
 impl LeasePolicy for AdaptiveLease {
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
         let burst = ctx.quota.burst();
-        let horizon = self.horizon_for(&ctx.quota).as_secs_f64();
+        let horizon = self.horizon_at(&ctx.quota, ctx.rtt).as_secs_f64();
         // Before anything is measured, a tenth of a horizon of the whole rate.
         let demand = if ctx.demand > 0.0 {
             ctx.demand
@@ -256,7 +277,7 @@ impl LeasePolicy for AdaptiveLease {
         if ctx.demand <= 0.0 {
             return None;
         }
-        let horizon = self.horizon_for(&ctx.quota).as_secs_f64();
+        let horizon = self.horizon_at(&ctx.quota, ctx.rtt).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
         let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
         Some((2.0 * lease).ceil() as u64)
@@ -281,12 +302,18 @@ impl LeasePolicy for AdaptiveLease {
         part < below
     }
 
+    /// The horizon stretched to [`RTT_HORIZONS`] round trips of a slow store (at most half
+    /// the ttl).
+    fn terms_at(&self, terms: LeaseTerms, rtt: Duration) -> LeaseTerms {
+        LeaseTerms {
+            horizon: stretched(terms.horizon, rtt, terms.ttl),
+            ..terms
+        }
+    }
+
     fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
         let horizon = self.horizon_for(quota);
-        let ttl = self
-            .ttl
-            .unwrap_or((horizon * 10).max(Duration::from_secs(1)))
-            .max(horizon * 2);
+        let ttl = self.ttl_for(quota);
         Some(LeaseTerms {
             horizon,
             ttl,
@@ -294,6 +321,19 @@ impl LeasePolicy for AdaptiveLease {
             rate_leases: self.rate_leases,
         })
     }
+}
+
+/// Round trips a lease lasts at least. A store that answers slowly is a busy one: every node
+/// calling once a horizon, a fleet large enough queues the store until calls time out, and
+/// the grants of timed-out calls are lost to the fleet until their leases expire. Leases that
+/// last longer while round trips are long bring the calls back under what the store serves.
+/// (16 measured best of 8, 12, 16, 32 and 64 on the 10 000-node fleet start, SIMULATIONS.md.)
+const RTT_HORIZONS: u32 = 16;
+
+/// `horizon`, stretched to [`RTT_HORIZONS`] round trips, at most half of `ttl` (a node renews
+/// well before its lease expires).
+fn stretched(horizon: Duration, rtt: Duration, ttl: Duration) -> Duration {
+    horizon.max((rtt * RTT_HORIZONS).min(ttl / 2))
 }
 
 /// The rate a node can use: its demand, capped by the fair share the store last reported (if
@@ -466,6 +506,28 @@ mod tests {
             idle_after: Duration::from_millis(500),
             rate_leases: true,
         }
+    }
+
+    #[test]
+    fn a_slow_store_stretches_the_horizon_up_to_half_the_ttl() {
+        // 1 000/s, burst 1 000: horizon 250 ms, ttl 2.5 s.
+        let q = Quota::per_second(1_000).unwrap();
+        let p = AdaptiveLease::new();
+        let t = p.terms(&q).unwrap();
+        let at = |rtt_ms| p.terms_at(t, Duration::from_millis(rtt_ms)).horizon;
+        // A quick store: the horizon as it is; 16 round trips of 20 ms are longer.
+        assert_eq!(at(1), Duration::from_millis(250));
+        assert_eq!(at(20), Duration::from_millis(320));
+        // Never past half the ttl, and the rest of the terms unchanged.
+        assert_eq!(at(1_000), t.ttl / 2);
+        assert_eq!(p.terms_at(t, Duration::from_secs(1)).ttl, t.ttl);
+        // The ask is sized for the stretched horizon: 400/s of demand, a 20 ms round trip.
+        let quick = p.ask(&ctx(q, 0, 0, 400.0, None));
+        let slow = p.ask(&LeaseContext {
+            rtt: Duration::from_millis(20),
+            ..ctx(q, 0, 0, 400.0, None)
+        });
+        assert!(slow.want > quick.want, "{slow:?} vs {quick:?}");
     }
 
     #[test]
