@@ -120,6 +120,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 share: None,
                 rtt: DEFAULT_RTT,
                 rate_held: 0.0,
+                horizon: None,
             })
             .low_water
             .min(self.quota.burst());

@@ -305,6 +305,14 @@ impl Task {
         self.terms.filter(|_| s.algorithm == Algorithm::TokenBucket)
     }
 
+    /// The terms of the next call: [`node_terms`](Self::node_terms) as the policy adjusts them
+    /// for the measured round trip (a store that answers slowly gets longer leases; nothing
+    /// before a round trip was measured).
+    fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
+        let rtt = s.round_trip.measured().unwrap_or_default();
+        self.node_terms(s).map(|t| s.policy.terms_at(t, rtt))
+    }
+
     /// Fixed window: the local tokens' window has ended (or is about to): they are gone,
     /// with no store call (a release to an ended window gives nothing back).
     fn drop_window<S>(&mut self, s: &Shared<S>) {
@@ -492,6 +500,7 @@ impl Task {
             share: self.share,
             rtt: s.rtt(),
             rate_held: self.drip.per_second(),
+            horizon: self.call_terms(s).map(|t| t.horizon),
         }
     }
 
@@ -527,7 +536,7 @@ impl Task {
         self.drip.suspend();
         let ctx = self.context(s, s.signal.take_denied());
         let mut ask = s.policy.ask(&ctx);
-        let terms = self.node_terms(s).map(|t| s.policy.terms_at(t, ctx.rtt));
+        let terms = self.call_terms(s);
         let rate = terms
             .filter(|t| t.rate_leases)
             .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));

@@ -263,6 +263,7 @@ where
             share: Some(quota.per_second_f64()),
             rtt: self.s.rtt(),
             rate_held: 0.0,
+            horizon: None,
         });
         let want = ask.want.clamp(need, burst);
         Some(LeaseAsk {

@@ -38,6 +38,10 @@ pub struct LeaseContext {
     pub rtt: Duration,
     /// The rate the node's rate lease adds to its local bucket, tokens per second (0 if none).
     pub rate_held: f64,
+    /// The horizon of the terms this lease is made on, if it is made on terms: the policy's
+    /// own, or longer while the store answers slowly (see [`LeasePolicy::terms_at`]). `None`:
+    /// the policy's own.
+    pub horizon: Option<Duration>,
 }
 
 /// A lease request and the low-water mark to use next.
@@ -183,10 +187,10 @@ impl AdaptiveLease {
             .max(horizon * 2)
     }
 
-    /// The horizon of one lease call: [`horizon_for`](Self::horizon_for), stretched while the
-    /// store answers slowly (see [`LeasePolicy::terms_at`]).
-    fn horizon_at(&self, quota: &Quota, rtt: Duration) -> Duration {
-        stretched(self.horizon_for(quota), rtt, self.ttl_for(quota))
+    /// The horizon a lease is sized for: its terms' (see [`LeaseContext::horizon`]), else
+    /// [`horizon_for`](Self::horizon_for).
+    fn horizon_of(&self, ctx: &LeaseContext) -> Duration {
+        ctx.horizon.unwrap_or_else(|| self.horizon_for(&ctx.quota))
     }
 
     /// The horizon used for `quota`.
@@ -248,7 +252,7 @@ impl AdaptiveLease {
 impl LeasePolicy for AdaptiveLease {
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
         let burst = ctx.quota.burst();
-        let horizon = self.horizon_at(&ctx.quota, ctx.rtt).as_secs_f64();
+        let horizon = self.horizon_of(ctx).as_secs_f64();
         // Before anything is measured, a tenth of a horizon of the whole rate.
         let demand = if ctx.demand > 0.0 {
             ctx.demand
@@ -277,7 +281,7 @@ impl LeasePolicy for AdaptiveLease {
         if ctx.demand <= 0.0 {
             return None;
         }
-        let horizon = self.horizon_at(&ctx.quota, ctx.rtt).as_secs_f64();
+        let horizon = self.horizon_of(ctx).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
         let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
         Some((2.0 * lease).ceil() as u64)
@@ -496,6 +500,7 @@ mod tests {
             share,
             rtt: Duration::from_micros(100),
             rate_held: 0.0,
+            horizon: None,
         }
     }
 
@@ -524,7 +529,7 @@ mod tests {
         // The ask is sized for the stretched horizon: 400/s of demand, a 20 ms round trip.
         let quick = p.ask(&ctx(q, 0, 0, 400.0, None));
         let slow = p.ask(&LeaseContext {
-            rtt: Duration::from_millis(20),
+            horizon: Some(at(20)),
             ..ctx(q, 0, 0, 400.0, None)
         });
         assert!(slow.want > quick.want, "{slow:?} vs {quick:?}");
