@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::algorithm::token_bucket::{QuotaSource, StepReply};
 use crate::algorithm::{Algorithm, Op, Reply};
+use crate::config::Unconfigured;
 use crate::error::StoreError;
 use crate::quota::Quota;
 use crate::time::micros;
@@ -108,6 +109,19 @@ impl LeaseRequest {
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
+    }
+
+    /// The same request with what a limiter sends on every call: its client budget, whether
+    /// an unconfigured name falls back to the caller's quota, and its algorithm.
+    pub(crate) fn with_limiter_settings(
+        self,
+        client: Option<u64>,
+        unconfigured: Unconfigured,
+        algorithm: Algorithm,
+    ) -> Self {
+        self.for_client(client)
+            .configured_only(!unconfigured.falls_back())
+            .algorithm(algorithm)
     }
 }
 

@@ -409,10 +409,11 @@ impl<S: LeaseStore> RedisLimiter<S> {
         } else {
             None
         };
-        let request = LeaseRequest::exact(n)
-            .for_client(self.client)
-            .configured_only(!self.unconfigured.falls_back())
-            .algorithm(self.algorithm);
+        let request = LeaseRequest::exact(n).with_limiter_settings(
+            self.client,
+            self.unconfigured,
+            self.algorithm,
+        );
         let sent = Instant::now();
         let reply = self.store.lease(&self.name, &self.quota, &request).await;
         s.metrics.lease_call(sent.elapsed(), reply.is_ok());

@@ -248,10 +248,11 @@ impl<S: LeaseStore> Shared<S> {
                 retry_after: blocked,
             });
         }
-        let request = LeaseRequest::exact(n)
-            .for_client(self.client)
-            .configured_only(!self.unconfigured.falls_back())
-            .algorithm(self.algorithm);
+        let request = LeaseRequest::exact(n).with_limiter_settings(
+            self.client,
+            self.unconfigured,
+            self.algorithm,
+        );
         let sent = Instant::now();
         let reply = self.store.lease(&self.name, &self.quota, &request).await;
         self.observe_rtt(sent.elapsed());

@@ -556,10 +556,11 @@ impl Task {
         } else {
             ctx.local
         };
-        let mut request = LeaseRequest::new(ask.want, ask.min)
-            .for_client(s.client)
-            .configured_only(!s.unconfigured.falls_back())
-            .algorithm(s.algorithm);
+        let mut request = LeaseRequest::new(ask.want, ask.min).with_limiter_settings(
+            s.client,
+            s.unconfigured,
+            s.algorithm,
+        );
         if let Some(terms) = terms {
             request = request.by(NodeLease {
                 id: s.node_id,

@@ -230,21 +230,13 @@ impl AdaptiveLease {
     /// store, as in pure-Redis mode (`try_acquire` still answers from the local bucket and
     /// leases on a denial). 0 turns it off.
     pub fn per_request_below(mut self, tokens: f64) -> Self {
-        self.per_request_below = if tokens.is_finite() {
-            tokens.max(0.0)
-        } else {
-            0.0
-        };
+        self.per_request_below = at_least(tokens, 0.0);
         self
     }
 
     /// Ask for this multiple of a horizon of demand (default 1.25, at least 1).
     pub fn headroom(mut self, headroom: f64) -> Self {
-        self.headroom = if headroom.is_finite() {
-            headroom.max(1.0)
-        } else {
-            1.0
-        };
+        self.headroom = at_least(headroom, 1.0);
         self
     }
 }
@@ -324,6 +316,15 @@ impl LeasePolicy for AdaptiveLease {
             idle_after: self.idle_after,
             rate_leases: self.rate_leases,
         })
+    }
+}
+
+/// `x`, at least `min` (`min` if `x` is not a number or infinite).
+fn at_least(x: f64, min: f64) -> f64 {
+    if x.is_finite() {
+        x.max(min)
+    } else {
+        min
     }
 }
 
