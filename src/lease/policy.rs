@@ -298,7 +298,7 @@ impl LeasePolicy for AdaptiveLease {
         part < below
     }
 
-    /// The horizon stretched to [`RTT_HORIZONS`] round trips of a slow store (at most half
+    /// The horizon stretched to 16 round trips of a slow store (at most half
     /// the ttl).
     fn terms_at(&self, terms: LeaseTerms, rtt: Duration) -> LeaseTerms {
         LeaseTerms {
