@@ -1,0 +1,169 @@
+//! Whether a node should ask for a rate lease, and how a rate shapes the token lease that
+//! goes with it.
+//!
+//! A rate lease pays where token leases are small — a tight burst, a small share — and a
+//! node's counted tokens can carry it (see `lease/drip.rs`: the node drips the rate into its
+//! local bucket between calls, inside its counted tokens less one step's slack).
+
+use crate::algorithm::token_bucket::{drip_slack, drip_step_us};
+use crate::quota::{Quota, MAX_VALUE};
+use crate::time::micros;
+
+use super::policy::{capped, LeaseAsk, LeaseContext, LeaseTerms};
+
+/// A node asks for a rate lease while a horizon of its usable rate is below this many tokens
+/// (twice this once it holds one): token leases that small would be frequent, while a node
+/// with more to lease makes few calls anyway and follows changes of demand faster on them.
+const RATE_LEASE_BELOW: f64 = 32.0;
+
+/// Fewest tokens a rate lease's local bucket has room for, its part of the burst allowing:
+/// requests arrive unevenly, and what the rate brings while the bucket is full is lost.
+const MIN_ROOM: u64 = 4;
+
+/// A rate lease to ask for (see `lease/drip.rs`), and how it shapes the token lease that
+/// goes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RateAsk {
+    /// The rate, millitokens per second: the node's demand as sized for leases, capped at its
+    /// share.
+    pub(crate) rate_mtps: u64,
+    /// Counted tokens worth keeping for it: the slack plus room for two horizons of the rate
+    /// (at least [`MIN_ROOM`]), never more than the node's part of the burst.
+    pub(crate) capacity: u64,
+    /// Fewest tokens beyond the rate worth a call while it is held: a horizon of it.
+    pub(crate) batch: u64,
+}
+
+impl RateAsk {
+    /// The token lease to make with it, given `have` (counted tokens while `rated`, else what
+    /// the node holds): enough to reach its capacity; while rated, tokens beyond the rate only
+    /// in batches worth a call (the store paces the node until they are there); unrated, the
+    /// tokens that carry the rate or none (taken one at a time, each would be spent before the
+    /// next came).
+    pub(crate) fn shape(&self, mut ask: LeaseAsk, have: u64, rated: bool) -> LeaseAsk {
+        let short = self.capacity.saturating_sub(have);
+        ask.want = ask.want.max(short);
+        ask.min = ask.min.max(if rated { self.batch } else { short });
+        ask.want = ask.want.max(ask.min);
+        ask
+    }
+}
+
+/// The rate lease a node on `terms` should ask for, if any (`rated`: it holds one now).
+///
+/// A rate lease pays where token leases are small — a tight burst, a small share — and a
+/// node's counted tokens carry it; it costs where demand moves fast (a rate is renewed every
+/// half ttl, token leases follow demand at every call). So: none before any demand is
+/// measured (the first lease is sized without one, the next call asks), none when a horizon
+/// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens, and none when the node's part
+/// of the burst (by its part of the rate) has no room beside the slack. Its capacity never
+/// exceeds that part, so the fleet's rate leases fit in the burst together.
+pub(crate) fn rate_ask(
+    quota: &Quota,
+    terms: &LeaseTerms,
+    ctx: &LeaseContext,
+    rated: bool,
+) -> Option<RateAsk> {
+    let usable = capped(ctx.demand, ctx.share);
+    let rate_mtps = (usable * 1_000.0).min(MAX_VALUE as f64) as u64;
+    let horizon = terms.horizon.as_secs_f64();
+    let slack = drip_slack(rate_mtps, drip_step_us(micros(terms.horizon)));
+    let part = quota.burst() as f64 * usable / quota.per_second_f64();
+    let limit = if rated { 2.0 } else { 1.0 } * RATE_LEASE_BELOW;
+    if rate_mtps == 0 || part < (slack + 1) as f64 || usable * horizon > limit {
+        return None;
+    }
+    let lease = (usable * horizon).ceil() as u64;
+    Some(RateAsk {
+        rate_mtps,
+        capacity: (slack + (2 * lease).max(MIN_ROOM)).min((part as u64).max(slack + 1)),
+        batch: lease,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease::policy::tests::{ctx, terms};
+
+    #[test]
+    fn rate_leases_where_token_leases_would_be_small() {
+        // A tight burst: 2 000/s, burst 100, horizon 12.5 ms; a node with a share of 200/s.
+        let q = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
+        let t = terms(12);
+        let r = rate_ask(&q, &t, &ctx(q, 0, 0, 400.0, Some(200.0)), false).unwrap();
+        // 200/s; slack 1 (a 3 ms step), room 6 (two horizons of 2.4 tokens, rounded up per
+        // horizon; at least 4); its part of the burst is 10 tokens.
+        assert_eq!((r.rate_mtps, r.capacity, r.batch), (200_000, 7, 3));
+        // Nothing measured yet: no rate.
+        assert_eq!(rate_ask(&q, &t, &ctx(q, 0, 0, 0.0, None), false), None);
+        // One second of burst, a horizon of 250 ms: 50 tokens a lease, token leases serve.
+        let wide = Quota::with_parts(2_000, Duration::from_secs(1), 2_000).unwrap();
+        assert_eq!(
+            rate_ask(
+                &wide,
+                &terms(250),
+                &ctx(wide, 0, 0, 400.0, Some(200.0)),
+                false
+            ),
+            None
+        );
+        // ... unless it already holds a rate and is under twice the bound (hysteresis).
+        let held = rate_ask(
+            &wide,
+            &terms(250),
+            &ctx(wide, 0, 0, 200.0, Some(200.0)),
+            true,
+        );
+        assert!(held.is_some());
+    }
+
+    #[test]
+    fn no_rate_lease_where_the_burst_cannot_carry_one() {
+        // 20 nodes share 20/s with a burst of 20: a node's part of the burst is one token, no
+        // room beside the slack.
+        let q = Quota::with_parts(20, Duration::from_secs(1), 20).unwrap();
+        assert_eq!(
+            rate_ask(&q, &terms(250), &ctx(q, 0, 0, 2.0, Some(1.0)), false),
+            None
+        );
+        // A small node of a big fleet: its capacity is capped at its part of the burst.
+        let big = Quota::with_parts(100_000, Duration::from_secs(1), 100_000).unwrap();
+        let r = rate_ask(&big, &terms(250), &ctx(big, 0, 0, 2.0, Some(10.0)), false).unwrap();
+        assert_eq!((r.rate_mtps, r.capacity), (2_000, 2));
+    }
+
+    #[test]
+    fn a_rate_shapes_its_token_lease() {
+        let r = RateAsk {
+            rate_mtps: 200_000,
+            capacity: 5,
+            batch: 3,
+        };
+        let base = LeaseAsk {
+            want: 1,
+            min: 1,
+            low_water: 0,
+        };
+        // Unrated with 1 token: the 4 that carry the rate, all or none.
+        assert_eq!(
+            r.shape(base, 1, false),
+            LeaseAsk {
+                want: 4,
+                min: 4,
+                low_water: 0
+            }
+        );
+        // Rated at capacity: tokens beyond the rate only a horizon's worth at a time.
+        assert_eq!(
+            r.shape(base, 5, true),
+            LeaseAsk {
+                want: 3,
+                min: 3,
+                low_water: 0
+            }
+        );
+    }
+}
