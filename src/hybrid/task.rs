@@ -11,7 +11,6 @@ use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::drip::Drip;
-use crate::lease::policy::capped;
 use crate::lease::policy::{LeaseContext, LeaseTerms};
 use crate::lease::rate_ask::rate_ask;
 use crate::lease::refill::Wake;
@@ -21,6 +20,8 @@ use crate::store::{LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease,
 
 use super::shared::{not_denied_per_request, spurious, Shared};
 use super::{WINDOW_JITTER, WINDOW_MARGIN};
+
+mod rate_lease;
 
 /// The background task: one lease at a time, for as long as the limiter lives.
 pub(super) async fn refill_loop<S: LeaseStore>(
@@ -225,66 +226,6 @@ impl Task {
                 .terms
                 .map_or(RECENT_MAX_AGE, |t| review_after(t.horizon))
         });
-    }
-
-    /// Adds what the rate lease earned to the local bucket (see `lease/drip.rs`). The count is
-    /// `settled`: a chunk in transit between words must not read as room.
-    fn add_drip<S>(&mut self, s: &Shared<S>, now: Instant) {
-        let add = self.drip.earn(now, self.counted, s.local.settled());
-        if add > 0 {
-            s.local.add(add);
-            s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
-            s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
-        }
-    }
-
-    /// Keeps the local bucket at or below its cap while a rate is held (see `lease/drip.rs`):
-    /// tokens above it stay counted (reported as held) but are never spent.
-    fn keep_back_slack<S>(&mut self, s: &Shared<S>) {
-        if self.drip.rate_mtps() == 0 {
-            return;
-        }
-        let cap = self.drip.cap(self.counted);
-        loop {
-            let held = s.local.settled();
-            if held <= cap {
-                return;
-            }
-            if s.local.try_take(held - cap).is_ok() {
-                // Dropped unspent, as far as the local count goes (see `Shared::spent`).
-                s.counters
-                    .tokens_expired
-                    .fetch_add(held - cap, Ordering::Relaxed);
-                return;
-            }
-        }
-    }
-
-    /// Ends the rate lease on this side (given back, or unknown after a failed call): no more
-    /// drips, no renewal.
-    fn end_rate<S>(&mut self, s: &Shared<S>) {
-        self.drip.stop();
-        s.counters.rate_mtps.store(0, Ordering::Relaxed);
-    }
-
-    /// When to renew the rate lease: half its ttl after the call that granted it, or sooner
-    /// (`early_gap` after it, at least a review: see `review_after`) if the node's demand,
-    /// capped by its share, moved 2× away from the rate it holds — it grew (a node that wants
-    /// more) or fell (the rest is wasted on it and held from the fleet). `None` without a rate
-    /// lease.
-    fn renew_due(&self) -> Option<Instant> {
-        if self.drip.rate_mtps() == 0 {
-            return None;
-        }
-        let terms = self.terms?;
-        let renew = self.sent_at? + terms.ttl / 2;
-        let wanted = capped(self.sizing_demand(None), self.share);
-        let held = self.drip.per_second();
-        if wanted > 2.0 * held || wanted < held / 2.0 {
-            let early = self.sent_at? + self.early_gap.max(review_after(terms.horizon));
-            return Some(renew.min(early));
-        }
-        Some(renew)
     }
 
     /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
