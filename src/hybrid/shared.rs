@@ -233,13 +233,11 @@ impl<S: LeaseStore> Shared<S> {
     /// A miss of `acquire_now` while leasing buys nothing: one decision in the store for
     /// this request, as a [`RedisLimiter`](crate::RedisLimiter) makes — an exact take of `n`
     /// tokens that the store does not count as held, since they are spent at once. A known
-    /// refusal (the store's last "not before") answers without a call; the failure policy
-    /// answers while the circuit is open, as for `try_acquire`.
+    /// refusal (the store's last "not before") answers without a call. Callers make it only
+    /// while [`decides_per_request`](Self::decides_per_request) (so not while the failure
+    /// policy answers).
     #[cold]
     pub(super) async fn decide(&self, n: u64) -> Result<Decision, Error> {
-        if !self.decides_per_request() {
-            return self.denied(n);
-        }
         let blocked = self.blocked_for();
         if !blocked.is_zero() {
             // Relaxed: a statistic, as in `denied`.

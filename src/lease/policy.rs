@@ -98,10 +98,10 @@ pub trait LeasePolicy: Send + Sync + 'static {
 
     /// Whether leasing buys nothing for this node now, so that a miss of the local bucket in
     /// [`acquire_now`](crate::HybridLimiter::acquire_now) should be one decision in the store,
-    /// as in pure-Redis mode, and the task should not lease ahead of demand (`now`: whether the
+    /// as in pure-Redis mode, and the task should not lease ahead of demand (`deciding`: whether the
     /// node decides so already, for hysteresis). The default: never.
-    fn per_request(&self, ctx: &LeaseContext, now: bool) -> bool {
-        let _ = (ctx, now);
+    fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
+        let _ = (ctx, deciding);
         false
     }
 }
@@ -282,16 +282,16 @@ impl LeasePolicy for AdaptiveLease {
     /// no change before the first share) to enter; twice that to leave. The demand, not the
     /// share: nodes that decide per request report no demand to the store, so the shares of
     /// the others grow past what they use.
-    fn per_request(&self, ctx: &LeaseContext, now: bool) -> bool {
+    fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
         if self.per_request_below <= 0.0 {
             return false;
         }
         let usable = match ctx.share {
-            _ if now || ctx.demand > 0.0 => ctx.demand,
+            _ if deciding || ctx.demand > 0.0 => ctx.demand,
             Some(share) if share > 0.0 => share,
             _ => return false,
         };
-        let below = if now { 2.0 } else { 1.0 } * self.per_request_below;
+        let below = if deciding { 2.0 } else { 1.0 } * self.per_request_below;
         let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64();
         part < below
     }
