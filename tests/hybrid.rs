@@ -449,19 +449,19 @@ async fn the_circuit_closes_when_the_store_answers_again() {
     assert!(!limiter.stats().circuit_open);
 }
 
-/// A node whose first lease was sized before its demand was known (a tenth of the rate for a
-/// horizon) holds far more than it uses: it gives the excess back within a review, instead of
-/// keeping it from the fleet until the lease expires.
+/// A node whose first lease was sized before its demand was known (a blind lease: a horizon
+/// of a thousandth of the rate, here 100 000 000/s) holds far more than it uses: it gives the
+/// excess back within a review, instead of keeping it from the fleet until the lease expires.
 #[tokio::test(start_paused = true)]
 async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
     let store = Wrapped::new(Duration::from_micros(100));
-    let quota = Quota::per_second(100_000).unwrap();
+    let quota = Quota::per_second(100_000_000).unwrap();
     let limiter = HybridLimiter::builder("trim", quota, store.clone())
         .build()
         .unwrap();
     settle().await;
     let first = limiter.available();
-    assert!(first > 2_000, "the first lease is a guess: {first}");
+    assert!(first > 20_000, "the first lease is a guess: {first}");
     // 200 requests/s for 400 ms.
     for _ in 0..80 {
         assert!(limiter.try_acquire(1).unwrap().is_allowed());
@@ -478,10 +478,13 @@ async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
     assert_eq!(stats.tokens_denied, 0, "{stats:?}");
     // The fleet's bucket has them again.
     let left = store
-        .lease("trim", &quota, &LeaseRequest::new(100_000, 1))
+        .lease("trim", &quota, &LeaseRequest::new(100_000_000, 1))
         .await
         .unwrap();
-    assert!(left.granted > 99_000 - stats.local_tokens - 100, "{left:?}");
+    assert!(
+        left.granted > 100_000_000 - 80 - stats.local_tokens - 100,
+        "{left:?}"
+    );
 }
 
 /// A policy that leases one big batch (spread over the local bucket's slots), then small ones.
