@@ -131,7 +131,9 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 /// Each node measures its demand `d` (admitted and denied tokens per second, see
 /// `demand.rs`). It asks for `rate × horizon × headroom − held` tokens, where `rate` is `d`, or
 /// the store's fair share if that is smaller (asking beyond the share is pointless: the store
-/// caps grants at it). It refills below `rate × max(3 × rtt, horizon / 4, 2 ms)`, so the next
+/// caps grants at it). Before any demand is measured — the lease a limiter takes when it is
+/// built — `rate` is a thousandth of the quota's: a blind lease sized for one node of a large
+/// fleet, so a fleet that starts together does not hand its burst to its first nodes. It refills below `rate × max(3 × rtt, horizon / 4, 2 ms)`, so the next
 /// batch lands before the bucket runs dry: the refill takes a round trip plus the time the
 /// background task takes to wake (which a busy runtime stretches), and demand may still be
 /// growing meanwhile. (`d` here is the limiter's sizing demand: the larger of its smoothed
