@@ -147,7 +147,7 @@ pub use config_file::{
     AnyKeyedLimiter, AnyLimiter, ConcurrencySpec, ConfigFileError, KeyedSpec, LimiterSpec,
     Limiters, LimitersConfig, ParseError,
 };
-pub use error::{Error, RedisFailure, StoreError};
+pub use error::{AcquireError, BuildError, Error, RedisFailure, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;
