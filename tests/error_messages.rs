@@ -9,11 +9,12 @@ use std::error::Error as StdError;
 use std::net::TcpListener;
 use std::time::Duration;
 
+use ratelease::{
+    AcquireError, BuildError, Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock,
+    RedisStore, StoreError,
+};
 #[cfg(feature = "toml")]
 use ratelease::{ConfigFileError, LimitersConfig};
-use ratelease::{
-    Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
-};
 
 /// The chain is one line and names each fact exactly once.
 fn says_once(e: &(dyn StdError + 'static), facts: &[&str]) -> String {
@@ -48,7 +49,10 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(StoreError::Redis(_))), "{err:?}");
+    assert!(
+        matches!(err, BuildError::Store(StoreError::Redis(_))),
+        "{err:?}"
+    );
     let text = says_once(
         &err,
         &["store failed", &format!("redis://:***@127.0.0.1:{port}/")],
@@ -60,7 +64,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
     let err = RedisStore::connect("redis://:hunter2@127.0.0.1:notaport/")
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     let text = says_once(
         &err,
         &["invalid redis url", "redis://:***@127.0.0.1:notaport/"],
@@ -85,7 +89,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         ],
     );
     assert!(!text.contains("hunter2"), "{text}");
-    let Error::Store(StoreError::Redis(failure)) = &err else {
+    let AcquireError::Store(StoreError::Redis(failure)) = &err else {
         panic!("{err:?}")
     };
     assert_eq!(failure.key(), Some("ratelease:{checkout}"));
@@ -114,7 +118,7 @@ async fn an_acl_denial_says_what_redis_refused() {
     let limiter = RedisLimiter::new("api", Quota::per_second(5).unwrap(), store).unwrap();
     let err = limiter.acquire_now(1).await.unwrap_err();
     assert!(
-        matches!(err, Error::Store(StoreError::NoPermission(_))),
+        matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
         "{err:?}"
     );
     says_once(&err, &["store failed", "ACL"]);
