@@ -19,7 +19,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::config::{Budget, Unconfigured};
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::failure::FailurePolicy;
 
 /// The values of the shared knobs, at their defaults until a setter changes them.
@@ -69,11 +69,11 @@ impl CommonKnobs {
     /// The runtime set, else the one this is called on.
     ///
     /// # Errors
-    /// [`Error::NoRuntime`] if none was set and this is called outside a tokio runtime.
-    pub(crate) fn runtime_or_current(&self) -> Result<tokio::runtime::Handle, Error> {
+    /// [`BuildError::NoRuntime`] if none was set and this is called outside a tokio runtime.
+    pub(crate) fn runtime_or_current(&self) -> Result<tokio::runtime::Handle, BuildError> {
         match &self.runtime {
             Some(rt) => Ok(rt.clone()),
-            None => tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime),
+            None => tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime),
         }
     }
 }

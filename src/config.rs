@@ -36,7 +36,7 @@
 //! [`Unconfigured`]: use the builder's quota (the default, and the behaviour without central
 //! configuration), treat the name as unlimited (admit without store calls and look again every
 //! [`Unconfigured::RECHECK`] — a `NO_LIMIT` marker), or fail with
-//! [`Error::Unconfigured`](crate::Error::Unconfigured).
+//! [`AcquireError::Unconfigured`](crate::AcquireError::Unconfigured).
 //!
 //! # One name, one quota
 //!
@@ -97,8 +97,9 @@ pub enum Unconfigured {
     /// No limit: admit without store calls, checking for a config every
     /// [`Unconfigured::RECHECK`].
     Unlimited,
-    /// Fail every request with [`Error::Unconfigured`](crate::Error::Unconfigured) (checking
-    /// again every [`Unconfigured::RECHECK`]).
+    /// Fail every request with
+    /// [`AcquireError::Unconfigured`](crate::AcquireError::Unconfigured) (checking again every
+    /// [`Unconfigured::RECHECK`]).
     Error,
 }
 

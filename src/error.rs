@@ -1,63 +1,226 @@
 //! Errors. Being limited is not an error: it is [`Decision::Denied`](crate::Decision::Denied).
 //! Errors are for requests that can never succeed, broken configuration, and stores that fail.
 //!
+//! # Shape: one error type per kind of call
+//!
+//! A call returns the error type of its kind, whose variants are the failures that kind of call
+//! can have, so a `match` on its result names no case that cannot happen:
+//!
+//! | calls | error | variants |
+//! | --- | --- | --- |
+//! | building: the limiters' `build` and `new`, a limiters file's `build`, [`RedisStore::connect`](crate::RedisStore::connect), [`Algorithm::from_name`](crate::Algorithm::from_name) | [`BuildError`] | `Config`, `NoRuntime`, `Store` (only a store's connect calls the store) |
+//! | deciding: `try_acquire`, `acquire_now`, `acquire`, `try_acquire_for`, `try_acquire_or_lease`, `try_acquire_local`, `check`, `available_permits`, `ready`, keyed and concurrency calls, the [`Limiter`](crate::Limiter) and [`KeyedLimiter`](crate::KeyedLimiter) methods | [`AcquireError`] | `ZeroTokens`, `ExceedsBurst`, `ExceedsLimit`, `Config` (a pure-mode concurrency limiter's `try_acquire`), `Unconfigured`, `Closed`, `Store` |
+//! | anything: the umbrella | [`Error`] | every variant of both, and `Quota` (from [`QuotaError`]) |
+//!
+//! Both convert into [`Error`] variant for variant (the same name, the same fields, the same
+//! text), so `?` in a function returning `Result<_, ratelease::Error>`, `Box<dyn Error>` or
+//! `anyhow::Result` works across all of them, and a `match` on an [`Error`] keeps working after
+//! the conversion. [`StoreError`] is what a store call returns; it reaches callers inside the
+//! `Store` variants.
+//!
+//! # Text
+//!
 //! Every error's `Display` is one line that says what failed and why: the Redis server (its URL
-//! with the password elided) and the key of the call, the offending field or value. A wrapping
-//! variant prints what it wraps and does not return it again from `source()`, so a chain
-//! printer (anyhow's `{:#}`, eyre's report: each `source()` joined with ": ") prints each fact
-//! once. What is kept out of the text: passwords, and Redis's own cause chain beyond its
+//! with the password elided) and the key of the call, the offending field or value. Each text is
+//! written once (in `text` below) and shared by the variants of every type that can report it.
+//! A wrapping variant prints what it wraps and does not return it again from `source()`, so a
+//! chain printer (anyhow's `{:#}`, eyre's report: each `source()` joined with ": ") prints each
+//! fact once. What is kept out of the text: passwords, and Redis's own cause chain beyond its
 //! message.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use thiserror::Error;
-
 use crate::quota::QuotaError;
 
-/// An error from a limiter.
-#[derive(Debug, Clone, Error)]
+/// What building a limiter or connecting a store can fail with: invalid settings, no tokio
+/// runtime to run on, or (only [`RedisStore::connect`](crate::RedisStore::connect) calls the
+/// store) a store that cannot be reached. A limiter's build never calls its store, and a
+/// [`Quota`](crate::Quota) is valid by construction, so neither is a build's failure.
+/// Converts into [`Error`] (`?` works), variant for variant.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is invalid: a bad name, prefix, URL or TLS PEM, an algorithm the limiter
+    /// cannot run or a quota it cannot run under (a window whose burst is not its rate),
+    /// lease or concurrency settings out of range.
+    #[error(fmt = text::config)]
+    Config(String),
+    /// A limiter that runs a background task was built outside a tokio runtime, and no
+    /// runtime handle was given.
+    #[error(fmt = text::no_runtime)]
+    NoRuntime,
+    /// Connecting the store failed (never with `lazy_connect`).
+    #[error(fmt = text::store)]
+    Store(StoreError),
+}
+
+/// What a decision can fail with: a request that can never succeed, a limiter that cannot
+/// answer (shut down, or refusing an unconfigured name), or a store that failed while no
+/// [`FailurePolicy`](crate::FailurePolicy) answers for it. Returned by every call that takes
+/// tokens or permits, or reads what is left, and by the [`Limiter`](crate::Limiter) and
+/// [`KeyedLimiter`](crate::KeyedLimiter) traits. Converts into [`Error`] (`?` works), variant
+/// for variant.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// The call asked for zero tokens (or permits).
+    #[error(fmt = text::zero_tokens)]
+    ZeroTokens,
+    /// The call asked for more tokens than the bucket can ever hold (the quota's burst, or a
+    /// central config's); waiting would not help.
+    #[error(fmt = text::exceeds_burst)]
+    ExceedsBurst {
+        /// Tokens asked for.
+        requested: u64,
+        /// The burst in force.
+        burst: u64,
+    },
+    /// The call asked a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) for more permits than
+    /// its limit; waiting would not help.
+    #[error(fmt = text::exceeds_limit)]
+    ExceedsLimit {
+        /// Permits asked for.
+        requested: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The call does not fit the limiter's configuration: the synchronous `try_acquire` of a
+    /// pure-mode [`ConcurrencyLimiter`](crate::ConcurrencyLimiter), which keeps no local pool.
+    #[error(fmt = text::config)]
+    Config(String),
+    /// The name has no quota stored centrally and the limiter was built to refuse such names
+    /// ([`Unconfigured::Error`](crate::Unconfigured::Error)).
+    #[error(fmt = text::unconfigured)]
+    Unconfigured(String),
+    /// The limiter was shut down.
+    #[error(fmt = text::closed)]
+    Closed,
+    /// The store failed, and no failure policy answered for it.
+    #[error(fmt = text::store)]
+    Store(StoreError),
+}
+
+/// Any error of this crate's limiters: what a [`BuildError`] or an [`AcquireError`] converts
+/// into (each variant into its namesake), and an invalid [`Quota`](crate::Quota)'s
+/// [`QuotaError`]. For code that mixes calls of every kind under one `?`.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Asked for zero tokens.
-    #[error("cannot acquire zero tokens")]
+    /// From a decision: [`AcquireError::ZeroTokens`].
+    #[error(fmt = text::zero_tokens)]
     ZeroTokens,
-    /// Asked for more tokens than the bucket can ever hold; waiting would not help.
-    #[error("requested {requested} tokens but the burst is {burst}: this can never succeed")]
+    /// From a decision: [`AcquireError::ExceedsBurst`].
+    #[error(fmt = text::exceeds_burst)]
     ExceedsBurst {
         /// Tokens requested.
         requested: u64,
         /// The quota's burst.
         burst: u64,
     },
-    /// Asked for more permits than a concurrency limit allows at once; waiting would not help.
-    #[error("requested {requested} permits but the concurrency limit is {limit}: this can never succeed")]
+    /// From a decision: [`AcquireError::ExceedsLimit`].
+    #[error(fmt = text::exceeds_limit)]
     ExceedsLimit {
         /// Permits requested.
         requested: u64,
         /// The concurrency limit.
         limit: u64,
     },
-    /// The quota is invalid.
-    #[error("invalid quota: {0}")]
+    /// The quota is invalid (a [`QuotaError`] under `?`).
+    #[error(fmt = text::quota)]
     Quota(QuotaError),
-    /// The limiter configuration is invalid (bad name, prefix, or lease settings).
-    #[error("invalid configuration: {0}")]
+    /// From a build ([`BuildError::Config`]) or a decision ([`AcquireError::Config`]).
+    #[error(fmt = text::config)]
     Config(String),
-    /// The limiter was built outside a tokio runtime and none was given.
-    #[error("a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime handle")]
+    /// From a build: [`BuildError::NoRuntime`].
+    #[error(fmt = text::no_runtime)]
     NoRuntime,
-    /// The name has no quota stored centrally and the limiter was built to refuse such names
-    /// ([`Unconfigured::Error`](crate::Unconfigured::Error)).
-    #[error("no quota is configured for limiter {0:?}")]
+    /// From a decision: [`AcquireError::Unconfigured`].
+    #[error(fmt = text::unconfigured)]
     Unconfigured(String),
-    /// The limiter was shut down.
-    #[error("the limiter has shut down")]
+    /// From a decision: [`AcquireError::Closed`].
+    #[error(fmt = text::closed)]
     Closed,
-    /// The store failed.
-    #[error("store failed: {0}")]
+    /// From a store's connect ([`BuildError::Store`]) or a decision ([`AcquireError::Store`]).
+    #[error(fmt = text::store)]
     Store(StoreError),
 }
+
+/// The text of each failure, written once for every type that reports it.
+mod text {
+    use std::fmt::{Display, Formatter, Result};
+
+    pub(super) fn zero_tokens(f: &mut Formatter<'_>) -> Result {
+        f.write_str("cannot acquire zero tokens")
+    }
+
+    pub(super) fn exceeds_burst(requested: &u64, burst: &u64, f: &mut Formatter<'_>) -> Result {
+        write!(
+            f,
+            "requested {requested} tokens but the burst is {burst}: this can never succeed"
+        )
+    }
+
+    pub(super) fn exceeds_limit(requested: &u64, limit: &u64, f: &mut Formatter<'_>) -> Result {
+        write!(
+            f,
+            "requested {requested} permits but the concurrency limit is {limit}: this can never \
+             succeed"
+        )
+    }
+
+    pub(super) fn quota(e: &impl Display, f: &mut Formatter<'_>) -> Result {
+        write!(f, "invalid quota: {e}")
+    }
+
+    pub(super) fn config(message: &impl Display, f: &mut Formatter<'_>) -> Result {
+        write!(f, "invalid configuration: {message}")
+    }
+
+    pub(super) fn no_runtime(f: &mut Formatter<'_>) -> Result {
+        f.write_str(
+            "a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime handle",
+        )
+    }
+
+    pub(super) fn unconfigured(name: &impl std::fmt::Debug, f: &mut Formatter<'_>) -> Result {
+        write!(f, "no quota is configured for limiter {name:?}")
+    }
+
+    pub(super) fn closed(f: &mut Formatter<'_>) -> Result {
+        f.write_str("the limiter has shut down")
+    }
+
+    pub(super) fn store(e: &impl Display, f: &mut Formatter<'_>) -> Result {
+        write!(f, "store failed: {e}")
+    }
+}
+
+/// `impl From<$from> for Error`, each listed variant of `$from` into its namesake; the match is
+/// exhaustive, so a variant added to `$from` must be listed here.
+macro_rules! into_error {
+    ($from:ident: $($variant:ident $(($value:ident))? $({ $($field:ident),* })?),* $(,)?) => {
+        impl From<$from> for Error {
+            fn from(e: $from) -> Self {
+                match e {
+                    $($from::$variant $(($value))? $({ $($field),* })?
+                        => Error::$variant $(($value))? $({ $($field),* })?,)*
+                }
+            }
+        }
+    };
+}
+
+into_error!(BuildError: Config(message), NoRuntime, Store(e));
+into_error!(AcquireError:
+    ZeroTokens,
+    ExceedsBurst { requested, burst },
+    ExceedsLimit { requested, limit },
+    Config(message),
+    Unconfigured(name),
+    Closed,
+    Store(e),
+);
 
 impl From<QuotaError> for Error {
     fn from(e: QuotaError) -> Self {
@@ -71,8 +234,20 @@ impl From<StoreError> for Error {
     }
 }
 
+impl From<StoreError> for BuildError {
+    fn from(e: StoreError) -> Self {
+        BuildError::Store(e)
+    }
+}
+
+impl From<StoreError> for AcquireError {
+    fn from(e: StoreError) -> Self {
+        AcquireError::Store(e)
+    }
+}
+
 /// An error from a [`LeaseStore`](crate::LeaseStore).
-#[derive(Debug, Clone, Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Redis returned an error or could not be reached.
@@ -198,5 +373,71 @@ impl From<redis::RedisError> for StoreError {
             return StoreError::NoPermission(detail);
         }
         StoreError::Redis(RedisFailure::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each text as it read before errors were shaped by call, and the same under every type
+    /// that reports it.
+    #[test]
+    fn every_variant_prints_its_one_text_under_each_type() {
+        let store = || StoreError::Timeout(Duration::from_millis(5));
+        let acquire = [
+            (AcquireError::ZeroTokens, "cannot acquire zero tokens"),
+            (
+                AcquireError::ExceedsBurst {
+                    requested: 7,
+                    burst: 5,
+                },
+                "requested 7 tokens but the burst is 5: this can never succeed",
+            ),
+            (
+                AcquireError::ExceedsLimit {
+                    requested: 7,
+                    limit: 5,
+                },
+                "requested 7 permits but the concurrency limit is 5: this can never succeed",
+            ),
+            (AcquireError::Config("x".into()), "invalid configuration: x"),
+            (
+                AcquireError::Unconfigured("api".into()),
+                "no quota is configured for limiter \"api\"",
+            ),
+            (AcquireError::Closed, "the limiter has shut down"),
+            (
+                AcquireError::Store(store()),
+                "store failed: store call timed out after 5ms",
+            ),
+        ];
+        for (e, text) in acquire {
+            assert_eq!(e.to_string(), text);
+            assert_eq!(Error::from(e).to_string(), text);
+        }
+        let build = [
+            (BuildError::Config("x".into()), "invalid configuration: x"),
+            (
+                BuildError::NoRuntime,
+                "a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime \
+                 handle",
+            ),
+            (
+                BuildError::Store(store()),
+                "store failed: store call timed out after 5ms",
+            ),
+        ];
+        for (e, text) in build {
+            assert_eq!(e.to_string(), text);
+            assert_eq!(Error::from(e).to_string(), text);
+        }
+        let quota = Error::from(QuotaError::ZeroRate);
+        assert!(quota.to_string().starts_with("invalid quota: "), "{quota}");
+        // A wrapping variant prints what it wraps and does not return it again.
+        use std::error::Error as _;
+        assert!(Error::from(store()).source().is_none());
+        assert!(AcquireError::Store(store()).source().is_none());
+        assert!(BuildError::Store(store()).source().is_none());
     }
 }

@@ -5,18 +5,18 @@
 //! are percent-encoded inside the tag: a name can neither close the tag early nor reach outside
 //! the prefix. Prefixes are configuration and may not contain braces at all.
 
-use crate::error::Error;
+use crate::error::BuildError;
 
 /// Longest limiter name accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 
 /// Checks a limiter name: non-empty, at most [`MAX_NAME_LEN`] bytes.
-pub fn validate_name(name: &str) -> Result<(), Error> {
+pub fn validate_name(name: &str) -> Result<(), BuildError> {
     if name.is_empty() {
-        return Err(Error::Config("limiter name must not be empty".into()));
+        return Err(BuildError::Config("limiter name must not be empty".into()));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(Error::Config(format!(
+        return Err(BuildError::Config(format!(
             "limiter name is {} bytes; at most {MAX_NAME_LEN}",
             name.len()
         )));
@@ -25,9 +25,9 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
 }
 
 /// Checks a key prefix: no hash-tag braces.
-pub fn validate_prefix(prefix: &str) -> Result<(), Error> {
+pub fn validate_prefix(prefix: &str) -> Result<(), BuildError> {
     if prefix.contains(['{', '}']) {
-        return Err(Error::Config(format!(
+        return Err(BuildError::Config(format!(
             "key prefix {prefix:?} must not contain '{{' or '}}': the limiter name is the hash tag"
         )));
     }

@@ -61,7 +61,17 @@
 //! So code that moves between [`HybridLimiter`] and [`RedisLimiter`] (or the keyed pair, or
 //! is written against a trait) calls the async names, and needs no edit; `try_acquire` is the
 //! nanosecond path of the limiters that have local state, and a pure limiter has none (a
-//! pure-mode [`ConcurrencyLimiter`] answers it with [`Error::Config`]).
+//! pure-mode [`ConcurrencyLimiter`] answers it with [`AcquireError::Config`]).
+//!
+//! ## Errors
+//!
+//! Being limited is an answer ([`Decision::Denied`]), not an error. Errors are shaped by the
+//! kind of call: building a limiter (or connecting a [`RedisStore`]) returns a [`BuildError`]
+//! (invalid settings, no tokio runtime, a store that cannot be reached); a decision (every name
+//! in the table above, and the traits' methods) returns an [`AcquireError`] (a request that can
+//! never succeed, a closed limiter, an unconfigured name, a failed store). Both convert into
+//! the umbrella [`Error`] variant for variant, so `?` into `ratelease::Error`, `Box<dyn Error>`
+//! or `anyhow::Error` works across them, and a `match` names only what the call can return.
 //!
 //! ## HTTP
 //!
@@ -147,7 +157,7 @@ pub use config_file::{
     AnyKeyedLimiter, AnyLimiter, ConcurrencySpec, ConfigFileError, KeyedSpec, LimiterSpec,
     Limiters, LimitersConfig, ParseError,
 };
-pub use error::{Error, RedisFailure, StoreError};
+pub use error::{AcquireError, BuildError, Error, RedisFailure, StoreError};
 pub use failure::FailurePolicy;
 pub use hybrid::{HybridBuilder, HybridLimiter, HybridStats};
 pub use key::MAX_NAME_LEN;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::AcquireError;
 use crate::quota::Quota;
 use crate::time;
 
@@ -96,9 +96,9 @@ pub(crate) async fn bounded<F>(
     deadline: Instant,
     wait: F,
     hint: impl FnOnce() -> Duration,
-) -> Result<Decision, Error>
+) -> Result<Decision, AcquireError>
 where
-    F: Future<Output = Result<Decision, Error>>,
+    F: Future<Output = Result<Decision, AcquireError>>,
 {
     match tokio::time::timeout_at(deadline, wait).await {
         Ok(result) => result,
@@ -146,7 +146,7 @@ pub(crate) enum Next {
     /// Serve it.
     Admit,
     /// The limiter failed.
-    Fail(Error),
+    Fail(AcquireError),
     /// Refuse it: limited for about this long.
     Shed(Duration),
     /// Wait ([`Waits::settle`]): `Some` refusal to queue after, or `None` to ask the limiter
@@ -162,7 +162,7 @@ impl Waits {
     }
 
     /// The step for a limiter's immediate `answer` (`None`: the limiter must await).
-    pub(crate) fn next(self, answer: Option<Result<LocalAnswer, Error>>) -> Next {
+    pub(crate) fn next(self, answer: Option<Result<LocalAnswer, AcquireError>>) -> Next {
         let refused = |retry_after| {
             if self.queues(retry_after) {
                 Next::Wait(Some(Decision::Denied { retry_after }))
@@ -193,10 +193,10 @@ impl Waits {
         first: Option<Decision>,
         lease: impl FnOnce() -> L,
         queue: impl FnOnce(Duration) -> Q,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
-        L: Future<Output = Result<Decision, Error>>,
-        Q: Future<Output = Result<Decision, Error>>,
+        L: Future<Output = Result<Decision, AcquireError>>,
+        Q: Future<Output = Result<Decision, AcquireError>>,
     {
         let decision = match first {
             Some(refused) => refused,
@@ -249,8 +249,8 @@ pub trait Limiter: Send + Sync {
     /// synchronous `try_acquire` (the future is ready at once).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
-    fn acquire_now(&self, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`], or a store failure.
+    fn acquire_now(&self, n: u64) -> impl Future<Output = Result<Decision, AcquireError>> + Send;
 
     /// Waits until `n` tokens are taken.
     ///
@@ -259,7 +259,7 @@ pub trait Limiter: Send + Sync {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
-    fn acquire(&self, n: u64) -> impl Future<Output = Result<(), Error>> + Send;
+    fn acquire(&self, n: u64) -> impl Future<Output = Result<(), AcquireError>> + Send;
 
     /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once when the earliest
     /// possible grant is known to lie beyond the timeout.
@@ -270,7 +270,7 @@ pub trait Limiter: Send + Sync {
         &self,
         n: u64,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send;
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send;
 
     /// The limiter's synchronous `try_acquire_local`, if it keeps local state (a
     /// [`HybridLimiter`](crate::HybridLimiter) does): takes `n` tokens without awaiting, and
@@ -278,7 +278,7 @@ pub trait Limiter: Send + Sync {
     /// `None` if this limiter must ask the store (pure mode: use
     /// [`acquire_now`](Limiter::acquire_now)), the default. Middleware uses it to admit without
     /// allocating a future.
-    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         let _ = n;
         None
     }
@@ -294,7 +294,7 @@ pub trait Limiter: Send + Sync {
         &self,
         n: u64,
         lease_wait: Duration,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send {
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send {
         let _ = lease_wait;
         self.acquire_now(n)
     }
@@ -307,14 +307,14 @@ pub trait Limiter: Send + Sync {
         note = "use `acquire_now` (the same decision): `try_acquire` is now the synchronous \
                 local check, on the limiters that keep local state"
     )]
-    fn try_acquire(&self, n: u64) -> impl Future<Output = Result<Decision, Error>> + Send {
+    fn try_acquire(&self, n: u64) -> impl Future<Output = Result<Decision, AcquireError>> + Send {
         self.acquire_now(n)
     }
 
     /// The old name of [`local_answer`](Limiter::local_answer), as a [`Decision`] (no answer
     /// yet is a denial).
     #[deprecated(note = "use `local_answer`")]
-    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, Error>> {
+    fn try_acquire_now(&self, n: u64) -> Option<Result<Decision, AcquireError>> {
         self.local_answer(n).map(|r| r.map(decision_of))
     }
 
@@ -322,7 +322,7 @@ pub trait Limiter: Send + Sync {
     #[deprecated(
         note = "use `local_answer` (`try_acquire_local` is the limiters' own synchronous method)"
     )]
-    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+    fn try_acquire_local(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         self.local_answer(n)
     }
 }
@@ -350,12 +350,12 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// tokens, as its synchronous `try_acquire` (the future is ready at once).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or a store failure.
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`], or a store failure.
     fn acquire_now<Q>(
         &self,
         key: &Q,
         n: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized;
@@ -367,7 +367,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
-    fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), Error>> + Send
+    fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), AcquireError>> + Send
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized;
@@ -382,7 +382,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized;
@@ -394,7 +394,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// this limiter must ask the store (pure mode: use
     /// [`acquire_now`](KeyedLimiter::acquire_now)), the default. Middleware uses it to admit
     /// without allocating a future.
-    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, AcquireError>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -416,7 +416,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
         key: &Q,
         n: u64,
         lease_wait: Duration,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -437,7 +437,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
         &self,
         key: &Q,
         n: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send
+    ) -> impl Future<Output = Result<Decision, AcquireError>> + Send
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -448,7 +448,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// The old name of [`local_answer`](KeyedLimiter::local_answer), as a [`Decision`] (no
     /// answer yet is a denial).
     #[deprecated(note = "use `local_answer`")]
-    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, Error>>
+    fn try_acquire_now<Q>(&self, key: &Q, n: u64) -> Option<Result<Decision, AcquireError>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -460,7 +460,7 @@ pub trait KeyedLimiter<K>: Send + Sync {
     #[deprecated(
         note = "use `local_answer` (`try_acquire_local` is the limiters' own synchronous method)"
     )]
-    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, AcquireError>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -471,18 +471,18 @@ pub trait KeyedLimiter<K>: Send + Sync {
 
 /// Rejects requests that can never succeed.
 #[inline]
-pub(crate) fn check_request(quota: &Quota, n: u64) -> Result<(), Error> {
+pub(crate) fn check_request(quota: &Quota, n: u64) -> Result<(), AcquireError> {
     check_tokens(n, quota.burst())
 }
 
 /// Rejects requests that can never succeed against a bucket of `burst`.
 #[inline]
-pub(crate) fn check_tokens(n: u64, burst: u64) -> Result<(), Error> {
+pub(crate) fn check_tokens(n: u64, burst: u64) -> Result<(), AcquireError> {
     if n == 0 {
-        return Err(Error::ZeroTokens);
+        return Err(AcquireError::ZeroTokens);
     }
     if n > burst {
-        return Err(Error::ExceedsBurst {
+        return Err(AcquireError::ExceedsBurst {
             requested: n,
             burst,
         });
@@ -517,8 +517,8 @@ mod tests {
         assert_eq!(step(default, lease), "ask");
         assert_eq!(step(default, refused), "shed");
         assert!(matches!(
-            default.next(Some(Err(Error::Closed))),
-            Next::Fail(Error::Closed)
+            default.next(Some(Err(AcquireError::Closed))),
+            Next::Fail(AcquireError::Closed)
         ));
         assert!(matches!(default.next(None), Next::Wait(None)), "must await");
         let no_lease_wait = Waits {

@@ -31,7 +31,8 @@
 //! errors, with key extractors and a global variant.
 //!
 //! Both services' error type is [`BoxError`], as tower's own middleware: the inner service's
-//! error, a limiter error ([`Error`]: a store failure under
+//! error, a limiter error (the decision's [`AcquireError`], boxed as the umbrella [`Error`],
+//! so a `downcast::<ratelease::Error>()` finds it: a store failure under
 //! [`FailurePolicy::FailClosed`](crate::FailurePolicy), an unconfigured name …), or
 //! [`Limited`]. Being limited is still not a limiter error: [`Limited`] exists only because a
 //! shed request must end somehow.
@@ -47,7 +48,7 @@ use sync_wrapper::SyncWrapper;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::Error;
+use crate::error::{AcquireError, Error};
 pub use crate::limiter::DEFAULT_LEASE_WAIT;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer, Next, Waits};
 
@@ -90,6 +91,12 @@ impl fmt::Display for Limited {
 }
 
 impl std::error::Error for Limited {}
+
+/// A limiter's error as the services return it: boxed as the umbrella [`Error`] (what
+/// `downcast` finds), not as the decision's [`AcquireError`].
+fn boxed(e: AcquireError) -> BoxError {
+    Error::from(e).into()
+}
 
 /// Applies back-pressure with a [`Limiter`]: see the [module docs](self).
 ///
@@ -212,7 +219,7 @@ enum State {
     Idle,
     /// Waiting for the limiter. `SyncWrapper`: only ever polled through `&mut self`, so the
     /// service is `Sync` (as axum requires) whether or not the limiter's future is.
-    Waiting(SyncWrapper<BoxFuture<Result<(), Error>>>),
+    Waiting(SyncWrapper<BoxFuture<Result<(), AcquireError>>>),
     /// Holding a permit for the next `call`.
     Permitted,
 }
@@ -269,7 +276,7 @@ where
                 State::Permitted => return self.inner.poll_ready(cx).map_err(Into::into),
                 State::Idle => match self.limiter.local_answer(self.tokens) {
                     Some(Ok(LocalAnswer::Allowed)) => self.state = State::Permitted,
-                    Some(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Some(Err(e)) => return Poll::Ready(Err(boxed(e))),
                     // Denied (by the store or for want of a lease), or a limiter that must
                     // await: wait for a grant.
                     Some(Ok(LocalAnswer::Denied { .. } | LocalAnswer::NeedsLease { .. }))
@@ -284,7 +291,7 @@ where
                     Poll::Ready(Ok(())) => self.state = State::Permitted,
                     Poll::Ready(Err(e)) => {
                         self.state = State::Idle;
-                        return Poll::Ready(Err(e.into()));
+                        return Poll::Ready(Err(boxed(e)));
                     }
                     Poll::Pending => return Poll::Pending,
                 },
@@ -460,7 +467,7 @@ where
         let (tokens, waits) = (self.tokens, self.waits);
         let first = match waits.next(self.limiter.local_answer(&key, tokens)) {
             Next::Admit => return ResponseFuture::inner(self.inner.call(req)),
-            Next::Fail(e) => return ResponseFuture::failed(e),
+            Next::Fail(e) => return ResponseFuture::failed(boxed(e)),
             Next::Shed(retry_after) => return ResponseFuture::failed(Limited { retry_after }),
             Next::Wait(first) => first,
         };
@@ -473,7 +480,7 @@ where
         ResponseFuture::boxed(Box::pin(async move {
             let lease = || limiter.try_acquire_or_lease(&key, tokens, waits.lease_wait);
             let queue = |queue| limiter.try_acquire_for(&key, tokens, queue);
-            match waits.settle(first, lease, queue).await? {
+            match waits.settle(first, lease, queue).await.map_err(boxed)? {
                 Decision::Allowed => inner.call(req).await.map_err(Into::into),
                 Decision::Denied { retry_after } => Err(Limited { retry_after }.into()),
             }

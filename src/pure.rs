@@ -16,7 +16,7 @@
 //! **Store failures** open a circuit ([`crate::failure`]): while it is open, one caller at a
 //! time probes the store after a jittered back-off (10 ms to 500 ms) and every other caller is
 //! answered at once, instead of waiting a timeout per call. By default the answer is the
-//! store's last error ([`Error::Store`]: the caller decides, as with any failed call); with
+//! store's last error ([`AcquireError::Store`]: the caller decides, as with any failed call); with
 //! [`RedisLimiterBuilder::on_store_failure`] it is the [`FailurePolicy`]'s.
 //! [`FailurePolicy::LastKnownShare`] enforces locally the rate this node was granted over the
 //! last whole second before the outage (pure-mode calls are anonymous, so the store names no
@@ -40,7 +40,7 @@ use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::config::{Budget, Unconfigured};
-use crate::error::{Error, StoreError};
+use crate::error::{AcquireError, BuildError, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate, ProbeGate};
 use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
@@ -86,7 +86,7 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
         /// [`Budget::PerClient`] spends the budget of this builder's
         /// [`client_id`](Self::client_id).
         budget,
-        /// By default none answers: each call returns [`Error::Store`], at once while the
+        /// By default none answers: each call returns [`AcquireError::Store`], at once while the
         /// circuit is open. [`FailurePolicy::LastKnownShare`] enforces the rate this node was
         /// granted over the last second before the failure.
         on_store_failure,
@@ -109,10 +109,10 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
     /// [`crate::config`], "One name, one quota").
     ///
     /// # Errors
-    /// [`Error::Config`] for an empty or overlong name; for a window whose burst is not its
+    /// [`BuildError::Config`] for an empty or overlong name; for a window whose burst is not its
     /// rate; for an algorithm other than the token bucket with an [`Unconfigured`] other than
     /// [`Unconfigured::UseQuota`] (central configuration is the token bucket's).
-    pub fn build(self) -> Result<RedisLimiter<S>, Error> {
+    pub fn build(self) -> Result<RedisLimiter<S>, BuildError> {
         key::validate_name(&self.name)?;
         self.knobs
             .algorithm
@@ -281,8 +281,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// A limiter for `name` with `quota` on `store`.
     ///
     /// # Errors
-    /// [`Error::Config`] for an empty or overlong name.
-    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+    /// [`BuildError::Config`] for an empty or overlong name.
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, BuildError> {
         Self::builder(name, quota, store).build()
     }
 
@@ -330,9 +330,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
     }
 
     /// The answer for a name known to be unconfigured, without a store call.
-    fn absent(&self) -> Result<Verdict, Error> {
+    fn absent(&self) -> Result<Verdict, AcquireError> {
         match self.unconfigured {
-            Unconfigured::Error => Err(Error::Unconfigured(self.name.to_string())),
+            Unconfigured::Error => Err(AcquireError::Unconfigured(self.name.to_string())),
             _ => Ok(Verdict::UNLIMITED),
         }
     }
@@ -354,9 +354,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// locally).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`]: an outage's only
-    /// with no [`FailurePolicy`] set (the default).
-    pub async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`],
+    /// [`AcquireError::Unconfigured`] (under [`Unconfigured::Error`]), or
+    /// [`AcquireError::Store`]: an outage's only with no [`FailurePolicy`] set (the default).
+    pub async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         Ok(self.check(n).await?.decision)
     }
 
@@ -368,7 +369,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         note = "use `acquire_now` (the same store call): `try_acquire` names the synchronous \
                 local check, which a pure limiter cannot make"
     )]
-    pub async fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+    pub async fn try_acquire(&self, n: u64) -> Result<Decision, AcquireError> {
         self.acquire_now(n).await
     }
 
@@ -381,7 +382,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
         &self,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         let _ = lease_wait;
         self.acquire_now(n).await
     }
@@ -392,7 +393,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     ///
     /// # Errors
     /// As [`acquire_now`](Self::acquire_now).
-    pub async fn check(&self, n: u64) -> Result<Verdict, Error> {
+    pub async fn check(&self, n: u64) -> Result<Verdict, AcquireError> {
         check_request(&self.quota, n)?;
         // Relaxed: a cache of the store's answer; nothing else is published through it. The
         // clock is read only while such an answer is cached.
@@ -491,12 +492,12 @@ impl<S: LeaseStore> RedisLimiter<S> {
 
     /// The answer for `n` tokens while the store is failing (with `error`, or the last one):
     /// the policy's, or the error.
-    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Verdict, Error> {
+    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Verdict, AcquireError> {
         let s = &*self.state;
         let Some(failure) = self.failure else {
             let error = error.or_else(|| s.outage.circuit.last_error());
             // The circuit is open only after an error was recorded.
-            return Err(Error::Store(
+            return Err(AcquireError::Store(
                 error.unwrap_or(StoreError::Timeout(Duration::ZERO)),
             ));
         };
@@ -523,20 +524,20 @@ impl<S: LeaseStore> RedisLimiter<S> {
 
     /// The store's last error, if the circuit is open and the policy fails closed: what a
     /// waiting caller returns instead of waiting for the store.
-    fn closed_error(&self) -> Option<Error> {
+    fn closed_error(&self) -> Option<AcquireError> {
         let s = &*self.state;
         (self.failure == Some(FailurePolicy::FailClosed) && s.outage.circuit.is_open())
             .then(|| s.outage.circuit.last_error())
             .flatten()
-            .map(Error::Store)
+            .map(AcquireError::Store)
     }
 
     /// Tokens that could be taken now, without taking any (a release of 0 tokens). For the
     /// token bucket, under the name's stored quota if it has one, else the builder's.
     ///
     /// # Errors
-    /// [`Error::Store`].
-    pub async fn available_permits(&self) -> Result<u64, Error> {
+    /// [`AcquireError::Store`].
+    pub async fn available_permits(&self) -> Result<u64, AcquireError> {
         let request = ReleaseRequest::new(0)
             .for_client(self.client)
             .algorithm(self.algorithm);
@@ -550,9 +551,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// Waits until `n` tokens are taken, sleeping for each reply's `retry_after`.
     ///
     /// # Errors
-    /// As [`acquire_now`](Self::acquire_now), and [`Error::Store`] while the store is failing
-    /// under [`FailurePolicy::FailClosed`] (waiting would wait for the store).
-    pub async fn acquire(&self, n: u64) -> Result<(), Error> {
+    /// As [`acquire_now`](Self::acquire_now), and [`AcquireError::Store`] while the store is
+    /// failing under [`FailurePolicy::FailClosed`] (waiting would wait for the store).
+    pub async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         loop {
             match self.acquire_now(n).await? {
                 Decision::Allowed => return Ok(()),
@@ -571,7 +572,11 @@ impl<S: LeaseStore> RedisLimiter<S> {
     ///
     /// # Errors
     /// As [`acquire_now`](Self::acquire_now).
-    pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+    pub async fn try_acquire_for(
+        &self,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<Decision, AcquireError> {
         let deadline = time::from_now(timeout);
         loop {
             match self.acquire_now(n).await? {
@@ -595,15 +600,15 @@ impl<S: LeaseStore> Limiter for RedisLimiter<S> {
         RedisLimiter::quota(self)
     }
 
-    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+    async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         RedisLimiter::acquire_now(self, n).await
     }
 
-    async fn acquire(&self, n: u64) -> Result<(), Error> {
+    async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         RedisLimiter::acquire(self, n).await
     }
 
-    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, AcquireError> {
         RedisLimiter::try_acquire_for(self, n, timeout).await
     }
 }

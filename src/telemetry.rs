@@ -128,8 +128,9 @@
 //!
 //! let recorder = DebuggingRecorder::new();
 //! let snapshotter = recorder.snapshotter();
+//! let quota = Quota::per_second(10)?;
 //! let limiter = metrics::with_local_recorder(&recorder, || {
-//!     RedisLimiter::new("api", Quota::per_second(10)?, MemoryStore::new())
+//!     RedisLimiter::new("api", quota, MemoryStore::new())
 //! })?;
 //! limiter.acquire_now(3).await?;
 //! let admitted = snapshotter.snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {

@@ -22,9 +22,10 @@ use std::time::Duration;
 use fuzz::int_in;
 use proptest::prelude::*;
 use ratelease::{
-    Algorithm, Budget, Clock, Error, FakeClock, HybridLimiter, LeaseReply, LeaseRequest,
-    LeaseStore, MemoryStore, NodeLease, Quota, RedisLimiter, RedisStore, ReleaseRequest,
-    StoreError, Unconfigured, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_WINDOW_LUA,
+    AcquireError, Algorithm, Budget, BuildError, Clock, FakeClock, HybridLimiter, LeaseReply,
+    LeaseRequest, LeaseStore, MemoryStore, NodeLease, Quota, RedisLimiter, RedisStore,
+    ReleaseRequest, StoreError, Unconfigured, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA,
+    SLIDING_WINDOW_LUA,
 };
 use support::{max_in_window, RedisServer};
 
@@ -749,7 +750,7 @@ async fn bad_settings_and_requests_are_typed_errors() {
             .build()
             .unwrap_err();
         assert!(
-            matches!(&err, Error::Config(m) if m.contains("burst")),
+            matches!(&err, BuildError::Config(m) if m.contains("burst")),
             "{err}"
         );
     }
@@ -760,14 +761,17 @@ async fn bad_settings_and_requests_are_typed_errors() {
             .build()
             .unwrap_err();
         assert!(
-            matches!(&err, Error::Config(m) if m.contains("token bucket")),
+            matches!(&err, BuildError::Config(m) if m.contains("token bucket")),
             "{err}"
         );
         let pure = pure_on(&store, q, algorithm);
-        assert!(matches!(pure.acquire_now(0).await, Err(Error::ZeroTokens)));
+        assert!(matches!(
+            pure.acquire_now(0).await,
+            Err(AcquireError::ZeroTokens)
+        ));
         assert!(matches!(
             pure.acquire_now(11).await,
-            Err(Error::ExceedsBurst { .. })
+            Err(AcquireError::ExceedsBurst { .. })
         ));
         // Lease terms, "configured only", and a window's release without its window.
         let node = NodeLease {
@@ -802,7 +806,7 @@ async fn bad_settings_and_requests_are_typed_errors() {
             .build()
             .unwrap_err();
         assert!(
-            matches!(&err, Error::Config(m) if m.contains("RedisLimiter")),
+            matches!(&err, BuildError::Config(m) if m.contains("RedisLimiter")),
             "{err}"
         );
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use fuzz::int_in;
 use proptest::prelude::*;
 use ratelease::{
-    Error, HybridLimiter, MemoryStore, Quota, QuotaError, RedisLimiter, RedisStore, LOCK_LUA,
-    TOKEN_BUCKET_LUA,
+    AcquireError, BuildError, Error, HybridLimiter, MemoryStore, Quota, QuotaError, RedisLimiter,
+    RedisStore, LOCK_LUA, TOKEN_BUCKET_LUA,
 };
 use support::{decode_leaser_record, BucketState, RedisServer};
 
@@ -42,38 +42,44 @@ fn invalid_quotas_are_typed_errors() {
 async fn invalid_requests_are_typed_errors_in_every_mode() {
     let quota = Quota::per_second(10).unwrap();
     let pure = RedisLimiter::new("p", quota, MemoryStore::new()).unwrap();
-    assert!(matches!(pure.acquire_now(0).await, Err(Error::ZeroTokens)));
+    assert!(matches!(
+        pure.acquire_now(0).await,
+        Err(AcquireError::ZeroTokens)
+    ));
     assert!(matches!(
         pure.acquire_now(11).await,
-        Err(Error::ExceedsBurst { .. })
+        Err(AcquireError::ExceedsBurst { .. })
     ));
     assert!(matches!(
         pure.acquire(u64::MAX).await,
-        Err(Error::ExceedsBurst { .. })
+        Err(AcquireError::ExceedsBurst { .. })
     ));
     let hybrid = HybridLimiter::new("h", quota, MemoryStore::new()).unwrap();
-    assert!(matches!(hybrid.try_acquire(0), Err(Error::ZeroTokens)));
+    assert!(matches!(
+        hybrid.try_acquire(0),
+        Err(AcquireError::ZeroTokens)
+    ));
     assert!(matches!(
         hybrid
             .try_acquire_for(u64::MAX, Duration::from_secs(1))
             .await,
-        Err(Error::ExceedsBurst { .. })
+        Err(AcquireError::ExceedsBurst { .. })
     ));
     let long = "x".repeat(ratelease::MAX_NAME_LEN + 1);
     assert!(matches!(
         RedisLimiter::new(long, quota, MemoryStore::new()),
-        Err(Error::Config(_))
+        Err(BuildError::Config(_))
     ));
     assert!(matches!(
         RedisLimiter::new("", quota, MemoryStore::new()),
-        Err(Error::Config(_))
+        Err(BuildError::Config(_))
     ));
 }
 
 #[tokio::test]
 async fn bad_urls_and_unreachable_servers_are_typed_errors() {
     let err = RedisStore::connect("not a url").await.unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     // A port nothing listens on (bound, then released).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -85,7 +91,7 @@ async fn bad_urls_and_unreachable_servers_are_typed_errors() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
 }
 
 /// Runs the token-bucket script with raw arguments.
@@ -614,7 +620,10 @@ async fn a_store_granting_more_than_asked_is_a_bad_reply() {
     let h = hybrid.acquire(1).await.unwrap_err();
     let k = keyed.acquire("k", 1).await.unwrap_err();
     for e in [h, k] {
-        assert!(matches!(e, Error::Store(StoreError::BadReply(_))), "{e:?}");
+        assert!(
+            matches!(e, AcquireError::Store(StoreError::BadReply(_))),
+            "{e:?}"
+        );
     }
     assert_eq!(hybrid.available(), 0);
     assert_eq!(keyed.available("k"), 0);

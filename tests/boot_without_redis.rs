@@ -9,7 +9,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ratelease::{Error, FailurePolicy, HybridLimiter, Quota, RedisLimiter, RedisStore};
+use ratelease::{
+    AcquireError, BuildError, FailurePolicy, HybridLimiter, Quota, RedisLimiter, RedisStore,
+};
 use support::{BucketState, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,12 +39,12 @@ async fn a_service_starts_before_redis_and_connects_when_it_appears() {
     let t = Instant::now();
     let err = hybrid.ready().await.unwrap_err();
     let ready_in = t.elapsed();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
     // A pure call fails promptly with the store error (its caller decides).
     let t = Instant::now();
     let err = pure.acquire_now(1).await.unwrap_err();
     let pure_in = t.elapsed();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
     assert!(
         ready_in < Duration::from_secs(1) && pure_in < Duration::from_secs(1),
         "ready answered in {ready_in:?}, a pure call in {pure_in:?}"
@@ -115,20 +117,20 @@ async fn connect_without_lazy_still_fails_and_lazy_still_checks_the_configuratio
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
     let err = RedisStore::builder("not a url")
         .lazy_connect()
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     let err = RedisStore::builder(server.url())
         .prefix("bad{prefix")
         .lazy_connect()
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
 }
 
 /// A lazy cluster store (feature `cluster`): it builds with no node reachable and its calls
@@ -149,7 +151,7 @@ async fn a_lazy_cluster_store_builds_without_nodes_and_connects_on_first_use() {
     let limiter = RedisLimiter::new("lazy-cluster", Quota::per_second(5).unwrap(), store).unwrap();
     let t = Instant::now();
     let err = limiter.acquire_now(1).await.unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 
     let cluster = RedisCluster::start(3);

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelease::{Error, HybridLimiter, Quota, RedisLimiter, RedisStore, StoreError};
+use ratelease::{
+    AcquireError, BuildError, HybridLimiter, Quota, RedisLimiter, RedisStore, StoreError,
+};
 use support::RedisCluster;
 
 const PREFIX: &str = "rl:";
@@ -183,7 +185,7 @@ async fn cluster_store_honours_both_timeouts_and_reloads_flushed_scripts() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
     assert!(
         t.elapsed() < Duration::from_secs(3),
         "took {:?}",
@@ -213,7 +215,7 @@ async fn cluster_store_honours_both_timeouts_and_reloads_flushed_scripts() {
     let err = limiter.acquire_now(1).await.unwrap_err();
     let waited = t.elapsed();
     assert!(
-        matches!(err, Error::Store(StoreError::Timeout(_))),
+        matches!(err, AcquireError::Store(StoreError::Timeout(_))),
         "{err:?}"
     );
     assert!(waited < Duration::from_millis(1_000), "waited {waited:?}");

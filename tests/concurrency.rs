@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use ratelease::concurrency::holders::{Op, Reply};
 use ratelease::{
-    Clock, ConcurrencyLimiter, ConcurrencyStore, Error, FailurePolicy, FakeClock, MemoryStore,
-    RedisStore, StoreError, TokioClock,
+    AcquireError, BuildError, Clock, ConcurrencyLimiter, ConcurrencyStore, FailurePolicy,
+    FakeClock, MemoryStore, RedisStore, StoreError, TokioClock,
 };
 use support::RedisServer;
 use tokio::time::{sleep, Instant};
@@ -215,7 +215,7 @@ async fn lost_replies_and_cancelled_calls_leak_nothing_after_the_next_sync() {
     for _ in 0..3 {
         let err = a.acquire_now(1).await.unwrap_err();
         assert!(
-            matches!(err, Error::Store(StoreError::Timeout(_))),
+            matches!(err, AcquireError::Store(StoreError::Timeout(_))),
             "{err:?}"
         );
     }
@@ -269,7 +269,7 @@ async fn store_failures_are_answered_by_the_failure_policy() {
     for hybrid in [false, true] {
         let closed = build(FailurePolicy::FailClosed, hybrid);
         let err = closed.acquire(1).await.unwrap_err();
-        assert!(matches!(err, Error::Store(_)), "{err:?}");
+        assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
 
         let open = build(FailurePolicy::FailOpen, hybrid);
         let mut admitted = Vec::new();
@@ -327,7 +327,7 @@ async fn bad_input_gets_typed_errors() {
         ConcurrencyLimiter::builder("", 4, store.clone()),
     ] {
         let err = b.build().unwrap_err();
-        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     }
     for limiter in [
         build(4).build().unwrap(),
@@ -335,13 +335,13 @@ async fn bad_input_gets_typed_errors() {
     ] {
         assert!(matches!(
             limiter.acquire_now(0).await,
-            Err(Error::ZeroTokens)
+            Err(AcquireError::ZeroTokens)
         ));
         let err = limiter.acquire(5).await.unwrap_err();
         assert!(
             matches!(
                 err,
-                Error::ExceedsLimit {
+                AcquireError::ExceedsLimit {
                     requested: 5,
                     limit: 4
                 }
@@ -352,12 +352,15 @@ async fn bad_input_gets_typed_errors() {
         let err = limiter
             .try_acquire_for(u64::MAX, Duration::from_secs(1))
             .await;
-        assert!(matches!(err, Err(Error::ExceedsLimit { .. })));
+        assert!(matches!(err, Err(AcquireError::ExceedsLimit { .. })));
         limiter.shutdown().await;
-        assert!(matches!(limiter.acquire_now(1).await, Err(Error::Closed)));
+        assert!(matches!(
+            limiter.acquire_now(1).await,
+            Err(AcquireError::Closed)
+        ));
     }
     let pure = build(4).build().unwrap();
-    assert!(matches!(pure.try_acquire(1), Err(Error::Config(_))));
+    assert!(matches!(pure.try_acquire(1), Err(AcquireError::Config(_))));
     // Bad arguments reach the store as typed rejections, never panics.
     let op = Op::Acquire {
         holder: "h",
@@ -377,7 +380,7 @@ fn building_outside_a_runtime_is_an_error() {
     let err = ConcurrencyLimiter::builder("x", 1, MemoryStore::new())
         .build()
         .unwrap_err();
-    assert!(matches!(err, Error::NoRuntime));
+    assert!(matches!(err, BuildError::NoRuntime));
 }
 
 /// Several limiter instances (each with its own connection, as separate processes would have)

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratelease::{
-    Budget, ConfigStore, Error, FailurePolicy, FakeClock, HybridLimiter, LeaseRequest, LeaseStore,
-    NodeLease, Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
+    AcquireError, Budget, ConfigStore, FailurePolicy, FakeClock, HybridLimiter, LeaseRequest,
+    LeaseStore, NodeLease, Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
 };
 use support::{BucketState, RedisServer};
 
@@ -301,7 +301,7 @@ async fn init_does_not_overwrite_and_delete_falls_back() {
     }
     assert!(matches!(
         refuse.acquire_now(1).await,
-        Err(Error::Unconfigured(ref n)) if n == "n"
+        Err(AcquireError::Unconfigured(ref n)) if n == "n"
     ));
     // A hybrid limiter that treats the name as unlimited admits far beyond any bucket.
     let hybrid = HybridLimiter::builder("n", builder, store(&server).await)

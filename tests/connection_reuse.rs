@@ -6,7 +6,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ratelease::{Error, LockError, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
+use ratelease::{
+    AcquireError, BuildError, LockError, Quota, RedisLimiter, RedisLock, RedisStore, StoreError,
+};
 use support::RedisServer;
 
 /// Clients connected to `server`, not counting the connection that asks.
@@ -120,7 +122,7 @@ async fn calls_on_a_shared_manager_are_bounded_by_the_stores_response_timeout() 
     let waited = started.elapsed();
     signal("-CONT");
     assert!(
-        matches!(result, Err(Error::Store(StoreError::Timeout(t))) if t == Duration::from_millis(100)),
+        matches!(result, Err(AcquireError::Store(StoreError::Timeout(t))) if t == Duration::from_millis(100)),
         "{result:?}"
     );
     assert!(waited < Duration::from_millis(600), "waited {waited:?}");
@@ -158,7 +160,7 @@ async fn tls_settings_on_a_shared_connection_are_a_config_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(msg) if msg.contains("redis::Client")),
+        matches!(&err, BuildError::Config(msg) if msg.contains("redis::Client")),
         "{err}"
     );
 }

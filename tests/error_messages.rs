@@ -9,11 +9,12 @@ use std::error::Error as StdError;
 use std::net::TcpListener;
 use std::time::Duration;
 
+use ratelease::{
+    AcquireError, Algorithm, BuildError, Decision, Error, HybridLimiter, LockError, MemoryStore,
+    Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
+};
 #[cfg(feature = "toml")]
 use ratelease::{ConfigFileError, LimitersConfig};
-use ratelease::{
-    Error, LockError, Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
-};
 
 /// The chain is one line and names each fact exactly once.
 fn says_once(e: &(dyn StdError + 'static), facts: &[&str]) -> String {
@@ -48,7 +49,10 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(StoreError::Redis(_))), "{err:?}");
+    assert!(
+        matches!(err, BuildError::Store(StoreError::Redis(_))),
+        "{err:?}"
+    );
     let text = says_once(
         &err,
         &["store failed", &format!("redis://:***@127.0.0.1:{port}/")],
@@ -60,7 +64,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
     let err = RedisStore::connect("redis://:hunter2@127.0.0.1:notaport/")
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     let text = says_once(
         &err,
         &["invalid redis url", "redis://:***@127.0.0.1:notaport/"],
@@ -85,7 +89,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         ],
     );
     assert!(!text.contains("hunter2"), "{text}");
-    let Error::Store(StoreError::Redis(failure)) = &err else {
+    let AcquireError::Store(StoreError::Redis(failure)) = &err else {
         panic!("{err:?}")
     };
     assert_eq!(failure.key(), Some("ratelease:{checkout}"));
@@ -114,7 +118,7 @@ async fn an_acl_denial_says_what_redis_refused() {
     let limiter = RedisLimiter::new("api", Quota::per_second(5).unwrap(), store).unwrap();
     let err = limiter.acquire_now(1).await.unwrap_err();
     assert!(
-        matches!(err, Error::Store(StoreError::NoPermission(_))),
+        matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
         "{err:?}"
     );
     says_once(&err, &["store failed", "ACL"]);
@@ -135,6 +139,67 @@ fn quota_errors_name_the_quota_and_the_bound() {
     says_once(&err, &["invalid quota", "burst must be at least 1"]);
     let err: Error = StoreError::Timeout(Duration::from_millis(50)).into();
     says_once(&err, &["store failed", "timed out after 50ms"]);
+}
+
+/// Errors are shaped by call (issue 12): a build fails with a `BuildError`, a decision with an
+/// `AcquireError`, and `?` turns either into the umbrella `Error`, variant for variant, with the
+/// same one-line text.
+#[tokio::test]
+async fn builds_and_decisions_fail_with_their_own_types_and_convert_into_error() {
+    // A quota a fixed window cannot run under (its budget is its rate, not a larger burst).
+    let quota = Quota::per_second(10).unwrap().with_burst(20).unwrap();
+    let build = || {
+        RedisLimiter::builder("window", quota, MemoryStore::new())
+            .algorithm(Algorithm::FixedWindow)
+            .build()
+    };
+    let err: BuildError = build().unwrap_err();
+    assert!(
+        matches!(&err, BuildError::Config(m) if m.contains("burst (20) must equal the rate (10)")),
+        "{err:?}"
+    );
+    let text = says_once(&err, &["invalid configuration", "fixed-window"]);
+    let built = || -> Result<RedisLimiter<MemoryStore>, Error> { Ok(build()?) };
+    let umbrella = built().unwrap_err();
+    assert!(matches!(umbrella, Error::Config(_)), "{umbrella:?}");
+    assert_eq!(umbrella.to_string(), text);
+
+    // Zero tokens, from a pure limiter's decision and a hybrid limiter's synchronous one.
+    let pure =
+        RedisLimiter::new("pure", Quota::per_second(5).unwrap(), MemoryStore::new()).unwrap();
+    let err: AcquireError = pure.acquire_now(0).await.unwrap_err();
+    assert!(matches!(err, AcquireError::ZeroTokens), "{err:?}");
+    let text = says_once(&err, &["cannot acquire zero tokens"]);
+    async fn decide(limiter: &RedisLimiter<MemoryStore>) -> Result<Decision, Error> {
+        Ok(limiter.acquire_now(0).await?)
+    }
+    let umbrella = decide(&pure).await.unwrap_err();
+    assert!(matches!(umbrella, Error::ZeroTokens), "{umbrella:?}");
+    assert_eq!(umbrella.to_string(), text);
+
+    let hybrid =
+        HybridLimiter::new("hybrid", Quota::per_second(5).unwrap(), MemoryStore::new()).unwrap();
+    let err: AcquireError = hybrid.try_acquire(0).unwrap_err();
+    assert!(matches!(err, AcquireError::ZeroTokens), "{err:?}");
+    let umbrella: Error = err.clone().into();
+    assert!(matches!(umbrella, Error::ZeroTokens), "{umbrella:?}");
+    // And into the boxed errors of `main` and tower, with the same text.
+    let boxed: Box<dyn StdError + Send + Sync> = err.into();
+    assert_eq!(boxed.to_string(), text);
+    hybrid.shutdown().await;
+}
+
+/// Outside a tokio runtime a limiter with a background task cannot be built: `NoRuntime`, a
+/// build's error, the same text under `Error`.
+#[test]
+fn no_runtime_is_a_build_error() {
+    let quota = Quota::per_second(5).unwrap();
+    let err = HybridLimiter::new("api", quota, MemoryStore::new()).unwrap_err();
+    assert!(matches!(err, BuildError::NoRuntime), "{err:?}");
+    let text = says_once(&err, &["needs a tokio runtime"]);
+    let umbrella = Error::from(err);
+    assert!(matches!(umbrella, Error::NoRuntime), "{umbrella:?}");
+    assert_eq!(umbrella.to_string(), text);
 }
 
 #[cfg(feature = "toml")]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelease::{Error, FailurePolicy, HybridLimiter, Quota, RedisStore};
+use ratelease::{AcquireError, BuildError, FailurePolicy, HybridLimiter, Quota, RedisStore};
 use support::{max_in_window, BucketState, RedisSentinel, RedisServer};
 
 /// The sentinels' name for the group.
@@ -246,7 +246,7 @@ async fn sentinel_builder_input_and_unreachable_sentinels() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("at least one sentinel")),
+        matches!(&err, BuildError::Config(m) if m.contains("at least one sentinel")),
         "{err:?}"
     );
     let err = RedisStore::sentinel_builder(["redis://127.0.0.1:1/"], "")
@@ -254,14 +254,14 @@ async fn sentinel_builder_input_and_unreachable_sentinels() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("master name")),
+        matches!(&err, BuildError::Config(m) if m.contains("master name")),
         "{err:?}"
     );
     let err = RedisStore::sentinel_builder(["not a url"], MASTER)
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
 
     let nobody = RedisServer::reserve(&[]).url();
     let err = RedisStore::sentinel_builder([nobody.clone()], MASTER)
@@ -269,7 +269,7 @@ async fn sentinel_builder_input_and_unreachable_sentinels() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
     let store = RedisStore::sentinel_builder([nobody], MASTER)
         .connect_timeout(Duration::from_millis(100))
         .lazy_connect()
@@ -278,7 +278,7 @@ async fn sentinel_builder_input_and_unreachable_sentinels() {
         .unwrap();
     let limiter = ratelease::RedisLimiter::new("x", Quota::per_second(1).unwrap(), store).unwrap();
     let err = limiter.acquire_now(1).await.unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
 }
 
 /// A sentinel that does not know the master name is an error, not a hang; and a store whose
@@ -291,7 +291,7 @@ async fn unknown_master_names_are_reported() {
         .connect()
         .await
         .unwrap_err();
-    let Error::Store(e) = &err else {
+    let BuildError::Store(e) = &err else {
         panic!("{err:?}")
     };
     let text = format!("{e:?}");
@@ -417,7 +417,7 @@ async fn the_master_is_reached_with_its_own_credentials() {
         .unwrap_err();
     let text = format!("{err:?}");
     assert!(
-        matches!(err, Error::Store(_)) && text.to_lowercase().contains("pass"),
+        matches!(err, BuildError::Store(_)) && text.to_lowercase().contains("pass"),
         "{text}"
     );
     // The master's credentials in the sentinel URL would be sent to the sentinel, which has
@@ -427,7 +427,7 @@ async fn the_master_is_reached_with_its_own_credentials() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
     // Only a sentinel store takes it.
     let err = RedisStore::builder(primary.url())
         .sentinel_master_url("redis://app:secret@x/")
@@ -435,7 +435,7 @@ async fn the_master_is_reached_with_its_own_credentials() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("sentinel_builder")),
+        matches!(&err, BuildError::Config(m) if m.contains("sentinel_builder")),
         "{err:?}"
     );
 }

@@ -320,7 +320,7 @@ async fn limiter_failures_and_missing_keys_are_responses() {
     assert!(matches!(
         response.extensions().get::<Rejection>(),
         Some(Rejection::Unavailable(
-            ratelease::Error::ExceedsBurst { .. }
+            ratelease::AcquireError::ExceedsBurst { .. }
         ))
     ));
 

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratelease::{
-    AdaptiveLease, Decision, Error, FailurePolicy, HybridLimiter, HybridStats, LeaseRequest,
-    LeaseStore, LocalAnswer, MemoryStore, Quota, StoreError,
+    AcquireError, AdaptiveLease, BuildError, Decision, FailurePolicy, HybridLimiter, HybridStats,
+    LeaseRequest, LeaseStore, LocalAnswer, MemoryStore, Quota, StoreError,
 };
 
 mod wrapped;
@@ -166,7 +166,7 @@ async fn shutdown_gives_tokens_back_and_abort_does_not() {
     settle().await;
     assert_eq!(a.available(), 60);
     a.shutdown().await;
-    assert!(matches!(a.try_acquire(1), Err(Error::Closed)));
+    assert!(matches!(a.try_acquire(1), Err(AcquireError::Closed)));
     let stats = a.stats();
     assert_eq!((stats.releases, stats.tokens_released), (1, 60));
     // All 100 are back in the shared bucket (a minute's refill would take far longer).
@@ -228,7 +228,7 @@ async fn fail_closed_store_failures_reach_waiters_and_leasing_resumes() {
         .unwrap();
     let err = limiter.acquire(1).await.unwrap_err();
     assert!(
-        matches!(err, Error::Store(StoreError::Timeout(_))),
+        matches!(err, AcquireError::Store(StoreError::Timeout(_))),
         "{err:?}"
     );
     // The store's error is in the line itself, not repeated as a source.
@@ -245,21 +245,24 @@ async fn fail_closed_store_failures_reach_waiters_and_leasing_resumes() {
 async fn bad_requests_are_typed_errors() {
     let quota = Quota::per_second(10).unwrap();
     let limiter = HybridLimiter::new("bad", quota, MemoryStore::new()).unwrap();
-    assert!(matches!(limiter.try_acquire(0), Err(Error::ZeroTokens)));
+    assert!(matches!(
+        limiter.try_acquire(0),
+        Err(AcquireError::ZeroTokens)
+    ));
     assert!(matches!(
         limiter.try_acquire(11),
-        Err(Error::ExceedsBurst {
+        Err(AcquireError::ExceedsBurst {
             requested: 11,
             burst: 10
         })
     ));
     assert!(matches!(
         limiter.acquire(u64::MAX).await,
-        Err(Error::ExceedsBurst { .. })
+        Err(AcquireError::ExceedsBurst { .. })
     ));
     assert!(matches!(
         HybridLimiter::new("", quota, MemoryStore::new()),
-        Err(Error::Config(_))
+        Err(BuildError::Config(_))
     ));
 }
 
@@ -267,7 +270,7 @@ async fn bad_requests_are_typed_errors() {
 fn building_outside_a_runtime_is_an_error() {
     let quota = Quota::per_second(10).unwrap();
     let err = HybridLimiter::new("x", quota, MemoryStore::new()).unwrap_err();
-    assert!(matches!(err, Error::NoRuntime));
+    assert!(matches!(err, BuildError::NoRuntime));
 }
 
 /// Two nodes with 3:1 demand, together 4× the rate: each gets about the same acceptance ratio
@@ -586,7 +589,7 @@ async fn ready_reports_a_failing_store_and_a_closed_limiter() {
         .expect("answered after the first failed lease")
         .unwrap_err();
     assert!(
-        matches!(err, Error::Store(StoreError::Timeout(_))),
+        matches!(err, AcquireError::Store(StoreError::Timeout(_))),
         "{err:?}"
     );
     // The limiter keeps running: once the store answers, ready succeeds.
@@ -601,7 +604,7 @@ async fn ready_reports_a_failing_store_and_a_closed_limiter() {
         .build()
         .unwrap();
     closed.shutdown().await;
-    assert!(matches!(closed.ready().await, Err(Error::Closed)));
+    assert!(matches!(closed.ready().await, Err(AcquireError::Closed)));
 }
 
 /// A limit far above demand: no caller is ever denied while the fleet has plenty of tokens,

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratelease::{
-    ConfigStore, Decision, Error, FailurePolicy, KeyedHybridLimiter, KeyedLimiter,
+    AcquireError, ConfigStore, Decision, FailurePolicy, KeyedHybridLimiter, KeyedLimiter,
     KeyedRedisLimiter, KeyedStats, LeaseRequest, LeaseStore, LocalAnswer, MemoryStore, Quota,
     TokioClock,
 };
@@ -75,7 +75,7 @@ async fn a_new_key_is_denied_once_then_served_from_an_exact_lease() {
     assert_eq!(rest.granted, 97);
     assert!(matches!(
         limiter.try_acquire("alice", 101),
-        Err(Error::ExceedsBurst { .. })
+        Err(AcquireError::ExceedsBurst { .. })
     ));
 }
 
@@ -279,7 +279,7 @@ async fn async_callers_wait_one_round_trip_or_get_the_stores_answer() {
     assert!(d.is_allowed());
     assert!(limiter.live_keys() <= 1);
     // Through the trait, as middleware would call it.
-    async fn via_trait(l: &impl KeyedLimiter<String>) -> Result<(), Error> {
+    async fn via_trait(l: &impl KeyedLimiter<String>) -> Result<(), AcquireError> {
         l.acquire("c", 1).await
     }
     via_trait(&limiter).await.unwrap();
@@ -305,7 +305,7 @@ async fn admitted_while_failing(policy: FailurePolicy) -> (u64, KeyedStats) {
     }
     if policy == FailurePolicy::FailClosed {
         let e = limiter.acquire("k", 1).await.unwrap_err();
-        assert!(matches!(e, Error::Store(_)), "{e:?}");
+        assert!(matches!(e, AcquireError::Store(_)), "{e:?}");
     }
     let stats = limiter.stats();
     // The store answers again: the circuit closes within the longest back-off.
@@ -359,8 +359,14 @@ async fn shutdown_gives_every_keys_tokens_back() {
             "key {key}"
         );
     }
-    assert!(matches!(limiter.try_acquire(&0, 1), Err(Error::Closed)));
-    assert!(matches!(limiter.acquire(&7, 1).await, Err(Error::Closed)));
+    assert!(matches!(
+        limiter.try_acquire(&0, 1),
+        Err(AcquireError::Closed)
+    ));
+    assert!(matches!(
+        limiter.acquire(&7, 1).await,
+        Err(AcquireError::Closed)
+    ));
 }
 
 #[tokio::test(start_paused = true)]

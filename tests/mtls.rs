@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use certs::{ca, cert};
-use ratelease::{Error, Quota, RedisLimiter, RedisLock, RedisStore};
+use ratelease::{AcquireError, BuildError, Quota, RedisLimiter, RedisLock, RedisStore};
 use rcgen::{CertifiedIssuer, KeyPair};
 use support::{error_chain, BucketState, RedisServer};
 
@@ -126,7 +126,7 @@ async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error(
     let s = setup();
     // No client certificate.
     let err = builder(&s).connect().await.unwrap_err();
-    let Error::Config(msg) = &err else {
+    let BuildError::Config(msg) = &err else {
         panic!("expected a configuration error, got {err:?}")
     };
     let text = err.to_string();
@@ -148,7 +148,7 @@ async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error(
         .unwrap_err();
     let text = err.to_string();
     assert!(
-        matches!(err, Error::Config(_))
+        matches!(err, BuildError::Config(_))
             && text.contains("refused this client's TLS certificate")
             && text.contains("UnknownCA"),
         "{err:?}"
@@ -161,7 +161,7 @@ async fn a_client_without_an_accepted_certificate_is_refused_with_a_clear_error(
     let err = limiter.acquire_now(1).await.unwrap_err();
     let text = error_chain(&err);
     assert!(
-        matches!(err, Error::Store(_)) && text.contains("CertificateRequired"),
+        matches!(err, AcquireError::Store(_)) && text.contains("CertificateRequired"),
         "{text}"
     );
     // Nothing was written.
@@ -199,7 +199,7 @@ async fn bad_pem_is_a_configuration_error() {
             .unwrap_err();
         let text = err.to_string();
         assert!(
-            matches!(err, Error::Config(_)) && text.contains(culprit),
+            matches!(err, BuildError::Config(_)) && text.contains(culprit),
             "{culprit}: {err:?}"
         );
     }
@@ -209,7 +209,7 @@ async fn bad_pem_is_a_configuration_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("tls root certificate")),
+        matches!(&err, BuildError::Config(m) if m.contains("tls root certificate")),
         "{err:?}"
     );
     // A lock on a URL checks its root certificate the same way, before connecting.

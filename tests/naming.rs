@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use ratelease::{
-    ConcurrencyLimiter, Decision, Error, HybridLimiter, KeyedHybridLimiter, KeyedRedisLimiter,
-    LocalAnswer, MemoryStore, Permit, Quota, RedisLimiter,
+    AcquireError, ConcurrencyLimiter, Decision, HybridLimiter, KeyedHybridLimiter,
+    KeyedRedisLimiter, LocalAnswer, MemoryStore, Permit, Quota, RedisLimiter,
 };
 
 const WAIT: Duration = Duration::from_millis(50);
@@ -30,13 +30,13 @@ async fn hybrid() -> HybridLimiter<MemoryStore> {
 macro_rules! portable {
     ($limiter:expr) => {{
         let limiter = $limiter;
-        let now: Result<Decision, Error> = limiter.acquire_now(1).await;
+        let now: Result<Decision, AcquireError> = limiter.acquire_now(1).await;
         assert!(now.unwrap().is_allowed());
-        let waited: Result<(), Error> = limiter.acquire(1).await;
+        let waited: Result<(), AcquireError> = limiter.acquire(1).await;
         waited.unwrap();
-        let bounded: Result<Decision, Error> = limiter.try_acquire_for(1, WAIT).await;
+        let bounded: Result<Decision, AcquireError> = limiter.try_acquire_for(1, WAIT).await;
         assert!(bounded.unwrap().is_allowed());
-        let leased: Result<Decision, Error> = limiter.try_acquire_or_lease(1, WAIT).await;
+        let leased: Result<Decision, AcquireError> = limiter.try_acquire_or_lease(1, WAIT).await;
         assert!(leased.unwrap().is_allowed());
     }};
 }
@@ -45,14 +45,15 @@ macro_rules! portable {
 macro_rules! portable_keyed {
     ($limiter:expr) => {{
         let limiter = $limiter;
-        let now: Result<Decision, Error> = limiter.acquire_now("k", 1).await;
+        let now: Result<Decision, AcquireError> = limiter.acquire_now("k", 1).await;
         // A hybrid limiter has no tokens for a new key yet: its answer may be a denial.
         let _ = now.unwrap();
-        let waited: Result<(), Error> = limiter.acquire("k", 1).await;
+        let waited: Result<(), AcquireError> = limiter.acquire("k", 1).await;
         waited.unwrap();
-        let bounded: Result<Decision, Error> = limiter.try_acquire_for("k", 1, WAIT).await;
+        let bounded: Result<Decision, AcquireError> = limiter.try_acquire_for("k", 1, WAIT).await;
         assert!(bounded.unwrap().is_allowed());
-        let leased: Result<Decision, Error> = limiter.try_acquire_or_lease("k", 1, WAIT).await;
+        let leased: Result<Decision, AcquireError> =
+            limiter.try_acquire_or_lease("k", 1, WAIT).await;
         assert!(leased.unwrap().is_allowed());
     }};
 }
@@ -68,14 +69,14 @@ async fn hybrid_and_pure_take_the_same_call_sites() {
     portable_keyed!(&KeyedRedisLimiter::new("kp", quota(), MemoryStore::new()).unwrap());
 
     // The synchronous names, where there is local state to answer from.
-    let sync: Result<Decision, Error> = hybrid.try_acquire(1);
+    let sync: Result<Decision, AcquireError> = hybrid.try_acquire(1);
     assert!(sync.unwrap().is_allowed());
-    let local: Result<LocalAnswer, Error> = hybrid.try_acquire_local(1);
+    let local: Result<LocalAnswer, AcquireError> = hybrid.try_acquire_local(1);
     assert_eq!(local.unwrap(), LocalAnswer::Allowed);
     // A key leases exactly what it is asked until it runs hot: no tokens may be left here.
-    let sync: Result<Decision, Error> = keyed.try_acquire("k", 1);
+    let sync: Result<Decision, AcquireError> = keyed.try_acquire("k", 1);
     let _ = sync.unwrap();
-    let local: Result<LocalAnswer, Error> = keyed.try_acquire_local("k", 1);
+    let local: Result<LocalAnswer, AcquireError> = keyed.try_acquire_local("k", 1);
     let _ = local.unwrap();
 }
 
@@ -83,7 +84,7 @@ mod through_the_traits {
     use super::*;
     use ratelease::{KeyedLimiter, Limiter};
 
-    async fn portable(limiter: &impl Limiter) -> Option<Result<LocalAnswer, Error>> {
+    async fn portable(limiter: &impl Limiter) -> Option<Result<LocalAnswer, AcquireError>> {
         assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
         limiter.acquire(1).await.unwrap();
         assert!(limiter.try_acquire_for(1, WAIT).await.unwrap().is_allowed());
@@ -137,17 +138,17 @@ async fn a_concurrency_limiter_has_the_same_shapes() {
         .build()
         .unwrap();
         // Waits for the first lease in hybrid mode.
-        let waited: Result<Permit, Error> = limiter.acquire(1).await;
+        let waited: Result<Permit, AcquireError> = limiter.acquire(1).await;
         drop(waited.unwrap());
-        let now: Result<Option<Permit>, Error> = limiter.acquire_now(1).await;
+        let now: Result<Option<Permit>, AcquireError> = limiter.acquire_now(1).await;
         assert!(now.unwrap().is_some());
-        let bounded: Result<Option<Permit>, Error> = limiter.try_acquire_for(1, WAIT).await;
+        let bounded: Result<Option<Permit>, AcquireError> = limiter.try_acquire_for(1, WAIT).await;
         assert!(bounded.unwrap().is_some());
         // Synchronous, from the local pool: a pure-mode limiter has none.
-        let sync: Result<Option<Permit>, Error> = limiter.try_acquire(1);
+        let sync: Result<Option<Permit>, AcquireError> = limiter.try_acquire(1);
         match hybrid {
             true => assert!(sync.unwrap().is_some(), "the pool has slots"),
-            false => assert!(matches!(sync, Err(Error::Config(_)))),
+            false => assert!(matches!(sync, Err(AcquireError::Config(_)))),
         }
     }
 }

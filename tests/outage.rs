@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::{
-    Error, FailurePolicy, HybridLimiter, KeyedRedisLimiter, Quota, RedisLimiter, RedisStore,
+    AcquireError, FailurePolicy, HybridLimiter, KeyedRedisLimiter, Quota, RedisLimiter, RedisStore,
 };
 use support::RedisServer;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -203,7 +203,7 @@ async fn a_keyed_pure_limiters_keys_share_one_circuit() {
     let keyed = KeyedRedisLimiter::new("per-user", Quota::per_second(10).unwrap(), store).unwrap();
     let first = std::time::Instant::now();
     let err = keyed.acquire_now("alice", 1).await.unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
     let waited = first.elapsed();
     // Other keys get the same error at once: only a probe (one per back-off, 5 ms doubling)
     // waits for the store.

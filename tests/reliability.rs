@@ -8,7 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ratelease::{Decision, Error, FailurePolicy, HybridLimiter, Quota, RedisStore};
+use ratelease::{AcquireError, Decision, FailurePolicy, HybridLimiter, Quota, RedisStore};
 use support::RedisServer;
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -115,7 +115,7 @@ async fn a_hung_redis_never_holds_a_caller_past_its_timeout() {
         worst = worst.max(t.elapsed());
         denied += u32::from(matches!(
             outcome,
-            Ok(Decision::Denied { .. }) | Err(Error::Store(_))
+            Ok(Decision::Denied { .. }) | Err(AcquireError::Store(_))
         ));
     }
     let open = limiter.stats().circuit_open;

@@ -299,7 +299,7 @@ async fn keys_carry_one_hash_tag_and_braces_cannot_escape_it() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, ratelease::Error::Config(_)), "{err:?}");
+    assert!(matches!(err, ratelease::BuildError::Config(_)), "{err:?}");
 }
 
 /// The bucket must never outlive its leasers' keys — a bucket whose leaser records had expired

@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use ratelease::{
-    Algorithm, ConcurrencyLimiter, Error, FailurePolicy, HybridLimiter, LeaseRequest, LeaseStore,
-    LockError, Quota, RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
+    AcquireError, Algorithm, ConcurrencyLimiter, FailurePolicy, HybridLimiter, LeaseRequest,
+    LeaseStore, LockError, Quota, RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
 };
 use support::RedisServer;
 
@@ -221,7 +221,7 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
                 .unwrap();
             let err = pure.acquire_now(1).await.unwrap_err();
             assert!(
-                matches!(err, Error::Store(StoreError::NoPermission(_))),
+                matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
                 "{user} {algorithm}: {err:?}"
             );
             assert!(err.to_string().contains("store failed"), "{err}");
@@ -237,7 +237,7 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
             .expect("a denied lease ends the wait")
             .unwrap_err();
         assert!(
-            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
             "{user}: {err:?}"
         );
         hybrid.abort();
@@ -248,7 +248,7 @@ async fn a_user_without_the_acl_gets_a_typed_error_and_changes_nothing() {
             .unwrap();
         let err = conc.acquire_now(1).await.unwrap_err();
         assert!(
-            matches!(err, Error::Store(StoreError::NoPermission(_))),
+            matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
             "{user}: {err:?}"
         );
         conc.abort();
@@ -281,7 +281,7 @@ async fn a_refused_read_fails_the_call_instead_of_reading_a_full_bucket() {
     let refused = RedisLimiter::new("empty", quota, store(&server, "no-get").await).unwrap();
     let err = refused.acquire_now(1).await.unwrap_err();
     assert!(
-        matches!(err, Error::Store(StoreError::NoPermission(_))),
+        matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
         "{err:?}"
     );
     assert!(

@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use certs::{ca, cert};
-use ratelease::{Error, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
+use ratelease::{BuildError, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
 use rcgen::{CertifiedIssuer, KeyPair};
 use support::{BucketState, RedisServer};
 
@@ -98,12 +98,12 @@ async fn a_client_that_does_not_trust_the_ca_gets_a_certificate_error() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
 }
 
 /// Asserts that `err` is the redis error of a server certificate signed by an unknown CA.
-fn assert_unknown_issuer(err: &Error) {
-    let Error::Store(StoreError::Redis(e)) = err else {
+fn assert_unknown_issuer(err: &BuildError) {
+    let BuildError::Store(StoreError::Redis(e)) = err else {
         panic!("expected a redis error, got {err:?}")
     };
     let message = e.to_string();
@@ -293,7 +293,7 @@ async fn limiters_work_on_a_tls_cluster_and_follow_its_redirections() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
+    assert!(matches!(err, BuildError::Store(_)), "{err:?}");
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "took {:?}",

@@ -9,7 +9,7 @@ mod wrapped;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ratelease::{Error, HybridLimiter, LeaseStore, Quota, RedisStore, StoreError};
+use ratelease::{AcquireError, HybridLimiter, LeaseStore, Quota, RedisStore, StoreError};
 use support::RedisServer;
 use wrapped::Wrapped;
 
@@ -114,7 +114,7 @@ fn the_first_check_after_ready_is_allowed_on_redis() {
 
         for l in [limiter, lazy, first, second] {
             l.shutdown().await;
-            assert!(matches!(l.ready().await, Err(Error::Closed)));
+            assert!(matches!(l.ready().await, Err(AcquireError::Closed)));
         }
     });
 }
@@ -140,7 +140,7 @@ fn ready_reports_an_unreachable_redis_promptly() {
             .await
             .expect("answered")
             .unwrap_err();
-        assert!(matches!(err, Error::Store(_)), "{err:?}");
+        assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
         let stats = limiter.stats();
         assert!(stats.circuit_open, "{stats:?}");
         assert!(
@@ -166,7 +166,7 @@ fn ready_after_a_failed_first_lease_probes_again() {
         let limiter = HybridLimiter::new("flaky", quota, store.clone()).unwrap();
         let err = limiter.ready().await.unwrap_err();
         assert!(
-            matches!(err, Error::Store(StoreError::Timeout(_))),
+            matches!(err, AcquireError::Store(StoreError::Timeout(_))),
             "{err:?}"
         );
         assert_eq!(limiter.stats().leases, 1, "the first failure is reported");

@@ -392,7 +392,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     /// script ran for it (the time its tokens count at).
     fn spawn_decision<F>(&self, index: usize, a: Arrival, started: u64, decision: F)
     where
-        F: Future<Output = Result<Decision, ratelease::Error>> + Send + 'static,
+        F: Future<Output = Result<Decision, ratelease::AcquireError>> + Send + 'static,
     {
         let records = self.records.clone();
         let in_flight = self.in_flight.clone();

@@ -39,7 +39,7 @@
 //! Central configuration ([`ConfigStore`](crate::ConfigStore)) applies to the token bucket
 //! only: the other scripts run under the caller's quota, and a limiter built with another
 //! algorithm and an [`Unconfigured`] other than [`Unconfigured::UseQuota`] is an
-//! [`Error::Config`].
+//! [`BuildError::Config`].
 //!
 //! Explicit times (`now_us`, `at`) are limited to 2^52 µs (the year 2112) in those scripts, so
 //! that a time plus a period stays an exact integer in a Lua double.
@@ -83,7 +83,7 @@ pub mod token_bucket;
 
 use crate::algorithm::token_bucket::InvalidArgument;
 use crate::config::Unconfigured;
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::quota::{Quota, MAX_VALUE};
 
 /// The complete token-bucket script, ready for `EVAL`: `lua/helpers.lua` followed by
@@ -146,9 +146,9 @@ pub enum Algorithm {
 }
 
 impl std::str::FromStr for Algorithm {
-    type Err = Error;
+    type Err = BuildError;
 
-    fn from_str(name: &str) -> Result<Self, Error> {
+    fn from_str(name: &str) -> Result<Self, BuildError> {
         Algorithm::from_name(name)
     }
 }
@@ -175,14 +175,14 @@ impl Algorithm {
     /// The algorithm called `name` (one of the [`name`](Self::name)s).
     ///
     /// # Errors
-    /// [`Error::Config`] naming the known algorithms.
-    pub fn from_name(name: &str) -> Result<Self, Error> {
+    /// [`BuildError::Config`] naming the known algorithms.
+    pub fn from_name(name: &str) -> Result<Self, BuildError> {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == name)
             .ok_or_else(|| {
                 let known: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                Error::Config(format!("unknown algorithm {name:?}; one of {known:?}"))
+                BuildError::Config(format!("unknown algorithm {name:?}; one of {known:?}"))
             })
     }
 
@@ -219,9 +219,9 @@ impl Algorithm {
 
     /// Checks a limiter's settings: a window's `burst` must equal its `rate`, and only the
     /// token bucket reads central configuration.
-    pub(crate) fn check(self, quota: &Quota, unconfigured: Unconfigured) -> Result<(), Error> {
+    pub(crate) fn check(self, quota: &Quota, unconfigured: Unconfigured) -> Result<(), BuildError> {
         if self.windowed() && quota.burst() != quota.rate() {
-            return Err(Error::Config(format!(
+            return Err(BuildError::Config(format!(
                 "{}: the burst ({}) must equal the rate ({}): a window's budget is its rate",
                 self.name(),
                 quota.burst(),
@@ -229,7 +229,7 @@ impl Algorithm {
             )));
         }
         if self != Algorithm::TokenBucket && unconfigured != Unconfigured::UseQuota {
-            return Err(Error::Config(format!(
+            return Err(BuildError::Config(format!(
                 "{}: central configuration is for the token bucket only; use \
                  Unconfigured::UseQuota",
                 self.name()
@@ -244,10 +244,10 @@ impl Algorithm {
         self,
         quota: &Quota,
         unconfigured: Unconfigured,
-    ) -> Result<(), Error> {
+    ) -> Result<(), BuildError> {
         self.check(quota, unconfigured)?;
         if !self.leases_in_batches() {
-            return Err(Error::Config(format!(
+            return Err(BuildError::Config(format!(
                 "{}: a hybrid limiter cannot lease batches of it (tokens spent from a batch \
                  would escape its window or its spacing); use RedisLimiter",
                 self.name()

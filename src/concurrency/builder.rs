@@ -12,7 +12,7 @@ use super::permit::Local;
 use super::store::ConcurrencyStore;
 use super::task;
 use crate::builder_knobs::{knob_setters, CommonKnobs};
-use crate::error::Error;
+use crate::error::BuildError;
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
 use crate::key;
@@ -123,10 +123,10 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
     /// Builds the limiter and starts its background task.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name, a limit of 0 or above 2^52, a ttl under 3 ms or above
-    /// 2^52 µs, a hybrid batch of 0 or above the limit; [`Error::NoRuntime`] outside a tokio
+    /// [`BuildError::Config`] for a bad name, a limit of 0 or above 2^52, a ttl under 3 ms or above
+    /// 2^52 µs, a hybrid batch of 0 or above the limit; [`BuildError::NoRuntime`] outside a tokio
     /// runtime.
-    pub fn build(self) -> Result<ConcurrencyLimiter<S>, Error> {
+    pub fn build(self) -> Result<ConcurrencyLimiter<S>, BuildError> {
         key::validate_name(&self.name)?;
         let batch = check_settings(self.limit, self.ttl, self.mode)?;
         let runtime = self.knobs.runtime_or_current()?;
@@ -186,8 +186,8 @@ pub(crate) fn check_settings(
     limit: u64,
     ttl: Duration,
     mode: ConcurrencyMode,
-) -> Result<u64, Error> {
-    let config = |msg: String| Err(Error::Config(msg));
+) -> Result<u64, BuildError> {
+    let config = |msg: String| Err(BuildError::Config(msg));
     if !(1..=MAX_VALUE).contains(&limit) {
         return config(format!("concurrency limit {limit} must be in 1..=2^52"));
     }

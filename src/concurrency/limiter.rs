@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::holders::Op;
 use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
-use crate::error::{Error, StoreError};
+use crate::error::{AcquireError, StoreError};
 use crate::failure::FailurePolicy;
 use crate::retry::Backoff;
 use crate::store::RedisStore;
@@ -166,14 +166,14 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// [`acquire_now`](Self::acquire_now) (one store call), which works in both modes.
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsLimit`], [`Error::Closed`] after shutdown;
-    /// [`Error::Config`] in pure mode.
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsLimit`], [`AcquireError::Closed`]
+    /// after shutdown; [`AcquireError::Config`] in pure mode.
     #[inline]
-    pub fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+    pub fn try_acquire(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         let s = &*self.handle.shared;
         s.check(n)?;
         if !s.local.hybrid {
-            return Err(Error::Config(
+            return Err(AcquireError::Config(
                 "try_acquire needs hybrid mode (a local pool); use acquire_now".into(),
             ));
         }
@@ -187,13 +187,14 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// at once), as [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsLimit`], [`Error::Closed`] after shutdown,
-    /// [`Error::Store`] if the store fails and the policy is [`FailurePolicy::FailClosed`].
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsLimit`], [`AcquireError::Closed`]
+    /// after shutdown, [`AcquireError::Store`] if the store fails and the policy is
+    /// [`FailurePolicy::FailClosed`].
     ///
     /// # Cancel safety
     /// Cancelling a pure-mode call while its store call is in flight cannot leak a slot for
     /// long: if the call went through, the next renewal corrects the count.
-    pub async fn acquire_now(&self, n: u64) -> Result<Option<Permit>, Error> {
+    pub async fn acquire_now(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         let s = &*self.handle.shared;
         s.check(n)?;
         let attempt = match s.local.hybrid {
@@ -208,7 +209,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     #[deprecated(note = "use `try_acquire` (synchronous now, as on every limiter)")]
-    pub fn try_acquire_now(&self, n: u64) -> Result<Option<Permit>, Error> {
+    pub fn try_acquire_now(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         self.try_acquire(n)
     }
 
@@ -224,7 +225,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     ///
     /// # Cancel safety
     /// As [`acquire_now`](Self::acquire_now).
-    pub async fn acquire(&self, n: u64) -> Result<Permit, Error> {
+    pub async fn acquire(&self, n: u64) -> Result<Permit, AcquireError> {
         loop {
             // Without a deadline it only returns with a permit or an error.
             if let Some(permit) = self.acquire_until(n, None).await? {
@@ -242,7 +243,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         &self,
         n: u64,
         timeout: Duration,
-    ) -> Result<Option<Permit>, Error> {
+    ) -> Result<Option<Permit>, AcquireError> {
         let attempt = self.acquire_until(n, Some(time::from_now(timeout))).await;
         self.handle.shared.count_denial(n, attempt)
     }
@@ -251,7 +252,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
         &self,
         n: u64,
         deadline: Option<Instant>,
-    ) -> Result<Option<Permit>, Error> {
+    ) -> Result<Option<Permit>, AcquireError> {
         let s = &*self.handle.shared;
         s.check(n)?;
         // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
@@ -273,7 +274,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
                 && s.error_seq.load(Ordering::Acquire) != errors_seen
             {
                 if let Some(e) = s.error.lock().clone() {
-                    return Err(Error::Store(e));
+                    return Err(AcquireError::Store(e));
                 }
             }
             let now = Instant::now();
@@ -295,8 +296,8 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     /// expired holders), plus this process's pooled slots in hybrid mode. One store call.
     ///
     /// # Errors
-    /// [`Error::Store`] if the store fails.
-    pub async fn available_permits(&self) -> Result<u64, Error> {
+    /// [`AcquireError::Store`] if the store fails.
+    pub async fn available_permits(&self) -> Result<u64, AcquireError> {
         let s = &*self.handle.shared;
         let reply = s
             .store
@@ -338,7 +339,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
 
     /// Stops the background task after giving back what no permit holds (pure: the slots of
     /// dropped permits; hybrid: the pool) and renewing what permits still hold one last time.
-    /// Later calls return [`Error::Closed`]. Dropping the last clone does the same without
+    /// Later calls return [`AcquireError::Closed`]. Dropping the last clone does the same without
     /// waiting.
     pub async fn shutdown(&self) {
         self.handle.shared.local.stale.store(true, Ordering::SeqCst);
@@ -429,8 +430,8 @@ impl<S: ConcurrencyStore> Shared<S> {
     fn count_denial(
         &self,
         n: u64,
-        attempt: Result<Option<Permit>, Error>,
-    ) -> Result<Option<Permit>, Error> {
+        attempt: Result<Option<Permit>, AcquireError>,
+    ) -> Result<Option<Permit>, AcquireError> {
         if matches!(attempt, Ok(None)) {
             // Relaxed: a statistic, published by the background task. The denial path only.
             self.counters.denied.fetch_add(n, Ordering::Relaxed);
@@ -459,12 +460,12 @@ impl<S: ConcurrencyStore> Shared<S> {
 
     /// Rejects requests that can never succeed.
     #[inline]
-    fn check(&self, n: u64) -> Result<(), Error> {
+    fn check(&self, n: u64) -> Result<(), AcquireError> {
         if n == 0 {
-            return Err(Error::ZeroTokens);
+            return Err(AcquireError::ZeroTokens);
         }
         if n > self.limit {
-            return Err(Error::ExceedsLimit {
+            return Err(AcquireError::ExceedsLimit {
                 requested: n,
                 limit: self.limit,
             });
@@ -474,7 +475,7 @@ impl<S: ConcurrencyStore> Shared<S> {
 
     /// Hybrid: from the pool, else the denial path.
     #[inline]
-    fn try_local(&self, n: u64) -> Result<Option<Permit>, Error> {
+    fn try_local(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         let l = &self.local;
         // Relaxed: the task raises `stale` a tenth of a ttl before the store could forget this
         // holder's slots; a caller that sees it a moment late is still inside that margin.
@@ -491,9 +492,9 @@ impl<S: ConcurrencyStore> Shared<S> {
 
     /// Hybrid: the pool could not serve `n`.
     #[cold]
-    fn denied(&self, n: u64) -> Result<Option<Permit>, Error> {
+    fn denied(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         if self.local.signal.is_closed() {
-            return Err(Error::Closed);
+            return Err(AcquireError::Closed);
         }
         // Also raises the refill flag, so the task keeps leasing (or probing a failing store).
         self.local.signal.denied(n);
@@ -505,7 +506,7 @@ impl<S: ConcurrencyStore> Shared<S> {
 
     /// The failure policy's answer while the store is failing with `error` (or, in hybrid
     /// mode, the circuit is open).
-    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Option<Permit>, Error> {
+    fn degraded(&self, n: u64, error: Option<StoreError>) -> Result<Option<Permit>, AcquireError> {
         let admit = match self.failure {
             FailurePolicy::FailOpen => {
                 self.local.degraded.fetch_add(n, Ordering::SeqCst);
@@ -519,7 +520,7 @@ impl<S: ConcurrencyStore> Shared<S> {
                 })
                 .is_ok(),
             _ => match error {
-                Some(e) => return Err(Error::Store(e)),
+                Some(e) => return Err(AcquireError::Store(e)),
                 None => false,
             },
         };
@@ -531,9 +532,9 @@ impl<S: ConcurrencyStore> Shared<S> {
     }
 
     /// Pure: one store call for `n` slots.
-    async fn try_store(&self, n: u64) -> Result<Option<Permit>, Error> {
+    async fn try_store(&self, n: u64) -> Result<Option<Permit>, AcquireError> {
         if self.local.signal.is_closed() {
-            return Err(Error::Closed);
+            return Err(AcquireError::Closed);
         }
         let reservation = self.reserve(n).await;
         let op = Op::Acquire {

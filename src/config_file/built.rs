@@ -8,7 +8,7 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStore};
-use crate::error::Error;
+use crate::error::AcquireError;
 use crate::hybrid::HybridLimiter;
 use crate::keyed::{KeyedHybridLimiter, KeyedRedisLimiter};
 use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
@@ -34,28 +34,28 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         }
     }
 
-    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+    async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.try_acquire(n),
             AnyLimiter::Pure(l) => l.acquire_now(n).await,
         }
     }
 
-    async fn acquire(&self, n: u64) -> Result<(), Error> {
+    async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.acquire(n).await,
             AnyLimiter::Pure(l) => l.acquire(n).await,
         }
     }
 
-    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.try_acquire_for(n, timeout).await,
             AnyLimiter::Pure(l) => l.try_acquire_for(n, timeout).await,
         }
     }
 
-    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         match self {
             // The hybrid limiter's own answer, `NeedsLease` included: a layer over a limiter
             // built from a file waits for a first lease as it does over one built in code.
@@ -64,7 +64,11 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         }
     }
 
-    async fn try_acquire_or_lease(&self, n: u64, lease_wait: Duration) -> Result<Decision, Error> {
+    async fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.try_acquire_or_lease(n, lease_wait).await,
             AnyLimiter::Pure(l) => l.acquire_now(n).await,
@@ -78,7 +82,7 @@ impl<S: LeaseStore> AnyLimiter<S> {
     ///
     /// # Errors
     /// As [`HybridLimiter::ready`].
-    pub async fn ready(&self) -> Result<(), Error> {
+    pub async fn ready(&self) -> Result<(), AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.ready().await,
             AnyLimiter::Pure(_) => Ok(()),
@@ -138,7 +142,7 @@ where
         }
     }
 
-    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -149,7 +153,7 @@ where
         }
     }
 
-    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
+    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -165,7 +169,7 @@ where
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -176,7 +180,7 @@ where
         }
     }
 
-    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, AcquireError>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -194,7 +198,7 @@ where
         key: &Q,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -257,9 +261,9 @@ where
     /// per key, when a key is first seen.)
     ///
     /// # Errors
-    /// The first error: [`Error::Store`] if a first lease failed (the
+    /// The first error: [`AcquireError::Store`] if a first lease failed (the
     /// limiters keep running under their failure policies).
-    pub async fn ready(&self) -> Result<(), Error> {
+    pub async fn ready(&self) -> Result<(), AcquireError> {
         for limiter in self.limiters.values() {
             limiter.ready().await?;
         }

@@ -114,7 +114,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::concurrency::ConcurrencyStore;
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::store::LeaseStore;
 
 /// Why a limiters file could not be loaded.
@@ -393,7 +393,7 @@ impl LimitersConfig {
     /// # Errors
     /// As [`LimiterSpec::build`], [`KeyedSpec::build`] and [`ConcurrencySpec::build`]: a
     /// tokio runtime is needed for hybrid and concurrency limiters.
-    pub fn build<S>(&self, store: &S) -> Result<Limiters<S>, Error>
+    pub fn build<S>(&self, store: &S) -> Result<Limiters<S>, BuildError>
     where
         S: LeaseStore + ConcurrencyStore + Clone,
     {
@@ -405,7 +405,7 @@ impl LimitersConfig {
     ///
     /// # Errors
     /// As [`build`](Self::build).
-    pub fn build_with_keys<K, S>(&self, store: &S) -> Result<Limiters<S, K>, Error>
+    pub fn build_with_keys<K, S>(&self, store: &S) -> Result<Limiters<S, K>, BuildError>
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
         S: LeaseStore + ConcurrencyStore + Clone,
@@ -414,17 +414,17 @@ impl LimitersConfig {
             .specs
             .iter()
             .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
-            .collect::<Result<_, Error>>()?;
+            .collect::<Result<_, BuildError>>()?;
         let keyed = self
             .keyed
             .iter()
             .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
-            .collect::<Result<_, Error>>()?;
+            .collect::<Result<_, BuildError>>()?;
         let concurrency = self
             .concurrency
             .iter()
             .map(|(name, spec)| Ok((name.clone(), spec.build(store.clone())?)))
-            .collect::<Result<_, Error>>()?;
+            .collect::<Result<_, BuildError>>()?;
         Ok(Limiters {
             limiters,
             keyed,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::failure::FailurePolicy;
 use crate::quota::Quota;
 
@@ -127,10 +127,10 @@ pub(super) enum Lease {
     Fixed(u64),
 }
 
-/// An [`Error::Config`]'s message alone, any other error's display.
-pub(super) fn reason(e: Error) -> String {
+/// A [`BuildError::Config`]'s message alone, any other error's display.
+pub(super) fn reason(e: BuildError) -> String {
     match e {
-        Error::Config(message) => message,
+        BuildError::Config(message) => message,
         e => e.to_string(),
     }
 }

@@ -12,7 +12,7 @@ use crate::concurrency::{
     DEFAULT_HOLDER_TTL,
 };
 use crate::config::{Budget, Unconfigured};
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::failure::FailurePolicy;
 use crate::hybrid::{HybridBuilder, HybridLimiter};
 use crate::key;
@@ -157,7 +157,7 @@ impl LimiterSpec {
     /// # Errors
     /// As [`HybridBuilder::build`] (a hybrid limiter needs a tokio runtime) and
     /// [`RedisLimiterBuilder::build`].
-    pub fn build<S: LeaseStore>(&self, store: S) -> Result<AnyLimiter<S>, Error> {
+    pub fn build<S: LeaseStore>(&self, store: S) -> Result<AnyLimiter<S>, BuildError> {
         Ok(match self.mode {
             Mode::Hybrid => AnyLimiter::Hybrid(self.hybrid(store).build()?),
             Mode::Pure => AnyLimiter::Pure(self.pure(store).build()?),
@@ -308,7 +308,10 @@ impl KeyedSpec {
     ///
     /// # Errors
     /// As [`KeyedRedisLimiter::new`] (the name was checked at load, so in practice none).
-    pub fn pure<S: LeaseStore + Clone>(&self, store: S) -> Result<KeyedRedisLimiter<S>, Error> {
+    pub fn pure<S: LeaseStore + Clone>(
+        &self,
+        store: S,
+    ) -> Result<KeyedRedisLimiter<S>, BuildError> {
         KeyedRedisLimiter::new(self.name.clone(), self.quota, store)
     }
 
@@ -317,7 +320,7 @@ impl KeyedSpec {
     /// # Errors
     /// As [`KeyedHybridBuilder::build`] (a hybrid keyed limiter needs a tokio runtime) and
     /// [`KeyedRedisLimiter::new`].
-    pub fn build<K, S>(&self, store: S) -> Result<AnyKeyedLimiter<K, S>, Error>
+    pub fn build<K, S>(&self, store: S) -> Result<AnyKeyedLimiter<K, S>, BuildError>
     where
         K: Hash + Eq + Clone + Display + Send + Sync + 'static,
         S: LeaseStore + Clone,
@@ -435,7 +438,10 @@ impl ConcurrencySpec {
     ///
     /// # Errors
     /// As [`ConcurrencyBuilder::build`] (it needs a tokio runtime).
-    pub fn build<S: ConcurrencyStore>(&self, store: S) -> Result<ConcurrencyLimiter<S>, Error> {
+    pub fn build<S: ConcurrencyStore>(
+        &self,
+        store: S,
+    ) -> Result<ConcurrencyLimiter<S>, BuildError> {
         self.builder(store).build()
     }
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use http::Request;
 
 use super::key::{KeyError, KeyExtractor};
-use crate::error::Error;
+use crate::error::AcquireError;
 pub use crate::limiter::Waits;
 use crate::limiter::{Decision, KeyedLimiter, Limiter, Next};
 use crate::quota::Quota;
@@ -44,11 +44,11 @@ pub enum Step {
         retry_after: Duration,
     },
     /// The limiter failed (a store failure under `FailClosed`, a request above the burst).
-    Fail(Error),
+    Fail(AcquireError),
     /// The request has no usable key.
     NoKey(KeyError),
     /// Wait for the decision (a lease, the next token, or a limiter that must await).
-    Wait(BoxFuture<Result<Decision, Error>>),
+    Wait(BoxFuture<Result<Decision, AcquireError>>),
 }
 
 /// How a [`Limit`](super::Limit) service asks its limiter. Implemented by [`Global`] and
@@ -153,7 +153,7 @@ where
 /// that waits (see [`Waits::settle`]).
 fn step<F>(next: Next, wait: F) -> Step
 where
-    F: FnOnce(Option<Decision>) -> BoxFuture<Result<Decision, Error>>,
+    F: FnOnce(Option<Decision>) -> BoxFuture<Result<Decision, AcquireError>>,
 {
     match next {
         Next::Admit => Step::Admit,

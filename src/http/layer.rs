@@ -258,7 +258,7 @@ impl<S, G> Limit<S, G> {
     /// The response future of a request that waits for its `decision`.
     fn wait<B, RB>(
         &mut self,
-        decision: BoxFuture<Result<Decision, crate::Error>>,
+        decision: BoxFuture<Result<Decision, crate::AcquireError>>,
         request: Request<B>,
     ) -> ResponseFuture<S::Future, RB, S::Error>
     where

@@ -17,7 +17,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use super::headers::{retry_after_secs, PolicyHeaders, RATELIMIT, RATELIMIT_POLICY};
 use super::key::KeyError;
-use crate::error::Error;
+use crate::error::AcquireError;
 
 /// Why the layer answered a request instead of the inner service; found in the response's
 /// extensions, so a later layer can write a body of its own (the layer's is empty).
@@ -44,7 +44,7 @@ pub enum Rejection {
     /// The limiter could not decide: a store failure under
     /// [`FailurePolicy::FailClosed`](crate::FailurePolicy), a closed limiter, or a request
     /// for more tokens than the quota's burst.
-    Unavailable(Error),
+    Unavailable(AcquireError),
 }
 
 impl Rejection {
@@ -54,9 +54,9 @@ impl Rejection {
             Rejection::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Rejection::NoKey(e) => e.status(),
             // The layer's `tokens` exceed the burst: every request would fail; a setup error.
-            Rejection::Unavailable(Error::ExceedsBurst { .. } | Error::ZeroTokens) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Rejection::Unavailable(
+                AcquireError::ExceedsBurst { .. } | AcquireError::ZeroTokens,
+            ) => StatusCode::INTERNAL_SERVER_ERROR,
             Rejection::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 
 use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::config::Budget;
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::failure::Circuit;
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
@@ -59,7 +59,7 @@ impl<S> HybridBuilder<S> {
 impl<S: LeaseStore> HybridBuilder<S> {
     knob_setters! {
         /// Batches are leased under the token bucket and the fixed window; the others are an
-        /// [`Error::Config`] at build.
+        /// [`BuildError::Config`] at build.
         algorithm,
         policy,
         lease_size,
@@ -97,11 +97,11 @@ impl<S: LeaseStore> HybridBuilder<S> {
     /// [`crate::config`], "One name, one quota").
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name, or an algorithm it cannot lease (see
+    /// [`BuildError::Config`] for a bad name, or an algorithm it cannot lease (see
     /// [`algorithm`](Self::algorithm)) or combine with the builder's settings (as
     /// [`RedisLimiterBuilder::build`](crate::RedisLimiterBuilder::build));
-    /// [`Error::NoRuntime`] outside a tokio runtime.
-    pub fn build(self) -> Result<HybridLimiter<S>, Error> {
+    /// [`BuildError::NoRuntime`] outside a tokio runtime.
+    pub fn build(self) -> Result<HybridLimiter<S>, BuildError> {
         key::validate_name(&self.name)?;
         let (algorithm, unconfigured) = (self.knobs.algorithm, self.knobs.unconfigured);
         algorithm.check_hybrid(&self.quota, unconfigured)?;

@@ -55,7 +55,7 @@ use std::time::Duration;
 use crate::algorithm::Algorithm;
 #[cfg(doc)]
 use crate::config::Unconfigured;
-use crate::error::Error;
+use crate::error::{AcquireError, BuildError};
 use crate::failure::FailurePolicy;
 #[cfg(doc)]
 use crate::lease::policy::AdaptiveLease;
@@ -133,7 +133,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     ///
     /// # Errors
     /// As [`HybridBuilder::build`].
-    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, BuildError> {
         Self::builder(name, quota, store).build()
     }
 
@@ -143,9 +143,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// or being denied, wakes the background task to lease more (at most one lease in flight).
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`]; [`Error::Closed`] after shutdown.
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`]; [`AcquireError::Closed`]
+    /// after shutdown; [`AcquireError::Unconfigured`] for a name with no stored quota under
+    /// [`Unconfigured::Error`].
     #[inline]
-    pub fn try_acquire(&self, n: u64) -> Result<Decision, Error> {
+    pub fn try_acquire(&self, n: u64) -> Result<Decision, AcquireError> {
         if self.take_local(n)? {
             Ok(Decision::Allowed)
         } else {
@@ -156,7 +158,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// The hot path of every check: `n` tokens from the local bucket (`false`: too few), the
     /// task woken below the low-water mark.
     #[inline]
-    fn take_local(&self, n: u64) -> Result<bool, Error> {
+    fn take_local(&self, n: u64) -> Result<bool, AcquireError> {
         let s = &*self.handle.shared;
         // Relaxed: a plain value the task replaces after a central change; a caller that reads
         // the old one a moment late answers as just before the change.
@@ -185,7 +187,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
-    pub async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+    pub async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         if self.take_local(n)? {
             return Ok(Decision::Allowed);
         }
@@ -218,11 +220,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Store`] if the first lease failed, or, called while the store is failing, if
+    /// [`AcquireError::Store`] if the first lease failed, or, called while the store is failing, if
     /// the lease it asks for fails too (the limiter keeps running: its failure policy answers
     /// until the store does, so a service may also start anyway and call `ready` again
-    /// later); [`Error::Closed`] if the limiter was shut down.
-    pub async fn ready(&self) -> Result<(), Error> {
+    /// later); [`AcquireError::Closed`] if the limiter was shut down.
+    pub async fn ready(&self) -> Result<(), AcquireError> {
         let s = &*self.handle.shared;
         // Failures before this call are old news: only a lease answered meanwhile decides.
         let seen = s.circuit.failures();
@@ -232,7 +234,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
             let mut finished = std::pin::pin!(finished);
             finished.as_mut().enable();
             if s.signal.is_closed() {
-                return Err(Error::Closed);
+                return Err(AcquireError::Closed);
             }
             // Acquire: pairs with the task's Release store, after it added the granted tokens.
             let answered = s.answered.load(Ordering::Acquire);
@@ -242,7 +244,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
             if answered {
                 // A lease failed while this call waited (the first one, typically): report it.
                 if let Some(error) = s.circuit.error_since(seen) {
-                    return Err(Error::Store(error));
+                    return Err(AcquireError::Store(error));
                 }
                 if !probed {
                     // The store was failing before this call: ask for a lease now, as a denied
@@ -263,12 +265,12 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// future only waits for their results.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire), plus [`Error::Store`] if a lease fails while
+    /// As [`try_acquire`](Self::try_acquire), plus [`AcquireError::Store`] if a lease fails while
     /// waiting.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future takes no tokens.
-    pub async fn acquire(&self, n: u64) -> Result<(), Error> {
+    pub async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         self.wait(n, Patience::Until(None)).await.map(|_| ())
     }
 
@@ -276,7 +278,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// call (or, unless only a lease is waited for, the `retry_after` it gave); a refusal is
     /// waited out or returned as `patience` says. Under [`FailurePolicy::FailClosed`], a store
     /// failure since the call began is its error.
-    async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, Error> {
+    async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, AcquireError> {
         let s = &*self.handle.shared;
         let errors_seen = s.circuit.failures();
         let failed = || {
@@ -291,7 +293,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 LocalAnswer::Allowed => return Ok(Decision::Allowed),
                 LocalAnswer::Denied { retry_after } if patience.sheds(retry_after) => {
                     return match failed() {
-                        Some(e) => Err(Error::Store(e)),
+                        Some(e) => Err(AcquireError::Store(e)),
                         None => Ok(Decision::Denied { retry_after }),
                     };
                 }
@@ -307,7 +309,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 let _ = tokio::time::timeout(retry_after.max(MIN_RETRY), finished).await;
             }
             if let Some(e) = failed() {
-                return Err(Error::Store(e));
+                return Err(AcquireError::Store(e));
             }
         }
     }
@@ -317,7 +319,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
-    pub async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+    pub async fn try_acquire_for(
+        &self,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<Decision, AcquireError> {
         let denied = match self.try_acquire(n)? {
             Decision::Allowed => return Ok(Decision::Allowed),
             denied => denied,
@@ -347,7 +353,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
-    pub fn try_acquire_local(&self, n: u64) -> Result<LocalAnswer, Error> {
+    pub fn try_acquire_local(&self, n: u64) -> Result<LocalAnswer, AcquireError> {
         if self.take_local(n)? {
             return Ok(LocalAnswer::Allowed);
         }
@@ -391,7 +397,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
         &self,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         if self.take_local(n)? {
             return Ok(Decision::Allowed);
         }
@@ -442,7 +448,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     }
 
     /// Stops the background task and gives the local tokens back to the store. Later calls
-    /// return [`Error::Closed`]. Dropping the last clone does the same without waiting.
+    /// return [`AcquireError::Closed`]. Dropping the last clone does the same without waiting.
     pub async fn shutdown(&self) {
         self.handle.shared.signal.close();
         let task = self.handle.task.lock().take();
@@ -468,23 +474,27 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
         HybridLimiter::quota(self)
     }
 
-    async fn acquire_now(&self, n: u64) -> Result<Decision, Error> {
+    async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         HybridLimiter::try_acquire(self, n)
     }
 
-    async fn acquire(&self, n: u64) -> Result<(), Error> {
+    async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         HybridLimiter::acquire(self, n).await
     }
 
-    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, Error> {
+    async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, AcquireError> {
         HybridLimiter::try_acquire_for(self, n, timeout).await
     }
 
-    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, Error>> {
+    fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         Some(HybridLimiter::try_acquire_local(self, n))
     }
 
-    async fn try_acquire_or_lease(&self, n: u64, lease_wait: Duration) -> Result<Decision, Error> {
+    async fn try_acquire_or_lease(
+        &self,
+        n: u64,
+        lease_wait: Duration,
+    ) -> Result<Decision, AcquireError> {
         HybridLimiter::try_acquire_or_lease(self, n, lease_wait).await
     }
 }

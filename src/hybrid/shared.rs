@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::algorithm::token_bucket::QuotaSource;
 use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
-use crate::error::{Error, StoreError};
+use crate::error::{AcquireError, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::local::LocalBucket;
 use crate::lease::policy::{LeaseAsk, LeasePolicy};
@@ -174,16 +174,16 @@ pub(super) fn publisher<S: LeaseStore>(s: Arc<Shared<S>>) -> impl FnMut() -> boo
 impl<S: LeaseStore> Shared<S> {
     /// The slow half of `try_acquire`: record the demand and say when to retry.
     #[cold]
-    pub(super) fn denied(&self, n: u64) -> Result<Decision, Error> {
+    pub(super) fn denied(&self, n: u64) -> Result<Decision, AcquireError> {
         if self.signal.is_closed() {
-            return Err(Error::Closed);
+            return Err(AcquireError::Closed);
         }
         // Relaxed: a state flag; a caller that reads it a little late answers as before.
         if self.absent.load(Ordering::Relaxed) {
             // Keep the background task looking for a config.
             self.signal.request();
             return match self.unconfigured {
-                Unconfigured::Error => Err(Error::Unconfigured(self.name.clone())),
+                Unconfigured::Error => Err(AcquireError::Unconfigured(self.name.clone())),
                 _ => Ok(Decision::Allowed),
             };
         }
@@ -237,7 +237,7 @@ impl<S: LeaseStore> Shared<S> {
     /// while [`decides_per_request`](Self::decides_per_request) (so not while the failure
     /// policy answers).
     #[cold]
-    pub(super) async fn decide(&self, n: u64) -> Result<Decision, Error> {
+    pub(super) async fn decide(&self, n: u64) -> Result<Decision, AcquireError> {
         let blocked = self.blocked_for();
         if !blocked.is_zero() {
             // Relaxed: a statistic, as in `denied`.

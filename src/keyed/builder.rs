@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
 use crate::builder_knobs::{knob_setters, CommonKnobs};
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::failure::Circuit;
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
@@ -147,9 +147,10 @@ where
     /// [`crate::config`], "One name, one quota").
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
-    /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`Error::NoRuntime`] outside a tokio runtime.
-    pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, Error> {
+    /// [`BuildError::Config`] for a bad name (at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) −
+    /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) − 1 bytes), [`BuildError::NoRuntime`] outside a
+    /// tokio runtime.
+    pub fn build(self) -> Result<KeyedHybridLimiter<K, S, H>, BuildError> {
         super::name::validate_keyed_name(&self.name)?;
         let runtime = self.knobs.runtime_or_current()?;
         let failure = self.knobs.failure_or_default();

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use super::shared::{Outcome, Why};
 use super::KeyedHybridLimiter;
-use crate::error::Error;
+use crate::error::AcquireError;
 use crate::limiter::{bounded, Decision, KeyRef, LocalAnswer, Patience};
 use crate::store::LeaseStore;
 
@@ -49,7 +49,7 @@ where
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     #[inline]
-    pub fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Result<LocalAnswer, Error>
+    pub fn try_acquire_local<Q>(&self, key: &Q, n: u64) -> Result<LocalAnswer, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -77,7 +77,7 @@ where
         key: &Q,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,

@@ -170,7 +170,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{AcquireError, BuildError};
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
 #[cfg(doc)]
@@ -263,7 +263,7 @@ where
     ///
     /// # Errors
     /// As [`KeyedHybridBuilder::build`].
-    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, BuildError> {
         Self::builder(name, quota, store).build()
     }
 }
@@ -282,9 +282,10 @@ where
     /// is fetched; a key the store said is empty is denied until the store said it can serve.
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`]; [`Error::Closed`] after shutdown.
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`]; [`AcquireError::Closed`]
+    /// after shutdown.
     #[inline]
-    pub fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    pub fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -303,7 +304,7 @@ where
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
-    pub async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    pub async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -315,7 +316,7 @@ where
     /// for this call (one store round trip), else after the store's `retry_after`.
     ///
     /// # Errors
-    /// As [`try_acquire`](Self::try_acquire), plus [`Error::Store`] under
+    /// As [`try_acquire`](Self::try_acquire), plus [`AcquireError::Store`] under
     /// [`FailurePolicy::FailClosed`] while the store is failing.
     ///
     /// # Cancel safety
@@ -323,7 +324,7 @@ where
     /// except in one narrow window: a call dropped after its grant was sent to it but before
     /// it was polled again loses those tokens (to this process: the store counted them, so
     /// the fleet admits less, never more).
-    pub async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
+    pub async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -342,7 +343,7 @@ where
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -393,7 +394,7 @@ where
     }
 
     /// Stops the worker and gives every key's tokens back to the store. Later calls return
-    /// [`Error::Closed`]. Dropping the last clone does the same without waiting.
+    /// [`AcquireError::Closed`]. Dropping the last clone does the same without waiting.
     pub async fn shutdown(&self) {
         self.handle.shared.close();
         let task = self.handle.task.lock().take();
@@ -413,7 +414,7 @@ where
         KeyedHybridLimiter::quota(self)
     }
 
-    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -421,7 +422,7 @@ where
         KeyedHybridLimiter::try_acquire(self, key, n)
     }
 
-    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
+    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -434,7 +435,7 @@ where
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -442,7 +443,7 @@ where
         KeyedHybridLimiter::try_acquire_for(self, key, n, timeout).await
     }
 
-    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, Error>>
+    fn local_answer<Q>(&self, key: &Q, n: u64) -> Option<Result<LocalAnswer, AcquireError>>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -455,7 +456,7 @@ where
         key: &Q,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,

@@ -26,7 +26,7 @@
 
 use std::fmt::{Display, Write};
 
-use crate::error::Error;
+use crate::error::BuildError;
 use crate::key::{validate_name, MAX_NAME_LEN};
 
 /// Longest encoded key kept verbatim in a bucket name, in bytes; longer keys are hashed.
@@ -36,10 +36,10 @@ pub const MAX_KEY_BYTES: usize = 128;
 pub(crate) const MAX_KEYED_NAME_LEN: usize = MAX_NAME_LEN - MAX_KEY_BYTES - 1;
 
 /// Checks a keyed limiter's name: a valid limiter name short enough for its buckets' names.
-pub(crate) fn validate_keyed_name(name: &str) -> Result<(), Error> {
+pub(crate) fn validate_keyed_name(name: &str) -> Result<(), BuildError> {
     validate_name(name)?;
     if name.len() > MAX_KEYED_NAME_LEN {
-        return Err(Error::Config(format!(
+        return Err(BuildError::Config(format!(
             "keyed limiter name is {} bytes; at most {MAX_KEYED_NAME_LEN}",
             name.len()
         )));

@@ -13,7 +13,7 @@ use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{AcquireError, BuildError};
 use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::pure::{Outage, RedisLimiter};
 use crate::quota::Quota;
@@ -59,9 +59,9 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// one quota").
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad name (see
+    /// [`BuildError::Config`] for a bad name (see
     /// [`KeyedHybridBuilder::build`](crate::KeyedHybridBuilder::build)).
-    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, Error> {
+    pub fn new(name: impl Into<String>, quota: Quota, store: S) -> Result<Self, BuildError> {
         let name = name.into();
         name::validate_keyed_name(&name)?;
         let metrics = Arc::new(CallMetrics::keyed_pure(&name));
@@ -107,12 +107,12 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// decision, under the name every keyed limiter gives it.
     ///
     /// # Errors
-    /// [`Error::ZeroTokens`], [`Error::ExceedsBurst`], or [`Error::Store`].
+    /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`], or [`AcquireError::Store`].
     pub async fn acquire_now<Q: Display + ?Sized>(
         &self,
         key: &Q,
         n: u64,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         self.limiter(key).acquire_now(n).await
     }
 
@@ -128,7 +128,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         &self,
         key: &Q,
         n: u64,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         self.acquire_now(key, n).await
     }
 
@@ -143,7 +143,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         key: &Q,
         n: u64,
         lease_wait: Duration,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         let _ = lease_wait;
         self.acquire_now(key, n).await
     }
@@ -152,7 +152,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     ///
     /// # Errors
     /// As [`acquire_now`](Self::acquire_now).
-    pub async fn acquire<Q: Display + ?Sized>(&self, key: &Q, n: u64) -> Result<(), Error> {
+    pub async fn acquire<Q: Display + ?Sized>(&self, key: &Q, n: u64) -> Result<(), AcquireError> {
         self.limiter(key).acquire(n).await
     }
 
@@ -166,7 +166,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, AcquireError> {
         self.limiter(key).try_acquire_for(n, timeout).await
     }
 }
@@ -176,7 +176,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
         self.quota
     }
 
-    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, Error>
+    async fn acquire_now<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -184,7 +184,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
         KeyedRedisLimiter::acquire_now(self, key, n).await
     }
 
-    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), Error>
+    async fn acquire<Q>(&self, key: &Q, n: u64) -> Result<(), AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -197,7 +197,7 @@ impl<K, S: LeaseStore + Clone> KeyedLimiter<K> for KeyedRedisLimiter<S> {
         key: &Q,
         n: u64,
         timeout: Duration,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,

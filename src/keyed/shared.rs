@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::error::{Error, StoreError};
+use crate::error::{AcquireError, StoreError};
 use crate::failure::{Circuit, FailurePolicy, LocalRate};
 use crate::lease::policy::LeasePolicy;
 use crate::limiter::{check_tokens, Decision, KeyRef, Patience, RECENTLY_REFUSED};
@@ -260,7 +260,7 @@ where
     /// Takes `n` tokens of `key` locally; on a miss, applies the failure policy, (if `queue`)
     /// queues a lease, and counts the denied tokens. Never waits.
     #[inline]
-    pub(super) fn take<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
+    pub(super) fn take<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -275,7 +275,7 @@ where
     /// [`take`](Self::take) without counting a denial: for a wait's checks after its first,
     /// which was counted.
     #[inline]
-    pub(super) fn check<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, Error>
+    pub(super) fn check<Q>(&self, key: &Q, n: u64, queue: bool) -> Result<Outcome, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -337,13 +337,13 @@ where
         mut state: Option<Ref<'_, KeyState>>,
         n: u64,
         queue: bool,
-    ) -> Result<Outcome, Error>
+    ) -> Result<Outcome, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
         if self.is_closed() {
-            return Err(Error::Closed);
+            return Err(AcquireError::Closed);
         }
         if let Some(state) = &mut state {
             state.seen(self.tick());
@@ -533,7 +533,7 @@ where
     }
 
     /// Asks the worker for `n` tokens of `key` and waits for its answer.
-    pub(super) async fn ask<Q>(&self, key: &Q, n: u64) -> Result<Answer, Error>
+    pub(super) async fn ask<Q>(&self, key: &Q, n: u64) -> Result<Answer, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -545,8 +545,11 @@ where
             reply: Some(reply),
         };
         let queue = self.queue_for(self.map.get(key).as_deref());
-        queue.send(request).await.map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)
+        queue
+            .send(request)
+            .await
+            .map_err(|_| AcquireError::Closed)?;
+        answer.await.map_err(|_| AcquireError::Closed)
     }
 
     /// Waits for `n` tokens of `key`; a refusal (by the store, or by the failure policy) is
@@ -561,7 +564,7 @@ where
         key: &Q,
         n: u64,
         patience: Patience,
-    ) -> Result<Decision, Error>
+    ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -584,7 +587,7 @@ where
             let wait = match why {
                 Why::Blocked | Why::Policy => retry_after,
                 Why::Failing => match self.circuit.last_error() {
-                    Some(e) => return Err(Error::Store(e)),
+                    Some(e) => return Err(AcquireError::Store(e)),
                     None => retry_after,
                 },
                 Why::Pending { .. } => {
@@ -596,17 +599,17 @@ where
                         Answer::Denied(wait) if !self.take_local(key, n) => wait,
                         Answer::Denied(_) => return Ok(Decision::Allowed),
                         Answer::Failed(e) if self.failure == FailurePolicy::FailClosed => {
-                            return Err(Error::Store(e))
+                            return Err(AcquireError::Store(e))
                         }
                         // The circuit is open now: the next check answers by the policy.
                         Answer::Failed(_) => continue,
                         Answer::TooLarge(burst) => {
-                            return Err(Error::ExceedsBurst {
+                            return Err(AcquireError::ExceedsBurst {
                                 requested: n,
                                 burst,
                             })
                         }
-                        Answer::Closed => return Err(Error::Closed),
+                        Answer::Closed => return Err(AcquireError::Closed),
                     }
                 }
             };

@@ -64,3 +64,10 @@ impl From<crate::error::Error> for LockError {
         }
     }
 }
+
+/// A lock checks its name and prefix as a limiter's build does.
+impl From<crate::error::BuildError> for LockError {
+    fn from(e: crate::error::BuildError) -> Self {
+        LockError::from(crate::error::Error::from(e))
+    }
+}

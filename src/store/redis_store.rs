@@ -35,7 +35,7 @@ use crate::algorithm::Algorithm;
 use crate::algorithm::TOKEN_BUCKET_LUA;
 use crate::clock::Clock;
 use crate::config::ConfigStore;
-use crate::error::{Error, StoreError};
+use crate::error::{BuildError, StoreError};
 use crate::key;
 use crate::protocol;
 use crate::protocol::{budget_suffix, node_key, LeaseReply, LeaseRequest, ReleaseRequest};
@@ -110,7 +110,7 @@ impl RedisStore {
     /// [`RedisLock`](crate::RedisLock) built with
     /// [`RedisLock::builder_on_store`](crate::RedisLock::builder_on_store) shares that
     /// connection. TLS certificates are the client's: setting them on the builder is an
-    /// [`Error::Config`].
+    /// [`BuildError::Config`].
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -234,7 +234,7 @@ impl RedisStore {
     ///
     /// # Errors
     /// As [`RedisStoreBuilder::connect`].
-    pub async fn connect(url: impl Into<String>) -> Result<Self, Error> {
+    pub async fn connect(url: impl Into<String>) -> Result<Self, BuildError> {
         Self::builder(url).connect().await
     }
 

@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 
 use crate::clock::Clock;
 use crate::connect::{connection_manager, ConnectError, ConnectSettings, Connection};
-use crate::error::{Error, StoreError};
+use crate::error::{BuildError, StoreError};
 use crate::key;
 
 use super::{ConfigCache, RedisStore, DEFAULT_CONFIG_REFRESH, DEFAULT_PREFIX};
@@ -134,7 +134,7 @@ impl RedisStoreBuilder {
     /// with [`tls_root_certificate`](Self::tls_root_certificate) for a private CA.
     ///
     /// A PEM that holds no certificate or no private key makes [`connect`](Self::connect) fail
-    /// with [`Error::Config`]. So does a server that refuses the certificate, or requires one
+    /// with [`BuildError::Config`]. So does a server that refuses the certificate, or requires one
     /// and none is set: the message says which, with the server's TLS alert
     /// (`CertificateRequired`, `UnknownCA`, …). With [`lazy_connect`](Self::lazy_connect) the
     /// refusal comes from each call instead, as [`StoreError::Redis`] with the alert
@@ -178,7 +178,7 @@ impl RedisStoreBuilder {
     /// ```
     ///
     /// On a store that is not a `sentinel_builder` one, [`connect`](Self::connect) fails with
-    /// [`Error::Config`].
+    /// [`BuildError::Config`].
     pub fn sentinel_master_url(mut self, url: impl Into<String>) -> Self {
         let url = url.into();
         match &mut self.target {
@@ -247,25 +247,25 @@ impl RedisStoreBuilder {
     /// only checks the configuration.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad URL, prefix or TLS PEM, a setting that does not apply to
+    /// [`BuildError::Config`] for a bad URL, prefix or TLS PEM, a setting that does not apply to
     /// this kind of store, or a TLS client certificate the server refuses (or requires);
-    /// [`Error::Store`] if Redis cannot be reached (never with `lazy_connect`).
-    pub async fn connect(self) -> Result<RedisStore, Error> {
+    /// [`BuildError::Store`] if Redis cannot be reached (never with `lazy_connect`).
+    pub async fn connect(self) -> Result<RedisStore, BuildError> {
         key::validate_prefix(&self.prefix)?;
         if let Some(msg) = self.misplaced {
-            return Err(Error::Config(msg.into()));
+            return Err(BuildError::Config(msg.into()));
         }
         let external = self.target.is_connection();
         if external && self.settings.has_tls_material() {
-            return Err(Error::Config(
+            return Err(BuildError::Config(
                 "TLS certificates do not apply to an existing connection: configure them on \
                  its redis::Client"
                     .into(),
             ));
         }
         self.settings.validate().map_err(|e| match e {
-            ConnectError::Url(msg) => Error::Config(msg),
-            ConnectError::Redis(e) => Error::Store(e.into()),
+            ConnectError::Url(msg) => BuildError::Config(msg),
+            ConnectError::Redis(e) => BuildError::Store(e.into()),
         })?;
         let mut client = None;
         let conn = match &self.target {
@@ -311,7 +311,7 @@ impl RedisStoreBuilder {
             }
         }
         .map_err(|e| match e {
-            ConnectError::Url(msg) => Error::Config(msg),
+            ConnectError::Url(msg) => BuildError::Config(msg),
             ConnectError::Redis(e) => self.connect_error(e),
         })?;
         Ok(RedisStore {
@@ -330,16 +330,16 @@ impl RedisStoreBuilder {
 impl RedisStoreBuilder {
     /// The error for a failed connect: a TLS server refusing the client certificate (or its
     /// absence) is a configuration error that says so; anything else is the store's.
-    fn connect_error(&self, e: redis::RedisError) -> Error {
+    fn connect_error(&self, e: redis::RedisError) -> BuildError {
         #[cfg(feature = "tls")]
         {
             let url = self.target.describe();
             if let Some(msg) = crate::connect::client_certificate_refused(&e, &url, &self.settings)
             {
-                return Error::Config(msg);
+                return BuildError::Config(msg);
             }
         }
         let server: Arc<str> = self.target.describe().into();
-        Error::Store(StoreError::from(e).at(&server, None))
+        BuildError::Store(StoreError::from(e).at(&server, None))
     }
 }
