@@ -654,12 +654,6 @@ else
   local keep = ceil_div(ceil_div(cap - level, inc), 1000)
   if latest > 0 then keep = keep + ceil_div(math.max(0, latest - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
-  -- The leasers' keys expire with the bucket (never after it: a bucket whose records had
-  -- expired away would count their tokens as outstanding for good).
-  if leasers then
-    redis.call('PEXPIRE', KEYS[2], ms)
-    redis.call('PEXPIRE', KEYS[3], ms)
-  end
   local state
   if res == 0 then
     state = struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest)
@@ -667,6 +661,14 @@ else
     state = struct.pack(STATE2, 2, level, scale, ts, out, dsum, rate, period, burst, latest, res)
   end
   redis.call('SET', KEYS[1], state, 'PX', ms)
+  -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
+  -- expired away would count their tokens as outstanding for good. Set after the bucket's, as
+  -- each expiry counts from the server's clock when its command runs, which may tick between
+  -- the two (Redis 7.0).
+  if leasers then
+    redis.call('PEXPIRE', KEYS[2], ms)
+    redis.call('PEXPIRE', KEYS[3], ms)
+  end
 end
 local left = floor_div(level, scale)
 -- The rate held goes last, and only to a call that asked for one (earlier callers never do).
