@@ -211,9 +211,9 @@ fn check(allow_fixed: bool, windows: bool, cases: u32) {
     assert!(best >= 0.9, "best utilization {best:.2}");
     // The mean is low by nature: the synchronous `try_acquire` denies while a node's first
     // leases are in flight, and most scenarios are a few sparse requests per node. Measured
-    // 0.52-0.57 for 384 windowed cases over 25 runs, 0.60-0.68 for the 64 others (a blind
+    // 0.54-0.56 for 768 windowed cases over 12 runs, 0.60-0.68 for the 64 others (a blind
     // lease of a thousandth of the rate; a tenth read about 0.03 more).
-    assert!(mean >= 0.45, "mean utilization {mean:.2}");
+    assert!(mean >= 0.5, "mean utilization {mean:.2}");
 }
 
 #[test]
@@ -223,8 +223,9 @@ fn any_fleet_stays_within_burst_plus_rate_times_elapsed() {
 
 #[test]
 fn a_fleet_leasing_on_terms_keeps_the_window_bound_even_through_crashes() {
-    // Many cases: the mean utilization checked below varies less (96 read 0.50-0.59).
-    check(false, true, 384);
+    // Many cases, so the mean utilization checked in `check` varies little (96 read 0.50-0.59,
+    // 384 0.52-0.57, 768 0.54-0.56).
+    check(false, true, 768);
 }
 
 #[test]

@@ -98,8 +98,8 @@ pub trait LeasePolicy: Send + Sync + 'static {
 
     /// Whether leasing buys nothing for this node now, so that a miss of the local bucket in
     /// [`acquire_now`](crate::HybridLimiter::acquire_now) should be one decision in the store,
-    /// as in pure-Redis mode, and the task should not lease ahead of demand (`deciding`: whether the
-    /// node decides so already, for hysteresis). The default: never.
+    /// as in pure-Redis mode, and the task should not lease ahead of demand (`deciding`:
+    /// whether the node decides so already, for hysteresis). The default: never.
     fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
         let _ = (ctx, deciding);
         false
@@ -128,18 +128,19 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 
 /// Demand-aware leasing with conservation and fair shares (the default policy).
 ///
-/// Each node measures its demand `d` (admitted and denied tokens per second, see
-/// `demand.rs`). It asks for `rate × horizon × headroom − held` tokens, where `rate` is `d`, or
-/// the store's fair share if that is smaller (asking beyond the share is pointless: the store
-/// caps grants at it). Before any demand is measured — the lease a limiter takes when it is
-/// built — `rate` is a thousandth of the quota's: a blind lease sized for one node of a large
-/// fleet, so a fleet that starts together does not hand its burst to its first nodes. It refills below `rate × max(3 × rtt, horizon / 4, 2 ms)`, so the next
-/// batch lands before the bucket runs dry: the refill takes a round trip plus the time the
-/// background task takes to wake (which a busy runtime stretches), and demand may still be
-/// growing meanwhile. (`d` here is the limiter's sizing demand: the larger of its smoothed
-/// estimate and the rate between its last two leases, so a ramp is followed within a lease.) Leases are made on [`LeaseTerms`], so the store counts held
-/// tokens as outstanding and splits the rate in proportion to demand — which gives every node
-/// the acceptance ratio of one shared bucket, as pure-Redis mode does.
+/// Each node measures its demand `d` (admitted and denied tokens per second, see `demand.rs`). It
+/// asks for `rate × horizon × headroom − held` tokens, where `rate` is `d`, or the store's fair
+/// share if that is smaller (asking beyond the share is pointless: the store caps grants at it).
+/// Before any demand is measured — the lease a limiter takes when it is built — `rate` is a
+/// thousandth of the quota's: a blind lease sized for one node of a large fleet, so a fleet that
+/// starts together does not hand its burst to its first nodes. It refills below
+/// `rate × max(3 × rtt, horizon / 4, 2 ms)`, so the next batch lands before the bucket runs dry:
+/// the refill takes a round trip plus the time the background task takes to wake (which a busy
+/// runtime stretches), and demand may still be growing meanwhile. (`d` here is the limiter's sizing
+/// demand: the larger of its smoothed estimate and the rate between its last two leases, so a ramp
+/// is followed within a lease.) Leases are made on [`LeaseTerms`], so the store counts held tokens
+/// as outstanding and splits the rate in proportion to demand — which gives every node the
+/// acceptance ratio of one shared bucket, as pure-Redis mode does.
 ///
 /// Knobs (all have defaults that meet the simulator's targets, see `SIMULATIONS.md`):
 /// - `horizon` (automatic): how long a lease lasts. Store calls per busy node ≈ 1 / horizon.
