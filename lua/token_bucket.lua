@@ -5,7 +5,8 @@
 -- KEYS[1]  the bucket        (one packed string: level, scale, time, tokens leased out and not
 --                              yet spent or returned, total demand of live leasers, the quota it
 --                              was written under, latest lease expiry; see "Load" below)
--- KEYS[2]  the leasers hash  (field = node id, value = a packed record, see `parse` below)
+-- KEYS[2]  the leasers hash  (field = node id, value = a packed record, see `parse` below;
+--                              field "" = the pending claim, see `parse_claim`)
 -- KEYS[3]  the leasers zset  (member = node id, score = lease expiry in µs)
 -- KEYS[4]  optional: the config hash (rate, period_us, burst: the name's central quota).
 --          Without it the script runs the 3-key protocol: the caller's quota, a 5-entry reply.
@@ -94,6 +95,17 @@
 -- shares as fair as a whole one did and gives the rest back.) A node is served only when it can get a horizon of its share (or its
 -- min, or its want if smaller), and every reply says when that will be, so a busy node makes
 -- about one call per horizon, not one per token.
+--
+-- Claims. A node is served only a whole step (a horizon of its share), so when many nodes take
+-- small steps the level may seldom reach a large one: the busiest node, its credit there, would
+-- poll while smaller steps take the refill first. So a node that is due (its credit covers its
+-- whole step) and is refused only because the level is short leaves a claim: its step is held
+-- back from every other leaser (they see the level less the claim, and their retries wait for
+-- the refill to cover both) until it comes back for it at its retry time; anonymous takes
+-- (per-request decisions) are exact and not held back. One claim at a time;
+-- it lapses a quarter horizon after that time (never after the claimant's lease), when the
+-- claimant is served or no longer due, and when any leaser's record is dropped. A claim only
+-- orders who is served first: it never adds a token, so conservation is untouched.
 --
 -- Rate leases. A node may also ask to hold a rate (ARGV[14]): at most its share, the rate no
 -- other leaser holds, and what its counted tokens can carry (below). The bucket keeps the sum of
@@ -479,7 +491,32 @@ local function encode(r)
   return struct.pack(RECORD2, 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt)
 end
 
+-- The pending claim (see "Claims" above), in the leasers hash under the empty field name, which
+-- no node id can be (scripts that predate claims never read it): a format byte (1), the units
+-- held back and when the claim lapses (µs), as little-endian doubles, then the claimant's id.
+-- Read for a node's lease only — with its own record, in one command — and only while it has
+-- not lapsed: claims order leasers, an anonymous take (a per-request decision) is exact and
+-- never held back. A release never needs it, but dropping a leaser drops it.
+local CLAIM, CLAIM_LEN = '<Bdd', 17
+local function parse_claim(raw)
+  if type(raw) ~= 'string' or #raw <= CLAIM_LEN or #raw > CLAIM_LEN + 128 then return nil end
+  local fmt, units, untl = struct.unpack(CLAIM, raw)
+  if fmt == 1 and units >= 1 and units <= MAX and units % 1 == 0 and untl > now
+      and untl <= MAX_TIME and untl % 1 == 0 then
+    return { node = string.sub(raw, CLAIM_LEN + 1), units = units, untl = untl }
+  end
+  return nil
+end
+local claim, claim_dirty = nil, false
+-- The calling node's record as read with the claim (nil once its lease is found expired).
+local own_raw = nil
+if op == 'lease' and node ~= '' then
+  local got = redis.call('HMGET', KEYS[2], node, '')
+  own_raw, claim = got[1], parse_claim(got[2])
+end
+
 -- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
+-- The claim goes with it (its claimant may be the one gone; a due node claims again).
 local forgot = false
 local function forget(id, r)
   forgot = true
@@ -488,7 +525,9 @@ local function forget(id, r)
     dsum = math.max(0, dsum - r.d)
     res = math.max(0, res - r.rt)
   end
-  redis.call('HDEL', KEYS[2], id)
+  if id == node then own_raw = nil end
+  claim = nil
+  redis.call('HDEL', KEYS[2], id, '')
   redis.call('ZREM', KEYS[3], id)
 end
 
@@ -511,6 +550,9 @@ if first ~= q then
   else
     level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
   end
+  -- A claim is in the old quota's units.
+  claim = nil
+  if leasers then claim_dirty = true end
 end
 
 local granted, retry, share, held_rate = 0, 0, 0, 0
@@ -521,7 +563,7 @@ if op == 'lease' and min > burst then
 elseif op == 'lease' and node == '' then
   granted, level, retry = take_anonymous(level)
 elseif op == 'lease' then
-  local r = parse(redis.call('HGET', KEYS[2], node))
+  local r = parse(own_raw)
   local fresh = r == nil
   if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0 } end
   -- What the node no longer holds, it spent. The rate it held ends here (a new one may start
@@ -551,8 +593,12 @@ elseif op == 'lease' then
     r.c = math.min(r.c, ccap)
   end
   if now > r.tc then r.tc = now end
+  -- Another node's claim is held back from this one (its own is not).
+  local mine = claim ~= nil and claim.node == node
+  local hold = 0
+  if claim and not mine then hold = claim.units end
   -- Above the reserve: first come, first served. The reserve: against credit.
-  local whole = floor_div(level, scale)
+  local whole = floor_div(math.max(0, level - hold), scale)
   local reserve = math.min(math.floor(rate * horizon / period / 2), burst)
   local free = math.max(0, whole - reserve)
   local avail = free + math.min(whole - free, floor_div(r.c, scale))
@@ -564,7 +610,7 @@ elseif op == 'lease' then
     out = out + granted
     r.o = r.o + granted
     r.c = math.max(0, r.c - math.max(0, granted - free) * scale)
-    free = math.max(0, floor_div(level, scale) - reserve)
+    free = math.max(0, floor_div(math.max(0, level - hold), scale) - reserve)
     -- The next ask will be for about the node's whole target (what it held plus what it
     -- wanted), not for what was left of this one: pace it for that.
     need = math.max(min, math.min(math.floor(rho * horizon / scale), want + held, burst))
@@ -587,13 +633,13 @@ elseif op == 'lease' then
   -- `need`; or, if the bucket is already above the reserve (the fleet is not keeping up with
   -- the refill), first come first served once it holds `need` above it. Below the reserve
   -- that second way is a mirage: other nodes drain the bucket long before it gets there.
-  local short = need * scale - level
+  local short = need * scale + hold - level
   if short > 0 then
     retry = fill_time(q, short)
     -- Refill stops at capacity − outstanding: past that, tokens come back only as other nodes
     -- report what they spent (at their next lease, about a horizon away) or return it, so
     -- asking sooner would only come back empty.
-    if need * scale > ceiling(q, out) then retry = math.max(retry, floor_div(horizon, 4)) end
+    if need * scale + hold > ceiling(q, out) then retry = math.max(retry, floor_div(horizon, 4)) end
   end
   if free < need then
     local credit_short = (need - free) * scale - r.c
@@ -603,20 +649,40 @@ elseif op == 'lease' then
         wait = math.ceil(credit_short / rho)
       elseif old_rate > 0 then
         -- Its rate is all its share: only tokens above the reserve are for it.
-        wait = math.max(horizon, fill_time(q, math.max(0, (reserve + need) * scale - level)))
+        wait = math.max(horizon, fill_time(q, math.max(0, (reserve + need) * scale + hold - level)))
       end
       if wait > retry then retry = math.min(wait, MAX_TIME) end
     end
   end
-  local above = (reserve + need) * scale
-  if floor_div(level, scale) >= reserve and above <= ceiling(q, out) then
+  local above = (reserve + need) * scale + hold
+  if floor_div(math.max(0, level - hold), scale) >= reserve and above <= ceiling(q, out) then
     local by_free = 0
     if above > level then by_free = fill_time(q, above - level) end
     if by_free < retry then retry = by_free end
   end
   r.exp = math.min(now + ttl, MAX_TIME)
   expiry = r.exp
-  redis.call('HSET', KEYS[2], node, encode(r))
+  -- A claim: refused, due (its credit covers its whole step) and short only because the level
+  -- is, with no other claim pending and a step the bucket can reach. It lasts until the refill
+  -- should have served it and a quarter horizon more (never past its lease); collected, or no
+  -- longer due, it ends.
+  local step_units = need * scale
+  if granted == 0 and rho > 0 and hold == 0 and r.c >= step_units and step_units > level
+      and step_units <= ceiling(q, out) then
+    claim = { node = node, units = step_units,
+      untl = math.min(now + retry + floor_div(horizon, 4), r.exp) }
+    claim_dirty = true
+  elseif mine then
+    claim = nil
+    claim_dirty = true
+  end
+  if claim_dirty and claim then
+    redis.call('HSET', KEYS[2], node, encode(r), '',
+      struct.pack(CLAIM, 1, claim.units, claim.untl) .. claim.node)
+    claim_dirty = false
+  else
+    redis.call('HSET', KEYS[2], node, encode(r))
+  end
   redis.call('ZADD', KEYS[3], int_str(r.exp), node)
 elseif node == '' then
   level = math.min(level + math.min(want, burst) * scale, ceiling(q, out))
@@ -636,6 +702,8 @@ else
   end
 end
 
+-- A claim that ended (collected, lapsed for good, or in a quota's old units) is removed.
+if claim_dirty then redis.call('HDEL', KEYS[2], '') end
 local reset = fill_time(q, ceiling(q, out) - level)
 -- The latest lease expiry on record (0 if none): read back if a record may have gone.
 if latest == nil or forgot then

@@ -151,8 +151,11 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             }
         }
         let raw: Option<Vec<u8>> = redis::from_redis_value(replies[0].clone()).unwrap();
-        let leasers: HashMap<String, Vec<u8>> =
+        let mut leasers: HashMap<String, Vec<u8>> =
             redis::from_redis_value(replies[1].clone()).unwrap();
+        // The pending claim, under the empty field name: a format byte (1), its units and
+        // when it lapses (little-endian doubles), then the id of a node on record.
+        let claim = leasers.remove("");
         let expiry: Vec<String> = redis::from_redis_value(replies[2].clone()).unwrap();
         const M: f64 = (1u64 << 52) as f64;
         let int = |x: f64, lo: f64, hi: f64| x.fract() == 0.0 && (lo..=hi).contains(&x);
@@ -178,8 +181,19 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         });
         let index_ok =
             expiry.len() == leasers.len() && expiry.iter().all(|m| leasers.contains_key(m));
-        if !(records_ok && index_ok) {
-            return Err(format!("leasers {leasers:?}, expiry {expiry:?}"));
+        let claim_ok = claim.as_deref().is_none_or(|c| {
+            let double = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
+            c.len() > 17
+                && c.len() <= 17 + 128
+                && c[0] == 1
+                && int(double(1), 1.0, M)
+                && int(double(9), 0.0, 2.0 * M)
+                && std::str::from_utf8(&c[17..]).is_ok_and(|id| leasers.contains_key(id))
+        });
+        if !(records_ok && index_ok && claim_ok) {
+            return Err(format!(
+                "leasers {leasers:?}, claim {claim:?}, expiry {expiry:?}"
+            ));
         }
         if keys.len() > 3 {
             let config: HashMap<String, String> =

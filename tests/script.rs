@@ -118,6 +118,7 @@ fn memory_store_and_lua_script_agree() {
     let compared = std::cell::Cell::new(0u64);
     let stored_quota = std::cell::Cell::new(0u64);
     let rated = std::cell::Cell::new(0u64);
+    let claimed = std::cell::Cell::new(0u64);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(160));
     runner
         .run(
@@ -132,6 +133,22 @@ fn memory_store_and_lua_script_agree() {
                             Step::Advance { us } => {
                                 clock.advance(Duration::from_micros(us));
                                 continue;
+                            }
+                            Step::Lease(ref req) if req.node.is_some() => {
+                                // The pending claim before and after: a new one was made.
+                                let field = format!("{}:leasers", redis.key(&name));
+                                let claim =
+                                    || -> Option<Vec<u8>> { server.cmd(&["HGET", &field, ""]) };
+                                let before = claim();
+                                let replies = (
+                                    memory.lease(&name, &q, req).await,
+                                    redis.lease(&name, &q, req).await,
+                                );
+                                let after = claim();
+                                if after.is_some() && after != before {
+                                    claimed.set(claimed.get() + 1);
+                                }
+                                replies
                             }
                             Step::Lease(ref req) => (
                                 memory.lease(&name, &q, req).await,
@@ -198,6 +215,9 @@ fn memory_store_and_lua_script_agree() {
     // Rate leases granted (and so refills at a reduced rate, expiries that end them) too.
     let rated = rated.get();
     assert!(rated > 50, "only {rated} replies granted a rate");
+    // Claims made (and so others held back by them, and claims collected or lapsed).
+    let claimed = claimed.get();
+    assert!(claimed > 20, "only {claimed} claims made");
 }
 
 /// A store on `server` whose calls pass an explicit time: a fake clock at 1 000 s.

@@ -159,6 +159,22 @@ pub struct Stored {
     /// every entry of `leasers`, so finding the expired ones and the latest expiry does not
     /// scan every leaser.
     pub expiry: BTreeSet<(u64, String)>,
+    /// The pending claim, if any (the script keeps it in the leasers hash, under the empty
+    /// field name no node can have).
+    pub claim: Option<Claim>,
+}
+
+/// A claim: units of the bucket held back from every other leaser for one node that is due
+/// (its credit covers its step) but found the level short, so the refill serves it before the
+/// first-come part instead of letting smaller steps take the level first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claiming node.
+    pub node: String,
+    /// Units held back for it: its step, in the bucket's units.
+    pub units: u64,
+    /// When the claim lapses, µs (never after the claimant's lease expires).
+    pub until_us: u64,
 }
 
 /// A node's lease arguments as the script reads them (hybrid mode; the request a limiter
@@ -414,7 +430,10 @@ pub fn step_with(
         }
     };
 
-    // Expired leases, in expiry order (then by id, as a sorted set orders ties).
+    // The pending claim, unless it has lapsed.
+    let mut claim = stored.claim.take().filter(|c| c.until_us > now);
+    // Expired leases, in expiry order (then by id, as a sorted set orders ties). Dropping any
+    // leaser drops the claim (its claimant may be the one gone; a due node claims again).
     while let Some((exp, id)) = stored.expiry.first().filter(|(e, _)| *e <= now).cloned() {
         stored.expiry.remove(&(exp, id.clone()));
         refill(&first, &mut level, &mut ts, out, res, exp);
@@ -423,6 +442,7 @@ pub fn step_with(
             dsum = dsum.saturating_sub(l.demand);
             res = res.saturating_sub(l.rate_mtps);
         }
+        claim = None;
     }
     refill(&first, &mut level, &mut ts, out, res, now);
     if first != quota {
@@ -434,6 +454,8 @@ pub fn step_with(
         } else {
             rescale(level, first.scale(), scale, burst).min(ceiling(cap, out, scale))
         };
+        // A claim is in the old quota's units.
+        claim = None;
     }
 
     let (mut granted, mut retry, mut share, mut held_rate) = (0u64, 0u64, 0u64, 0u64);
@@ -445,6 +467,8 @@ pub fn step_with(
             min,
             node: None,
         } => {
+            // Claims order leasers only: an anonymous take (a per-request decision) is exact
+            // and never held back.
             let whole = level / scale;
             if whole >= min {
                 granted = whole.min(want);
@@ -503,7 +527,13 @@ pub fn step_with(
                 (r.credit as f64).min(ccap) as u64
             };
             r.credit_ts = r.credit_ts.max(now);
-            let whole = level / scale;
+            // Another node's claim is held back from this one (its own is not).
+            let mine = claim.as_ref().is_some_and(|c| c.node == n.id);
+            let hold = match &claim {
+                Some(c) if !mine => c.units,
+                _ => 0,
+            };
+            let whole = level.saturating_sub(hold) / scale;
             let reserve =
                 ((rate as f64 * horizon / period as f64 / 2.0).floor()).min(burst as f64) as u64;
             let free = whole.saturating_sub(reserve);
@@ -522,7 +552,7 @@ pub fn step_with(
                 r.credit = r
                     .credit
                     .saturating_sub(granted.saturating_sub(free) * scale);
-                free = (level / scale).saturating_sub(reserve);
+                free = (level.saturating_sub(hold) / scale).saturating_sub(reserve);
                 // The next ask will be for about the node's whole target (what it held plus
                 // what it wanted), not for what was left of this one: pace it for that.
                 let target = (rho * horizon / scale as f64)
@@ -554,7 +584,7 @@ pub fn step_with(
             // bucket holds `need`; or, if the bucket is already above the reserve, first come
             // first served once it holds `need` above it (below the reserve that is a mirage:
             // other nodes drain the bucket long before it gets there).
-            let short = need * scale;
+            let short = need * scale + hold;
             if short > level {
                 retry = fill_time(&quota, res, short - level);
                 // Refill stops at capacity − outstanding: past that, tokens come back only as
@@ -572,7 +602,7 @@ pub fn step_with(
                         (credit_short as f64 / rho).ceil()
                     } else if old_rate > 0 {
                         // Its rate is all its share: only tokens above the reserve are for it.
-                        let above = (reserve + need) * scale;
+                        let above = (reserve + need) * scale + hold;
                         horizon.max(fill_time(&quota, res, above.saturating_sub(level)) as f64)
                     } else {
                         horizon
@@ -582,14 +612,34 @@ pub fn step_with(
                     }
                 }
             }
-            let above = (reserve + need) * scale;
-            if level / scale >= reserve && above <= ceiling(cap, out, scale) {
+            let above = (reserve + need) * scale + hold;
+            if level.saturating_sub(hold) / scale >= reserve && above <= ceiling(cap, out, scale) {
                 retry = retry.min(fill_time(&quota, res, above.saturating_sub(level)));
             }
             if !fresh {
                 stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
             }
             r.expires_us = (now + n.ttl_us).min(MAX_TIME_US);
+            // A claim: refused, due (its credit covers its whole step) and short only because
+            // the level is, with no other claim pending and a step the bucket can reach. It
+            // lasts until the refill should have served it and a quarter horizon more (never
+            // past its lease); collected, or no longer due, it ends.
+            let step_units = need * scale;
+            if granted == 0
+                && rho > 0.0
+                && hold == 0
+                && r.credit >= step_units
+                && step_units > level
+                && step_units <= ceiling(cap, out, scale)
+            {
+                claim = Some(Claim {
+                    node: n.id.to_owned(),
+                    units: step_units,
+                    until_us: (now + retry + drip_step_us(n.horizon_us)).min(r.expires_us),
+                });
+            } else if mine {
+                claim = None;
+            }
             stored.expiry.insert((r.expires_us, n.id.to_owned()));
             stored.leasers.insert(n.id.to_owned(), r);
         }
@@ -608,6 +658,7 @@ pub fn step_with(
                     level = (level + give.min(burst) * scale).min(ceiling(cap, out, scale));
                     r.release_seq = n.seq;
                     if n.leaving {
+                        claim = None;
                         let r = stored.leasers.remove(n.id).expect("present");
                         stored.expiry.remove(&(r.expires_us, n.id.to_owned()));
                         out = out.saturating_sub(r.outstanding);
@@ -625,6 +676,7 @@ pub fn step_with(
         stored.bucket = None;
         None
     } else {
+        stored.claim = claim;
         stored.bucket = Some(BucketState {
             level,
             scale,
@@ -830,9 +882,63 @@ mod tests {
         // The refill alone would bring 10 tokens in 10 ms; they cannot come that way.
         assert_eq!(b.retry_after_us, 25_000, "a quarter horizon: {b:?}");
         // `a` reports it spent everything: now the refill runs, and `b` is told its time.
+        // (`a`, refused a token while due, claims it: `b` waits for its own 10 and that one.)
         node_lease(&mut st, &q, "a", 1, 0, 1_000_000, 1_000);
+        assert_eq!(st.claim.as_ref().map(|c| c.node.as_str()), Some("a"));
         let b = node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 1_000);
-        assert_eq!((b.granted, b.retry_after_us), (0, 10_000), "{b:?}");
+        assert_eq!((b.granted, b.retry_after_us), (0, 11_000), "{b:?}");
+    }
+
+    #[test]
+    fn a_due_node_short_of_level_claims_its_step_before_smaller_steps() {
+        // 1 000/s, burst 1 000: one unit per µs, 1 000 units a token; horizon 100 ms, so the
+        // reserve is 50 tokens.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        // `s` (a tenth of the demand) drains the bucket to 40 tokens and reports it spent.
+        assert_eq!(
+            node_lease(&mut st, &q, "s", 950, 0, 100_000, 0).granted,
+            950
+        );
+        assert_eq!(node_lease(&mut st, &q, "s", 10, 0, 100_000, 0).granted, 10);
+        // `b` (nine tenths) is due — its credit covers its step of 90 — but the level is 40:
+        // refused, it claims its step and is told when the refill reaches it.
+        let b = node_lease(&mut st, &q, "b", 150, 0, 900_000, 0);
+        assert_eq!((b.granted, b.retry_after_us), (0, 50_000), "{b:?}");
+        let claim = st.claim.clone().expect("a claim");
+        assert_eq!((claim.node.as_str(), claim.units), ("b", 90_000));
+        // 30 ms on the level is 70 tokens, far above `s`'s step of 10, and `s` has the credit:
+        // without the claim it would be served. The claim holds 90 back, so it waits until the
+        // refill covers both.
+        let s = node_lease(&mut st, &q, "s", 10, 0, 100_000, 30_000);
+        assert_eq!((s.granted, s.retry_after_us), (0, 30_000), "{s:?}");
+        // `b` comes back at its time and collects; the claim ends.
+        assert_eq!(
+            node_lease(&mut st, &q, "b", 150, 0, 900_000, 50_000).granted,
+            90
+        );
+        assert_eq!(st.claim, None);
+        // … and `s` is served at its.
+        assert_eq!(
+            node_lease(&mut st, &q, "s", 10, 0, 100_000, 60_000).granted,
+            10
+        );
+    }
+
+    #[test]
+    fn a_claim_lapses_when_its_node_does_not_come_back() {
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "s", 950, 0, 100_000, 0);
+        node_lease(&mut st, &q, "s", 10, 0, 100_000, 0);
+        assert_eq!(node_lease(&mut st, &q, "b", 150, 0, 900_000, 0).granted, 0);
+        let until = st.claim.as_ref().expect("a claim").until_us;
+        // Its retry (50 ms) and a quarter horizon (25 ms) more.
+        assert_eq!(until, 75_000);
+        // Past that, `s` sees the whole level again (115 tokens: its whole want).
+        let s = node_lease(&mut st, &q, "s", 10, 0, 100_000, until);
+        assert_eq!(s.granted, 10, "{s:?}");
+        assert_eq!(st.claim, None);
     }
 
     #[test]
@@ -852,6 +958,7 @@ mod tests {
             }),
             leasers: BTreeMap::new(),
             expiry: BTreeSet::new(),
+            claim: None,
         };
         assert_eq!(lease(&mut st, &q, 10, 1, 0).granted, 10);
     }
