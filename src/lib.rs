@@ -166,8 +166,8 @@ pub use keyed::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_KEYS, MAX_KEY_BYTES,
 };
 pub use lease::policy::{
-    AdaptiveLease, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms, MAX_AUTO_HORIZON,
-    MIN_AUTO_HORIZON,
+    AdaptiveLease, CallContext, FixedLease, LeaseAsk, LeaseContext, LeasePolicy, LeaseTerms,
+    MAX_AUTO_HORIZON, MIN_AUTO_HORIZON,
 };
 pub use limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer};
 pub use lock::{

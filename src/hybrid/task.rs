@@ -11,7 +11,7 @@ use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::drip::Drip;
-use crate::lease::policy::{LeaseContext, LeaseTerms};
+use crate::lease::policy::{CallContext, LeaseContext, LeaseTerms};
 use crate::lease::rate_ask::rate_ask;
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
@@ -252,7 +252,8 @@ impl Task {
     /// before a round trip was measured).
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
         let rtt = s.round_trip.measured().unwrap_or_default();
-        self.node_terms(s).map(|t| s.policy.terms_at(t, rtt))
+        let call = CallContext::new(self.quota, rtt, self.share);
+        self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 
     /// Fixed window: the local tokens' window has ended (or is about to): they are gone,

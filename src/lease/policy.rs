@@ -42,6 +42,27 @@ pub struct LeaseContext {
     pub horizon: Option<Duration>,
 }
 
+/// What the node knows when it sets the terms of one lease call
+/// ([`LeasePolicy::terms_at`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct CallContext {
+    /// The limiter's quota.
+    pub quota: Quota,
+    /// The store's smoothed round trip as measured (zero before the first reply).
+    pub rtt: Duration,
+    /// The fair share the store last reported, tokens per second (`None` before the first
+    /// reply).
+    pub share: Option<f64>,
+}
+
+impl CallContext {
+    /// The context of a call under `quota`, with `rtt` measured and `share` last reported.
+    pub fn new(quota: Quota, rtt: Duration, share: Option<f64>) -> Self {
+        CallContext { quota, rtt, share }
+    }
+}
+
 /// A lease request and the low-water mark to use next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseAsk {
@@ -89,10 +110,11 @@ pub trait LeasePolicy: Send + Sync + 'static {
         None
     }
 
-    /// The terms of one lease call, given the store's smoothed round trip: the policy may
-    /// lengthen the horizon while the store is slow (default: `terms` as they are).
-    fn terms_at(&self, terms: LeaseTerms, rtt: Duration) -> LeaseTerms {
-        let _ = rtt;
+    /// The terms of one lease call, given the store's measured round trip and the share it
+    /// last reported: the policy may lengthen the horizon while the store is slow, or for a
+    /// node with a small part of the rate (default: `terms` as they are).
+    fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
+        let _ = call;
         terms
     }
 
@@ -148,7 +170,10 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   `rate × horizon` across the fleet) count against the burst: while they are out, the
 ///   shared bucket refills only up to `burst − outstanding`. The automatic horizon is a quarter
 ///   of the time the bucket takes to fill (`burst / rate / 4`), between 10 ms and 250 ms: with
-///   `burst = rate` (one second of burst), 250 ms.
+///   `burst = rate` (one second of burst), 250 ms. Each call stretches it: to 16 round trips
+///   of a slow store, and for a node whose fair share is below a thousandth of the rate (one
+///   of thousands of nodes) by the square root of how far below — the economic order
+///   quantity, fewest calls for the tokens held — both at most half the ttl.
 /// - `ttl` (10 × horizon, at least 1 s): lease validity. Tokens of a crashed node are lost
 ///   for at most this long.
 /// - `idle_after` (500 ms): give everything back after this long without demand (but never
@@ -239,7 +264,9 @@ impl AdaptiveLease {
     /// holds one most of the time — a fleet of such nodes keeps its bucket near empty. A miss
     /// in [`acquire_now`](crate::HybridLimiter::acquire_now) is then one decision in the
     /// store, as in pure-Redis mode (`try_acquire` still answers from the local bucket and
-    /// leases on a denial). 0 turns it off.
+    /// leases on a denial). A node whose leases last longer than the horizon (a slow store, a
+    /// small share of a large fleet's rate) counts its part as that many times larger: each
+    /// call brings as many more tokens. 0 turns it off.
     pub fn per_request_below(mut self, tokens: f64) -> Self {
         self.per_request_below = at_least(tokens, 0.0);
         self
@@ -291,7 +318,9 @@ impl LeasePolicy for AdaptiveLease {
 
     /// Below [`per_request_below`](AdaptiveLease::per_request_below) tokens of the node's part
     /// of the burst (`burst × demand / rate`; by its share before any demand is measured, and
-    /// no change before the first share) to enter; twice that to leave. The demand, not the
+    /// no change before the first share), times how much longer than the policy's horizon
+    /// its leases last (a slow store, a small share: [`terms_at`](LeasePolicy::terms_at)), to
+    /// enter; twice that to leave. The demand, not the
     /// share: nodes that decide per request report no demand to the store, so the shares of
     /// the others grow past what they use.
     fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
@@ -304,15 +333,20 @@ impl LeasePolicy for AdaptiveLease {
             _ => return false,
         };
         let below = if deciding { 2.0 } else { 1.0 } * self.per_request_below;
-        let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64();
+        // A lease stretched longer than the policy's horizon (a slow store, a small share)
+        // brings as many more tokens a call.
+        let stretch =
+            self.horizon_of(ctx).as_secs_f64() / self.horizon_for(&ctx.quota).as_secs_f64();
+        let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64() * stretch;
         part < below
     }
 
-    /// The horizon stretched to 16 round trips of a slow store (at most half
-    /// the ttl).
-    fn terms_at(&self, terms: LeaseTerms, rtt: Duration) -> LeaseTerms {
+    /// The horizon stretched to 16 round trips of a slow store, and by the square root of how
+    /// small the node's part of the rate is (both at most half the ttl).
+    fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
+        let horizon = stretched(terms.horizon, call.rtt, terms.ttl);
         LeaseTerms {
-            horizon: stretched(terms.horizon, rtt, terms.ttl),
+            horizon: by_share(horizon, &call.quota, call.share, terms.ttl),
             ..terms
         }
     }
@@ -349,6 +383,31 @@ const RTT_HORIZONS: u32 = 16;
 /// well before its lease expires).
 fn stretched(horizon: Duration, rtt: Duration, ttl: Duration) -> Duration {
     horizon.max((rtt * RTT_HORIZONS).min(ttl / 2))
+}
+
+/// The share, as a part of the rate, at and above which a node's horizon is its own: one of a
+/// thousand nodes. A node with less leases for longer (see [`by_share`]).
+const SHARE_REF: f64 = 1_000.0;
+
+/// `horizon` for a node whose share is a small part of the rate: stretched by
+/// `√(rate / (SHARE_REF × share))` when that is above 1, at most half of `ttl` (never shorter
+/// than `horizon`). Store calls are `Σ 1/hᵢ` and the tokens nodes hold `Σ shareᵢ × hᵢ`; for a
+/// given holding, calls are fewest with `hᵢ ∝ 1/√shareᵢ` — the economic order quantity of
+/// inventory theory — which under the skewed demand of a large fleet allows a few times fewer
+/// calls than one horizon for all (SIMULATIONS.md, "Horizons by the square root of the
+/// share"). A node that is short of the level while its credit covers its longer step does
+/// not starve: the store holds the step back for it (a claim).
+fn by_share(horizon: Duration, quota: &Quota, share: Option<f64>, ttl: Duration) -> Duration {
+    let Some(share) = share.filter(|s| *s > 0.0) else {
+        return horizon;
+    };
+    let factor = (quota.per_second_f64() / (SHARE_REF * share)).sqrt();
+    if factor.is_nan() || factor <= 1.0 {
+        return horizon;
+    }
+    let longer =
+        Duration::try_from_secs_f64(horizon.as_secs_f64() * factor).unwrap_or(Duration::MAX);
+    horizon.max(longer.min(ttl / 2))
 }
 
 /// The rate a node can use: its demand, capped by the fair share the store last reported (if
@@ -466,13 +525,20 @@ pub(crate) mod tests {
         let q = Quota::per_second(1_000).unwrap();
         let p = AdaptiveLease::new();
         let t = p.terms(&q).unwrap();
-        let at = |rtt_ms| p.terms_at(t, Duration::from_millis(rtt_ms)).horizon;
+        let at = |rtt_ms| {
+            p.terms_at(t, &CallContext::new(q, Duration::from_millis(rtt_ms), None))
+                .horizon
+        };
         // A quick store: the horizon as it is; 16 round trips of 20 ms are longer.
         assert_eq!(at(1), Duration::from_millis(250));
         assert_eq!(at(20), Duration::from_millis(320));
         // Never past half the ttl, and the rest of the terms unchanged.
         assert_eq!(at(1_000), t.ttl / 2);
-        assert_eq!(p.terms_at(t, Duration::from_secs(1)).ttl, t.ttl);
+        assert_eq!(
+            p.terms_at(t, &CallContext::new(q, Duration::from_secs(1), None))
+                .ttl,
+            t.ttl
+        );
         // The ask is sized for the stretched horizon: 400/s of demand, a 20 ms round trip.
         let quick = p.ask(&ctx(q, 0, 0, 400.0, None));
         let slow = p.ask(&LeaseContext {
@@ -480,6 +546,62 @@ pub(crate) mod tests {
             ..ctx(q, 0, 0, 400.0, None)
         });
         assert!(slow.want > quick.want, "{slow:?} vs {quick:?}");
+    }
+
+    #[test]
+    fn a_small_share_leases_for_longer_by_its_square_root() {
+        // 100 000/s, burst 100 000: horizon 250 ms, ttl 2.5 s; one node of a thousand has a
+        // share of 100/s.
+        let q = Quota::per_second(100_000).unwrap();
+        let p = AdaptiveLease::new();
+        let t = p.terms(&q).unwrap();
+        let at = |share| {
+            p.terms_at(t, &CallContext::new(q, Duration::ZERO, share))
+                .horizon
+        };
+        assert_eq!(at(None), Duration::from_millis(250));
+        assert_eq!(at(Some(0.0)), Duration::from_millis(250));
+        assert_eq!(at(Some(10_000.0)), Duration::from_millis(250));
+        assert_eq!(at(Some(100.0)), Duration::from_millis(250));
+        // A quarter of that share: twice the horizon; a hundredth: at most half the ttl.
+        assert_eq!(at(Some(25.0)), Duration::from_millis(500));
+        assert_eq!(at(Some(1.0)), t.ttl / 2);
+        // On top of a slow store's stretch (16 round trips of 25 ms: 400 ms).
+        let slow = p.terms_at(
+            t,
+            &CallContext::new(q, Duration::from_millis(25), Some(25.0)),
+        );
+        assert_eq!(slow.horizon, Duration::from_millis(800));
+        // A fixed batch lease has no terms to stretch; the trait's default leaves them be.
+        struct Plain;
+        impl LeasePolicy for Plain {
+            fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
+                FixedLease::new(1).ask(ctx)
+            }
+            fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
+                AdaptiveLease::new().terms(quota)
+            }
+        }
+        assert_eq!(
+            Plain.terms_at(t, &CallContext::new(q, Duration::from_secs(1), Some(1.0))),
+            t
+        );
+    }
+
+    #[test]
+    fn a_longer_lease_counts_toward_leasing_rather_than_deciding_per_request() {
+        // 100 000/s, burst 100 000 (a fleet of thousands): a node with 2/s of demand has two
+        // tokens of the burst — per request at the policy's horizon, but a lease stretched
+        // to half the ttl (five horizons) brings ten a call.
+        let q = Quota::per_second(100_000).unwrap();
+        let p = AdaptiveLease::new();
+        let t = p.terms(&q).unwrap();
+        assert!(p.per_request(&ctx(q, 0, 0, 2.0, Some(1.0)), false));
+        let stretched = LeaseContext {
+            horizon: Some(t.ttl / 2),
+            ..ctx(q, 0, 0, 2.0, Some(1.0))
+        };
+        assert!(!p.per_request(&stretched, false));
     }
 
     #[test]
