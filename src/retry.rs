@@ -4,12 +4,15 @@
 //! A fleet that fails together must not retry together, so every wait is jittered. The
 //! back-off waits a uniformly random time in `[b/2, b]` and doubles `b` up to its cap ("equal
 //! jitter": never less than half the step, so a fleet spreads out without anyone retrying at
-//! once). The round-trip estimate is an exponentially weighted average (weight 1/8, as TCP's
+//! once). After a timeout the step starts at twice the timeout: the store is queueing, and
+//! retries that come sooner only lengthen the queue with calls nobody will wait for. The
+//! round-trip estimate is an exponentially weighted average (weight 1/8, as TCP's
 //! SRTT) kept in one atomic word, read by callers for their retry hint.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::error::StoreError;
 use crate::time::nanos;
 
 /// Shortest wait after an over-limit reply.
@@ -18,6 +21,10 @@ pub(crate) const MIN_RETRY: Duration = Duration::from_micros(100);
 pub(crate) const ERROR_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest back-off after store errors (so leasing resumes within this long of recovery).
 pub(crate) const ERROR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// How many of its timeouts a node waits (before jitter) after a store call timed out (see
+/// [`Backoff::after`]).
+pub(crate) const TIMEOUTS_WAITED: u32 = 2;
+
 /// Retry hint before any round trip was measured.
 pub(crate) const DEFAULT_RTT: Duration = Duration::from_millis(1);
 
@@ -44,7 +51,8 @@ impl Backoff {
         }
     }
 
-    /// The back-off after store errors: 10 ms doubling to 500 ms.
+    /// The back-off after store errors: 10 ms doubling to 500 ms (see [`after`](Self::after)
+    /// for timeouts).
     pub(crate) fn for_errors() -> Self {
         Backoff::new(ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX)
     }
@@ -54,6 +62,19 @@ impl Backoff {
         let wait = self.step / 2 + jitter(rng, self.step / 2);
         self.step = (self.step * 2).min(self.max);
         wait
+    }
+
+    /// The next wait after a failed store call: as [`next`](Self::next), but a timeout
+    /// starts the step at [`TIMEOUTS_WAITED`] times that timeout. A call that timed out found
+    /// the store queueing calls longer than the timeout; a fleet whose nodes all retry sooner
+    /// keeps that queue full of calls nobody waits for (the store still runs each, and its
+    /// grant is stranded) — congestion collapse. Other errors (a refused connection) start at
+    /// the first step, so one lost call costs little.
+    pub(crate) fn after(&mut self, error: &StoreError, rng: &mut fastrand::Rng) -> Duration {
+        if let StoreError::Timeout(timeout) = error {
+            self.step = self.step.max(*timeout * TIMEOUTS_WAITED).min(self.max);
+        }
+        self.next(rng)
     }
 
     /// Back to the first step (after a success).
@@ -120,6 +141,32 @@ mod tests {
             })
             .collect();
         assert!(waits.iter().any(|w| *w != waits[0]), "jittered");
+    }
+
+    #[test]
+    fn a_timeout_starts_the_backoff_at_twice_the_timeout() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let in_step = |wait: Duration, ms: u64| {
+            let step = Duration::from_millis(ms);
+            wait >= step / 2 && wait <= step
+        };
+        // A refused connection: the first step (10 ms), as `next`.
+        let mut b = Backoff::for_errors();
+        let refused = StoreError::Redis(crate::error::RedisFailure::new(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        ));
+        assert!(in_step(b.after(&refused, &mut rng), 10));
+        // A 50 ms timeout: 100 ms, then doubling to the cap; a longer step is kept.
+        let mut b = Backoff::for_errors();
+        let timeout = StoreError::Timeout(Duration::from_millis(50));
+        assert!(in_step(b.after(&timeout, &mut rng), 100));
+        assert!(in_step(b.after(&timeout, &mut rng), 200));
+        assert!(in_step(b.after(&timeout, &mut rng), 400));
+        assert!(in_step(b.after(&timeout, &mut rng), 500));
+        // A timeout longer than the cap waits the cap.
+        let mut b = Backoff::for_errors();
+        let long = StoreError::Timeout(Duration::from_secs(5));
+        assert!(in_step(b.after(&long, &mut rng), 500));
     }
 
     #[test]

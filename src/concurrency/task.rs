@@ -22,7 +22,8 @@
 //! the idle time, and syncs its tally every third of the ttl. If no renewal has succeeded for
 //! 90 % of the ttl, the pool is marked stale (not handed out) until one does.
 //!
-//! Over-full fleets and store errors back off (1 ms to 50 ms, and 10 ms to 500 ms, jittered);
+//! Over-full fleets and store errors back off (1 ms to 50 ms, and 10 ms to 500 ms — from twice
+//! the timeout after a timeout — jittered);
 //! the circuit and the failure policy are as for the rate limiters (`crate::failure`).
 
 use std::sync::atomic::Ordering;
@@ -278,7 +279,7 @@ impl Task {
             }
             Err(error) => {
                 s.fail(error.clone());
-                let wait = self.backoff.next(&mut self.rng);
+                let wait = self.backoff.after(error, &mut self.rng);
                 self.retry_at = Instant::now() + wait;
             }
         }

@@ -623,8 +623,8 @@ impl Task {
             }
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
+                let wait = self.backoff.after(&error, &mut self.rng);
                 s.fail(error);
-                let wait = self.backoff.next(&mut self.rng);
                 Some(Instant::now() + wait)
             }
         };

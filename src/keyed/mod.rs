@@ -98,7 +98,8 @@
 //! memory includes the key itself, so bound key length where keys come in (or key by a hash).
 //!
 //! **Store failures** are the limiter-wide circuit of [`crate::failure`]: the first failed
-//! lease opens it, the worker then makes one probe per back-off (10 ms to 500 ms, jittered)
+//! lease opens it, the worker then makes one probe per back-off (10 ms to 500 ms, jittered;
+//! from twice the timeout after a timeout)
 //! and answers other requests at once, and callers without tokens are answered by the
 //! [`FailurePolicy`] — [`LocalFallback`](FailurePolicy::LocalFallback) keeps one GCRA word per
 //! key, at the key's share of the quota.

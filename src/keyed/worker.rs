@@ -507,7 +507,7 @@ where
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");
                 s.fail(error.clone());
-                let wait = self.backoff.next(&mut self.rng);
+                let wait = self.backoff.after(&error, &mut self.rng);
                 self.probe_at = Some(now + wait);
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
