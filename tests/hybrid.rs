@@ -490,6 +490,34 @@ async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
     );
 }
 
+/// The same when the node's first requests come only after its first review (a quiet node of
+/// a large fleet): with nothing measured the review looks again, and gives the excess back
+/// once the requests show how little it needs.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_node_gives_a_blind_lease_back_once_its_demand_shows() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(100_000_000).unwrap();
+    let limiter = HybridLimiter::builder("quiet", quota, store.clone())
+        .build()
+        .unwrap();
+    settle().await;
+    let first = limiter.available();
+    assert!(first > 20_000, "the first lease is a guess: {first}");
+    // Silent past the first review (a quarter horizon: 62.5 ms), then 10 requests/s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(limiter.stats().releases, 0);
+    for _ in 0..10 {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = limiter.stats();
+    assert!(
+        stats.tokens_released > first / 2,
+        "most of the guess went back: {stats:?}"
+    );
+    assert!(stats.local_tokens < 100, "{stats:?}");
+}
+
 /// A policy that leases one big batch (spread over the local bucket's slots), then small ones.
 struct BigThenSmall;
 

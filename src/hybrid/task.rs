@@ -352,6 +352,11 @@ impl Task {
             ..self.context(s, 0)
         };
         let Some(most) = s.policy.most_worth_holding(&ctx) else {
+            // Nothing measured yet (a blind lease, a node whose requests are seconds apart):
+            // look again once there may be, while it holds enough to be worth giving back.
+            if ctx.local > TRIM_AT_LEAST {
+                self.review_at = self.call_terms(s).map(|t| now + review_after(t.horizon));
+            }
             return;
         };
         if ctx.local <= most {
@@ -666,6 +671,10 @@ impl Task {
         true
     }
 }
+
+/// Fewest tokens a review keeps looking at while nothing is measured: a release call for a
+/// token or two costs the store more than the tokens are worth to the fleet.
+const TRIM_AT_LEAST: u64 = 3;
 
 /// How long after a grant a node looks at what it holds against its demand: a quarter of a
 /// horizon, between 10 ms (a first demand sample needs a few) and 100 ms.
