@@ -92,9 +92,10 @@
 -- half a horizon of the fleet rate are first come, first served; the reserve itself is handed
 -- out only against credit. (While the fleet wants more than the rate, credits are drawn as they
 -- accrue and the reserve is never spent: it is burst the fleet cannot use. Half a horizon keeps
--- shares as fair as a whole one did and gives the rest back.) A node is served only when it can get a horizon of its share (or its
--- min, or its want if smaller), and every reply says when that will be, so a busy node makes
--- about one call per horizon, not one per token.
+-- shares as fair as a whole one did and gives the rest back.) A node is served only when it can
+-- get a horizon of its share (its step; seven eighths of it will do, since the share moves a
+-- little between calls), or its min, or its want if smaller, and every reply says when that will
+-- be, so a busy node makes about one call per horizon, not one per token.
 --
 -- Claims. A node is served only a whole step (a horizon of its share), so when many nodes take
 -- small steps the level may seldom reach a large one: the busiest node, its credit there, would
@@ -604,7 +605,13 @@ elseif op == 'lease' then
   local avail = free + math.min(whole - free, floor_div(r.c, scale))
   local floor_tokens = math.min(math.floor(rho * horizon / scale), want, burst)
   local need = math.max(min, floor_tokens)
-  if avail >= need then
+  -- Served once it can get seven eighths of its step (rounded down; exact in doubles): its share
+  -- (and with it its step) moves a little between calls, and a refusal for the difference costs
+  -- a call for nothing. A refused node is still told when its whole step is there: coming back
+  -- for seven eighths would serve it smaller steps, more often, than first-come takers of the
+  -- level above the reserve.
+  local enough = math.max(min, floor_tokens - floor_div(floor_tokens + 7, 8))
+  if avail >= enough then
     granted = math.min(want, avail)
     level = level - granted * scale
     out = out + granted

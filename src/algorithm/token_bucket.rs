@@ -543,8 +543,14 @@ pub fn step_with(
                 .min(want as f64)
                 .min(burst as f64) as u64;
             let mut need = min.max(floor_tokens);
+            // Served once it can get seven eighths of its step (rounded down): its share (and
+            // with it its step) moves a little between calls, and a refusal for the difference
+            // costs a call for nothing. A refused node is still told when its whole step is
+            // there: coming back for seven eighths would serve it smaller steps, more often,
+            // than first-come takers of the level above the reserve.
+            let enough = min.max(floor_tokens - floor_tokens.div_ceil(8));
             let mut free = free;
-            if avail >= need {
+            if avail >= enough {
                 granted = want.min(avail);
                 level -= granted * scale;
                 out += granted;
@@ -923,6 +929,29 @@ mod tests {
             node_lease(&mut st, &q, "s", 10, 0, 100_000, 60_000).granted,
             10
         );
+    }
+
+    #[test]
+    fn seven_eighths_of_a_step_are_served_and_a_refusal_waits_for_all_of_it() {
+        // 1 000/s (one unit per µs, 1 000 units a token), horizon 100 ms: `n`, the only
+        // leaser, has a step of 100 tokens; seven eighths are 87.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        assert_eq!(
+            node_lease(&mut st, &q, "n", 100, 0, 1_000_000, 0).granted,
+            100
+        );
+        assert_eq!(lease(&mut st, &q, 900, 900, 0).granted, 900);
+        // Empty: refused, and told when its whole step is there.
+        let r = node_lease(&mut st, &q, "n", 100, 0, 1_000_000, 0);
+        assert_eq!((r.granted, r.retry_after_us), (0, 100_000), "{r:?}");
+        // At 80 tokens, still refused, and still for the whole step (not for 87).
+        let mut at_80 = st.clone();
+        let r = node_lease(&mut at_80, &q, "n", 100, 0, 1_000_000, 80_000);
+        assert_eq!((r.granted, r.retry_after_us), (0, 20_000), "{r:?}");
+        // At 90 tokens it is served what there is rather than refused for the last 10.
+        let r = node_lease(&mut st, &q, "n", 100, 0, 1_000_000, 90_000);
+        assert_eq!(r.granted, 90, "{r:?}");
     }
 
     #[test]
