@@ -895,21 +895,22 @@ mod tests {
         assert_eq!((b.granted, b.retry_after_us), (0, 11_000), "{b:?}");
     }
 
+    /// 1 000/s, burst 1 000 (one unit per µs, 1 000 units a token; horizon 100 ms, so the
+    /// reserve is 50 tokens): `s` (a tenth of the demand) drains the bucket to 40 tokens and
+    /// reports it spent; `b` (nine tenths) is due — its credit covers its step of 90 — but the
+    /// level is 40: refused, it claims its step and is told when the refill reaches it.
+    fn b_claims_at_40_tokens(q: &Quota) -> (Stored, StepReply) {
+        let mut st = Stored::default();
+        assert_eq!(node_lease(&mut st, q, "s", 950, 0, 100_000, 0).granted, 950);
+        assert_eq!(node_lease(&mut st, q, "s", 10, 0, 100_000, 0).granted, 10);
+        let b = node_lease(&mut st, q, "b", 150, 0, 900_000, 0);
+        (st, b)
+    }
+
     #[test]
     fn a_due_node_short_of_level_claims_its_step_before_smaller_steps() {
-        // 1 000/s, burst 1 000: one unit per µs, 1 000 units a token; horizon 100 ms, so the
-        // reserve is 50 tokens.
         let q = Quota::per_second(1_000).unwrap();
-        let mut st = Stored::default();
-        // `s` (a tenth of the demand) drains the bucket to 40 tokens and reports it spent.
-        assert_eq!(
-            node_lease(&mut st, &q, "s", 950, 0, 100_000, 0).granted,
-            950
-        );
-        assert_eq!(node_lease(&mut st, &q, "s", 10, 0, 100_000, 0).granted, 10);
-        // `b` (nine tenths) is due — its credit covers its step of 90 — but the level is 40:
-        // refused, it claims its step and is told when the refill reaches it.
-        let b = node_lease(&mut st, &q, "b", 150, 0, 900_000, 0);
+        let (mut st, b) = b_claims_at_40_tokens(&q);
         assert_eq!((b.granted, b.retry_after_us), (0, 50_000), "{b:?}");
         let claim = st.claim.clone().expect("a claim");
         assert_eq!((claim.node.as_str(), claim.units), ("b", 90_000));
@@ -957,10 +958,8 @@ mod tests {
     #[test]
     fn a_claim_lapses_when_its_node_does_not_come_back() {
         let q = Quota::per_second(1_000).unwrap();
-        let mut st = Stored::default();
-        node_lease(&mut st, &q, "s", 950, 0, 100_000, 0);
-        node_lease(&mut st, &q, "s", 10, 0, 100_000, 0);
-        assert_eq!(node_lease(&mut st, &q, "b", 150, 0, 900_000, 0).granted, 0);
+        let (mut st, b) = b_claims_at_40_tokens(&q);
+        assert_eq!(b.granted, 0);
         let until = st.claim.as_ref().expect("a claim").until_us;
         // Its retry (50 ms) and a quarter horizon (25 ms) more.
         assert_eq!(until, 75_000);
