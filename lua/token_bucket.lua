@@ -97,8 +97,8 @@
 -- little between calls), or its min, or its want if smaller, and every reply says when that will
 -- be, so a busy node makes about one call per horizon, not one per token.
 --
--- Claims. A node is served only a whole step (a horizon of its share), so when many nodes take
--- small steps the level may seldom reach a large one: the busiest node, its credit there, would
+-- Claims. A node is served only a step (a horizon of its share, or seven eighths of it), so when
+-- many nodes take small steps the level may seldom reach a large one: the busiest node, its credit there, would
 -- poll while smaller steps take the refill first. So a node that is due (its credit covers its
 -- whole step) and is refused only because the level is short leaves a claim: its step is held
 -- back from every other leaser (they see the level less the claim, and their retries wait for

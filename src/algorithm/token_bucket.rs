@@ -4,8 +4,8 @@
 //! This is the Rust twin of `lua/token_bucket.lua`, written to give the same reply for every
 //! input, error messages included. [`MemoryStore`](crate::MemoryStore) runs it under a per-key
 //! lock; the script runs it inside Redis. A differential property test holds the two together.
-//! The script's header explains the protocol (conservation and fair shares); this file follows
-//! it line by line.
+//! The script's header explains the protocol (conservation, fair shares and claims); this
+//! file follows it line by line.
 //!
 //! # Arithmetic
 //!
