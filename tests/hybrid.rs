@@ -714,3 +714,75 @@ async fn after_an_outage_a_miss_needs_a_lease_and_after_a_refusal_it_is_denied()
     let refused = drain();
     assert!(matches!(refused, LocalAnswer::Denied { .. }), "{refused:?}");
 }
+
+/// A store that answers in 100 µs, or, while `failing`, times out after 100 ms; it keeps the
+/// horizon of every node lease it answers.
+#[derive(Clone)]
+struct TimingOut {
+    inner: MemoryStore,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    horizons: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+}
+
+impl LeaseStore for TimingOut {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return Err(StoreError::Timeout(Duration::from_millis(100)));
+        }
+        tokio::time::sleep(Duration::from_micros(100)).await;
+        if let Some(node) = req.node {
+            self.horizons.lock().unwrap().push(node.horizon);
+        }
+        self.inner.lease(name, quota, req).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ratelease::ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        tokio::time::sleep(Duration::from_micros(100)).await;
+        self.inner.release(name, quota, req).await
+    }
+}
+
+/// A timed-out call is not a round trip: after an outage of timeouts the next lease is on the
+/// policy's own horizon, not stretched as for a store that answers in 100 ms (which kept a
+/// fleet on half-ttl leases for seconds after a Sentinel failover).
+#[tokio::test(start_paused = true)]
+async fn timeouts_do_not_stretch_the_next_lease() {
+    let store = TimingOut {
+        inner: MemoryStore::new(),
+        failing: Default::default(),
+        horizons: Default::default(),
+    };
+    // 1 000/s, burst 1 000: a horizon of 250 ms; 16 round trips of 100 ms would be 1.25 s
+    // (half the ttl).
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("rtt", quota, store.clone())
+        .build()
+        .unwrap();
+    settle().await;
+    store.failing.store(true, Ordering::SeqCst);
+    // Callers keep asking through a second of timeouts.
+    for _ in 0..1_000 {
+        let _ = limiter.try_acquire(1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(limiter.stats().store_errors >= 3, "{:?}", limiter.stats());
+    store.failing.store(false, Ordering::SeqCst);
+    let answered = store.horizons.lock().unwrap().len();
+    while store.horizons.lock().unwrap().len() == answered {
+        let _ = limiter.try_acquire(1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let after = store.horizons.lock().unwrap()[answered];
+    assert_eq!(after, Duration::from_millis(250));
+}
