@@ -106,9 +106,16 @@ impl RttEstimate {
         }
     }
 
-    /// A call took `rtt`. Only one task writes, so load-then-store loses nothing.
-    pub(crate) fn observe(&self, rtt: Duration) {
-        let ns = nanos(rtt).max(1);
+    /// A call returned after `took`; `answered`: the store answered it. Only an answered call
+    /// is a round trip: a timeout (or a lost connection) says how long the caller waited, and
+    /// counted, a store outage's timeouts kept every lease stretched for seconds after the
+    /// store was back (a Sentinel failover, `tests/failover.rs`). Load-then-store may lose a
+    /// sample when two callers write at once, which an average of many does not miss.
+    pub(crate) fn observe(&self, took: Duration, answered: bool) {
+        if !answered {
+            return;
+        }
+        let ns = nanos(took).max(1);
         let old = self.0.load(Ordering::Relaxed);
         let new = if old == 0 { ns } else { (old * 7 + ns) / 8 };
         self.0.store(new, Ordering::Relaxed);
@@ -173,9 +180,12 @@ mod tests {
     fn rtt_starts_at_the_default_then_follows_samples() {
         let rtt = RttEstimate::default();
         assert_eq!(rtt.get(), DEFAULT_RTT);
-        rtt.observe(Duration::from_micros(800));
+        rtt.observe(Duration::from_micros(800), true);
         assert_eq!(rtt.get(), Duration::from_micros(800));
-        rtt.observe(Duration::from_micros(1_600));
+        rtt.observe(Duration::from_micros(1_600), true);
+        assert_eq!(rtt.get(), Duration::from_micros(900));
+        // A call that was not answered (a timeout) is no sample.
+        rtt.observe(Duration::from_millis(100), false);
         assert_eq!(rtt.get(), Duration::from_micros(900));
     }
 }

@@ -253,7 +253,7 @@ impl<S: LeaseStore> Shared<S> {
         );
         let sent = Instant::now();
         let reply = self.store.lease(&self.name, &self.quota, &request).await;
-        self.observe_rtt(sent.elapsed());
+        self.observe_rtt(sent.elapsed(), reply.is_ok());
         // Relaxed: statistics.
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
         // The task looks at the demand again (it is not woken by these misses otherwise): a
@@ -307,10 +307,10 @@ impl<S: LeaseStore> Shared<S> {
         self.round_trip.get()
     }
 
-    /// A lease call took `rtt`.
-    pub(super) fn observe_rtt(&self, rtt: Duration) {
-        self.metrics.lease_returned(rtt);
-        self.round_trip.observe(rtt);
+    /// A store call returned after `took` (`answered`: see [`RttEstimate::observe`]).
+    pub(super) fn observe_rtt(&self, took: Duration, answered: bool) {
+        self.metrics.lease_returned(took);
+        self.round_trip.observe(took, answered);
     }
 
     /// Denies callers until `deadline`; `refused`: because the store said so (not a back-off

@@ -541,11 +541,7 @@ impl Task {
             }
             None => call.await,
         };
-        // Answered calls only: a timeout is the timeout, not a round trip (counted, a store
-        // failover's timeouts stretched every lease for seconds after it; see `terms_at`).
-        if result.is_ok() {
-            s.observe_rtt(sent.elapsed());
-        }
+        s.observe_rtt(sent.elapsed(), result.is_ok());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
         if let Ok(reply) = &result {
             self.adopt(s, reply.quota, reply.source);

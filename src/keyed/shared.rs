@@ -625,7 +625,8 @@ where
         count(&self.counters.store_errors, 1);
     }
 
-    pub(super) fn observe_rtt(&self, rtt: Duration) {
-        self.round_trip.observe(rtt);
+    /// A store call returned after `took` (`answered`: see [`RttEstimate::observe`]).
+    pub(super) fn observe_rtt(&self, took: Duration, answered: bool) {
+        self.round_trip.observe(took, answered);
     }
 }

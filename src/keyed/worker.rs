@@ -438,7 +438,7 @@ where
         let s = self.s.clone();
         let c = &s.counters;
         let now = Instant::now();
-        s.observe_rtt(now - sent);
+        s.observe_rtt(now - sent, result.is_ok());
         s.metrics.lease_returned(now - sent);
         count(&c.leases, 1);
         if probe {
