@@ -108,8 +108,8 @@ impl RttEstimate {
 
     /// A call returned after `took`; `answered`: the store answered it. Only an answered call
     /// is a round trip: a timeout (or a lost connection) says how long the caller waited, and
-    /// counted, a store outage's timeouts kept every lease stretched for seconds after the
-    /// store was back (a Sentinel failover, `tests/failover.rs`). Load-then-store may lose a
+    /// counted, a store outage's timeouts sized every lease (and its low-water mark) for a
+    /// round trip of the timeout after the store was back. Load-then-store may lose a
     /// sample when two callers write at once, which an average of many does not miss.
     pub(crate) fn observe(&self, took: Duration, answered: bool) {
         if !answered {

@@ -715,13 +715,13 @@ async fn after_an_outage_a_miss_needs_a_lease_and_after_a_refusal_it_is_denied()
     assert!(matches!(refused, LocalAnswer::Denied { .. }), "{refused:?}");
 }
 
-/// A store that answers in 100 µs, or, while `failing`, times out after 100 ms; it keeps the
-/// horizon of every node lease it answers.
+/// A store that answers in 100 µs, or, while `failing`, times out after 100 ms; it keeps
+/// every node lease it answers.
 #[derive(Clone)]
 struct TimingOut {
     inner: MemoryStore,
     failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    horizons: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+    answered: std::sync::Arc<std::sync::Mutex<Vec<LeaseRequest>>>,
 }
 
 impl LeaseStore for TimingOut {
@@ -736,8 +736,8 @@ impl LeaseStore for TimingOut {
             return Err(StoreError::Timeout(Duration::from_millis(100)));
         }
         tokio::time::sleep(Duration::from_micros(100)).await;
-        if let Some(node) = req.node {
-            self.horizons.lock().unwrap().push(node.horizon);
+        if req.node.is_some() {
+            self.answered.lock().unwrap().push(*req);
         }
         self.inner.lease(name, quota, req).await
     }
@@ -753,36 +753,42 @@ impl LeaseStore for TimingOut {
     }
 }
 
-/// A timed-out call is not a round trip: after an outage of timeouts the next lease is on the
-/// policy's own horizon, not stretched as for a store that answers in 100 ms (which kept a
-/// fleet on half-ttl leases for seconds after a Sentinel failover).
+/// A timed-out call is not a round trip: after an outage of timeouts the next lease is sized
+/// for the store's real round trip, not for one of 100 ms (a lease covers a round trip of
+/// demand; counted, timeouts had also kept every lease stretched for seconds after a Sentinel
+/// failover).
 #[tokio::test(start_paused = true)]
-async fn timeouts_do_not_stretch_the_next_lease() {
+async fn timeouts_do_not_count_as_round_trips() {
     let store = TimingOut {
         inner: MemoryStore::new(),
         failing: Default::default(),
-        horizons: Default::default(),
+        answered: Default::default(),
     };
-    // 1 000/s, burst 1 000: a horizon of 250 ms; 16 round trips of 100 ms would be 1.25 s
-    // (half the ttl).
+    // 1 000/s, burst 1 000: a horizon of 250 ms, leases of 1.25 horizons and a round trip of
+    // demand.
     let quota = Quota::per_second(1_000).unwrap();
+    // Failing closed, so the callers' demand is measured through the outage.
     let limiter = HybridLimiter::builder("rtt", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailClosed)
         .build()
         .unwrap();
     settle().await;
     store.failing.store(true, Ordering::SeqCst);
-    // Callers keep asking through a second of timeouts.
+    // Callers keep asking, 1 000/s, through a second of timeouts.
     for _ in 0..1_000 {
         let _ = limiter.try_acquire(1);
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(limiter.stats().store_errors >= 3, "{:?}", limiter.stats());
     store.failing.store(false, Ordering::SeqCst);
-    let answered = store.horizons.lock().unwrap().len();
-    while store.horizons.lock().unwrap().len() == answered {
+    let answered = store.answered.lock().unwrap().len();
+    while store.answered.lock().unwrap().len() == answered {
         let _ = limiter.try_acquire(1);
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let after = store.horizons.lock().unwrap()[answered];
-    assert_eq!(after, Duration::from_millis(250));
+    let after = store.answered.lock().unwrap()[answered];
+    assert_eq!(after.node.unwrap().horizon, Duration::from_millis(250));
+    // About 1 000/s × (312.5 ms + the round trip): 313 tokens for 100 µs, 323 for 10 ms;
+    // with the timeouts counted as round trips it was 347.
+    assert!((290..=323).contains(&after.want), "{after:?}");
 }

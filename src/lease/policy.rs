@@ -111,7 +111,7 @@ pub trait LeasePolicy: Send + Sync + 'static {
     }
 
     /// The terms of one lease call, given the store's measured round trip and the share it
-    /// last reported: the policy may lengthen the horizon while the store is slow, or for a
+    /// last reported: the policy may lengthen the horizon, as [`AdaptiveLease`] does for a
     /// node with a small part of the rate (default: `terms` as they are).
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
         let _ = call;
@@ -170,10 +170,11 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   `rate × horizon` across the fleet) count against the burst: while they are out, the
 ///   shared bucket refills only up to `burst − outstanding`. The automatic horizon is a quarter
 ///   of the time the bucket takes to fill (`burst / rate / 4`), between 10 ms and 250 ms: with
-///   `burst = rate` (one second of burst), 250 ms. Each call stretches it: to 16 round trips
-///   of a slow store, and for a node whose fair share is below a thousandth of the rate (one
-///   of thousands of nodes) by the square root of how far below — the economic order
-///   quantity, fewest calls for the tokens held — both at most half the ttl.
+///   `burst = rate` (one second of burst), 250 ms. Each call stretches it for a node whose fair
+///   share is below a thousandth of the rate (one of thousands of nodes) by the square root of
+///   how far below — the economic order quantity, fewest calls for the tokens held — at most
+///   half the ttl. A slow store does not stretch it: the lease and its low-water mark cover
+///   the round trip.
 /// - `ttl` (10 × horizon, at least 1 s): lease validity. Tokens of a crashed node are lost
 ///   for at most this long.
 /// - `idle_after` (500 ms): give everything back after this long without demand (but never
@@ -264,8 +265,8 @@ impl AdaptiveLease {
     /// holds one most of the time — a fleet of such nodes keeps its bucket near empty. A miss
     /// in [`acquire_now`](crate::HybridLimiter::acquire_now) is then one decision in the
     /// store, as in pure-Redis mode (`try_acquire` still answers from the local bucket and
-    /// leases on a denial). A node whose leases last longer than the horizon (a slow store, a
-    /// small share of a large fleet's rate) counts its part as that many times larger: each
+    /// leases on a denial). A node whose leases last longer than the horizon (a small share of
+    /// a large fleet's rate) counts its part as that many times larger: each
     /// call brings as many more tokens. 0 turns it off.
     pub fn per_request_below(mut self, tokens: f64) -> Self {
         self.per_request_below = at_least(tokens, 0.0);
@@ -319,7 +320,7 @@ impl LeasePolicy for AdaptiveLease {
     /// Below [`per_request_below`](AdaptiveLease::per_request_below) tokens of the node's part
     /// of the burst (`burst × demand / rate`; by its share before any demand is measured, and
     /// no change before the first share), times how much longer than the policy's horizon
-    /// its leases last (a slow store, a small share: [`terms_at`](LeasePolicy::terms_at)), to
+    /// its leases last (a small share: [`terms_at`](LeasePolicy::terms_at)), to
     /// enter; twice that to leave. The demand, not the
     /// share: nodes that decide per request report no demand to the store, so the shares of
     /// the others grow past what they use.
@@ -333,20 +334,23 @@ impl LeasePolicy for AdaptiveLease {
             _ => return false,
         };
         let below = if deciding { 2.0 } else { 1.0 } * self.per_request_below;
-        // A lease stretched longer than the policy's horizon (a slow store, a small share)
-        // brings as many more tokens a call.
+        // A lease stretched longer than the policy's horizon (a small share) brings as many
+        // more tokens a call.
         let stretch =
             self.horizon_of(ctx).as_secs_f64() / self.horizon_for(&ctx.quota).as_secs_f64();
         let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64() * stretch;
         part < below
     }
 
-    /// The horizon stretched to 16 round trips of a slow store, and by the square root of how
-    /// small the node's part of the rate is (both at most half the ttl).
+    /// The horizon stretched by the square root of how small the node's part of the rate is
+    /// (at most half the ttl). Not by the round trip: a lease's size and its low-water mark
+    /// already cover the round trip, and at a fleet start the round trip is the queue the
+    /// fleet itself makes — leases stretched by it handed the burst to the first nodes
+    /// answered, and with a tight burst a lease of 16 round trips of a 5 ms store could not be
+    /// granted at all (SIMULATIONS.md, "A lease waits longer than a caller").
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
-        let horizon = stretched(terms.horizon, call.rtt, terms.ttl);
         LeaseTerms {
-            horizon: by_share(horizon, &call.quota, call.share, terms.ttl),
+            horizon: by_share(terms.horizon, &call.quota, call.share, terms.ttl),
             ..terms
         }
     }
@@ -370,19 +374,6 @@ fn at_least(x: f64, min: f64) -> f64 {
     } else {
         min
     }
-}
-
-/// Round trips a lease lasts at least. A store that answers slowly is a busy one: every node
-/// calling once a horizon, a fleet large enough queues the store until calls time out, and
-/// the grants of timed-out calls are lost to the fleet until their leases expire. Leases that
-/// last longer while round trips are long bring the calls back under what the store serves.
-/// (16 measured best of 8, 12, 16, 32 and 64 on the 10 000-node fleet start, SIMULATIONS.md.)
-const RTT_HORIZONS: u32 = 16;
-
-/// `horizon`, stretched to [`RTT_HORIZONS`] round trips, at most half of `ttl` (a node renews
-/// well before its lease expires).
-fn stretched(horizon: Duration, rtt: Duration, ttl: Duration) -> Duration {
-    horizon.max((rtt * RTT_HORIZONS).min(ttl / 2))
 }
 
 /// The share, as a part of the rate, at and above which a node's horizon is its own: one of a
@@ -520,32 +511,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_slow_store_stretches_the_horizon_up_to_half_the_ttl() {
+    fn a_slow_store_does_not_stretch_the_horizon_but_the_lease_covers_its_round_trip() {
         // 1 000/s, burst 1 000: horizon 250 ms, ttl 2.5 s.
         let q = Quota::per_second(1_000).unwrap();
         let p = AdaptiveLease::new();
         let t = p.terms(&q).unwrap();
-        let at = |rtt_ms| {
-            p.terms_at(t, &CallContext::new(q, Duration::from_millis(rtt_ms), None))
-                .horizon
-        };
-        // A quick store: the horizon as it is; 16 round trips of 20 ms are longer.
-        assert_eq!(at(1), Duration::from_millis(250));
-        assert_eq!(at(20), Duration::from_millis(320));
-        // Never past half the ttl, and the rest of the terms unchanged.
-        assert_eq!(at(1_000), t.ttl / 2);
-        assert_eq!(
-            p.terms_at(t, &CallContext::new(q, Duration::from_secs(1), None))
-                .ttl,
-            t.ttl
-        );
-        // The ask is sized for the stretched horizon: 400/s of demand, a 20 ms round trip.
+        // A quick store, a slow one, a queue of a second: the same terms (a round trip that
+        // long is most often the queue a fleet start makes, not the network).
+        for rtt_ms in [1, 20, 1_000] {
+            assert_eq!(
+                p.terms_at(t, &CallContext::new(q, Duration::from_millis(rtt_ms), None)),
+                t
+            );
+        }
+        // The ask covers the round trip: 400/s of demand over 312.5 ms and a round trip of
+        // 0.1 ms (126 tokens) or 40 ms (141), refilled at a quarter horizon of demand (25) or
+        // three round trips of it (48).
         let quick = p.ask(&ctx(q, 0, 0, 400.0, None));
         let slow = p.ask(&LeaseContext {
-            horizon: Some(at(20)),
+            rtt: Duration::from_millis(40),
             ..ctx(q, 0, 0, 400.0, None)
         });
-        assert!(slow.want > quick.want, "{slow:?} vs {quick:?}");
+        assert_eq!((quick.want, quick.low_water), (126, 25));
+        assert_eq!((slow.want, slow.low_water), (141, 48));
     }
 
     #[test]
@@ -566,12 +554,12 @@ pub(crate) mod tests {
         // A quarter of that share: twice the horizon; a hundredth: at most half the ttl.
         assert_eq!(at(Some(25.0)), Duration::from_millis(500));
         assert_eq!(at(Some(1.0)), t.ttl / 2);
-        // On top of a slow store's stretch (16 round trips of 25 ms: 400 ms).
+        // Whatever the round trip.
         let slow = p.terms_at(
             t,
             &CallContext::new(q, Duration::from_millis(25), Some(25.0)),
         );
-        assert_eq!(slow.horizon, Duration::from_millis(800));
+        assert_eq!(slow.horizon, Duration::from_millis(500));
         // A fixed batch lease has no terms to stretch; the trait's default leaves them be.
         struct Plain;
         impl LeasePolicy for Plain {
