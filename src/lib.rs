@@ -179,7 +179,7 @@ pub use quota::{Quota, QuotaError, MAX_VALUE};
 pub use store::{
     LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, RedisStore,
     RedisStoreBuilder, ReleaseRequest, DEFAULT_CONFIG_REFRESH, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, LEASE_TIMEOUT_FACTOR,
 };
 pub use verdict::Verdict;
 

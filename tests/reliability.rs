@@ -8,7 +8,10 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ratelease::{AcquireError, Decision, FailurePolicy, HybridLimiter, Quota, RedisStore};
+use ratelease::{
+    AcquireError, Decision, FailurePolicy, HybridLimiter, LeaseRequest, LeaseStore, NodeLease,
+    Quota, RedisStore, StoreError,
+};
 use support::RedisServer;
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -93,6 +96,70 @@ fn signal(pid: u32, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig} {pid}");
+}
+
+/// A node's lease waits out a store that is slow for longer than the response timeout (its
+/// own timeout is longer: no caller waits on it, and a lease given up on is a grant lost to
+/// the fleet), while a decision a caller waits on still times out at the response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_lease_waits_out_a_slow_store_that_a_decision_does_not() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(50))
+        .lease_timeout(Duration::from_millis(600))
+        .connect()
+        .await
+        .unwrap();
+    let quota = Quota::per_second(1_000).unwrap();
+    let node = |id| {
+        LeaseRequest::new(10, 1).by(NodeLease {
+            id,
+            held: 0,
+            demand_mtps: 100_000,
+            horizon: Duration::from_millis(250),
+            ttl: Duration::from_secs(2),
+            rate_mtps: 0,
+        })
+    };
+    // Both reach Redis while it is stopped for 200 ms.
+    signal(server.pid(), "-STOP");
+    let (s1, s2) = (store.clone(), store.clone());
+    let lease = tokio::spawn(async move {
+        let t = Instant::now();
+        (s1.lease("slow", &quota, &node(1)).await, t.elapsed())
+    });
+    let decision = tokio::spawn(async move {
+        let t = Instant::now();
+        (
+            s2.lease("slow", &quota, &LeaseRequest::exact(1)).await,
+            t.elapsed(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(server.pid(), "-CONT");
+    let (decided, waited) = decision.await.unwrap();
+    assert!(
+        matches!(decided, Err(StoreError::Timeout(t)) if t == Duration::from_millis(50)),
+        "{decided:?}"
+    );
+    assert!(waited < Duration::from_millis(150), "{waited:?}");
+    let (leased, took) = lease.await.unwrap();
+    assert_eq!(leased.unwrap().granted, 10);
+    assert!(took >= Duration::from_millis(150), "{took:?}");
+    // Past its own timeout a lease fails too, and says which timeout it waited.
+    signal(server.pid(), "-STOP");
+    let t = Instant::now();
+    let late = store.lease("slow", &quota, &node(2)).await;
+    let took = t.elapsed();
+    signal(server.pid(), "-CONT");
+    assert!(
+        matches!(late, Err(StoreError::Timeout(t)) if t == Duration::from_millis(600)),
+        "{late:?}"
+    );
+    assert!(
+        (Duration::from_millis(590)..Duration::from_millis(900)).contains(&took),
+        "{took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,8 +13,8 @@
 //!   else is using, or the count includes their calls.) Per-node and per-window call counts
 //!   come from the client side. `redis_cpu` is read the same way, from their `usec` totals.
 //! - Faults are injected on the client side, by a wrapper around each node's store: during a
-//!   `store_outage` calls wait `timeout_ms` and fail with a timeout; during a `latency_spike`
-//!   they are delayed by `extra_ms`.
+//!   `store_outage` calls wait `timeout_ms` (`lease_timeout_ms` for a node's lease or release)
+//!   and fail with a timeout; during a `latency_spike` they are delayed by `extra_ms`.
 //! - Pure-Redis admissions are timed when their reply arrives (the server's execution time is
 //!   not observable), so window metrics can see reply-time jitter that the simulation does
 //!   not.
@@ -78,7 +78,7 @@ impl LiveStore {
     }
 
     /// Records the call and applies the fault in force; `Err` if the call must fail.
-    async fn before(&self, kind: CallKind) -> Result<(), StoreError> {
+    async fn before(&self, kind: CallKind, node: bool) -> Result<(), StoreError> {
         let now = self.now_ns();
         self.calls
             .lock()
@@ -89,9 +89,10 @@ impl LiveStore {
                 kind,
             });
         if self.faults.in_outage(now) {
-            tokio::time::sleep(self.faults.timeout()).await;
+            let timeout = self.faults.timeout_of(node);
+            tokio::time::sleep(timeout).await;
             self.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Timeout(self.faults.timeout()));
+            return Err(StoreError::Timeout(timeout));
         }
         let extra = self.faults.extra_ns(now);
         if extra > 0 {
@@ -115,7 +116,7 @@ impl LeaseStore for LiveStore {
         quota: &Quota,
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.before(CallKind::Lease).await?;
+        self.before(CallKind::Lease, req.node.is_some()).await?;
         self.after(self.inner.lease(name, quota, req).await)
     }
 
@@ -125,7 +126,7 @@ impl LeaseStore for LiveStore {
         quota: &Quota,
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
-        self.before(CallKind::Release).await?;
+        self.before(CallKind::Release, req.node.is_some()).await?;
         self.after(self.inner.release(name, quota, req).await)
     }
 }
@@ -192,6 +193,7 @@ pub async fn run_mode(
         let inner = RedisStore::builder(url)
             .prefix(prefix.clone())
             .response_timeout(faults.timeout().max(Duration::from_millis(1)))
+            .lease_timeout(faults.lease_timeout().max(Duration::from_millis(1)))
             .connect()
             .await
             .with_context(|| format!("cannot connect node {node} to {url}"))?;

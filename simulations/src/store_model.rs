@@ -20,10 +20,10 @@
 //!    whose clock ([`TokioClock`]) reads the virtual time exactly: the same bucket arithmetic as
 //!    the Lua script, at the instant Redis would run it.
 //! 4. **Reply.** After the way back, the reply completes the client's future, unless the client
-//!    already gave up: every call also arms a timeout (`timeout_ms`) that fails it with
-//!    [`StoreError::Timeout`]. Tokens granted to a call whose reply is never consumed (timed
-//!    out, or its caller crashed meanwhile) are counted as stranded: the bucket gave them away
-//!    and no request used them.
+//!    already gave up: every call also arms a timeout (`timeout_ms`; `lease_timeout_ms` for a
+//!    node's lease or release) that fails it with [`StoreError::Timeout`]. Tokens granted to a
+//!    call whose reply is never consumed (timed out, or its caller crashed meanwhile) are
+//!    counted as stranded: the bucket gave them away and no request used them.
 //!
 //! Calls are counted when the client sends them, per node, including failed ones.
 
@@ -52,6 +52,7 @@ pub struct NetModel {
     rtt_tail_ns: f64,
     service_ns: ServiceNs,
     timeout: Duration,
+    lease_timeout: Duration,
     outages: Vec<(u64, u64)>,
     spikes: Vec<(u64, u64, u64)>,
 }
@@ -88,6 +89,7 @@ impl NetModel {
                 command: (sc.service_command_us * 1e3).round() as u64,
             },
             timeout: Duration::from_secs_f64(sc.timeout_ms / 1e3),
+            lease_timeout: Duration::from_secs_f64(sc.lease_timeout_ms() / 1e3),
             outages,
             spikes,
         }
@@ -110,6 +112,20 @@ impl NetModel {
     /// The client response timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The client timeout of a node's lease or release call.
+    pub fn lease_timeout(&self) -> Duration {
+        self.lease_timeout
+    }
+
+    /// The client timeout of a lease (`node`: a node's, on terms) or release call.
+    pub fn timeout_of(&self, node: bool) -> Duration {
+        if node {
+            self.lease_timeout
+        } else {
+            self.timeout
+        }
     }
 
     fn sample_rtt_ns(&self, rng: &mut SimRng) -> u64 {
@@ -344,7 +360,11 @@ impl SimStore {
             },
         });
         let slot = Arc::new(Slot::default());
-        let timeout = m.net.timeout;
+        let timeout = m.net.timeout_of(match &op {
+            Op::Lease(r) => r.node.is_some(),
+            Op::Release(r) => r.node.is_some(),
+            Op::Command(_) => false,
+        });
         let deadline = t0 + u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let timed_out = slot.clone();
         let model = m.clone();

@@ -51,6 +51,10 @@ pub(crate) struct ConnectSettings {
     pub(crate) connect_timeout: Duration,
     /// Time allowed for one reply (one whole request on a cluster).
     pub(crate) response_timeout: Duration,
+    /// Time allowed for a reply to a call no caller waits on (a node's lease), if longer; the
+    /// connection is opened with the longer of the two, and calls with the response timeout
+    /// are bounded by it on top.
+    pub(crate) lease_timeout: Option<Duration>,
     /// Create the connection without contacting Redis; the first command opens it.
     pub(crate) lazy: bool,
     /// PEM root certificate(s) trusted for `rediss://` instead of the system's roots.
@@ -68,12 +72,20 @@ impl ConnectSettings {
         ConnectSettings {
             connect_timeout,
             response_timeout,
+            lease_timeout: None,
             lazy: false,
             #[cfg(feature = "tls")]
             tls_root: None,
             #[cfg(feature = "tls")]
             tls_client: None,
         }
+    }
+
+    /// The longest reply any call on the connection may wait for: what connections are opened
+    /// with.
+    pub(crate) fn longest_reply(&self) -> Duration {
+        self.lease_timeout
+            .map_or(self.response_timeout, |l| l.max(self.response_timeout))
     }
 
     /// Whether TLS certificates were set (they apply only to connections this crate opens).
@@ -329,11 +341,12 @@ impl redis::aio::ConnectionLike for Connection {
     }
 }
 
-/// The connection manager settings: both timeouts, and one retry of a failed connect.
+/// The connection manager settings: both timeouts (the longest reply's), and one retry of a
+/// failed connect.
 fn manager_config(settings: &ConnectSettings) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(settings.connect_timeout))
-        .set_response_timeout(Some(settings.response_timeout))
+        .set_response_timeout(Some(settings.longest_reply()))
         .set_number_of_retries(1)
 }
 
@@ -387,8 +400,8 @@ pub(crate) async fn cluster_connection(
     let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(settings.connect_timeout)
         // Also the bound on a whole request, MOVED/ASK redirections and TRYAGAIN retries
-        // included.
-        .response_timeout(settings.response_timeout);
+        // included (the longest reply's: shorter calls are bounded on top).
+        .response_timeout(settings.longest_reply());
     #[cfg(feature = "tls")]
     if let Some(certs) = settings.certificates() {
         builder = builder.certs(certs);

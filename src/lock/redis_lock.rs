@@ -298,7 +298,9 @@ impl RedisLock {
     }
 
     /// A builder for lock `name` sharing `store`'s connection (and its client, for unlock
-    /// subscriptions), so a service that limits and locks holds one connection to Redis.
+    /// subscriptions), so a service that limits and locks holds one connection to Redis. Its
+    /// calls wait as long as that connection's reply timeout, the store's longest: its
+    /// [lease timeout](crate::RedisStoreBuilder::lease_timeout).
     /// The store must be on one server: for a cluster or Sentinel store,
     /// [`connect`](RedisLockBuilder::connect) fails with [`LockError::Config`].
     ///

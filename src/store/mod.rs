@@ -26,7 +26,7 @@ pub use memory::MemoryStore;
 
 pub use redis_store::{
     RedisStore, RedisStoreBuilder, DEFAULT_CONFIG_REFRESH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT,
+    DEFAULT_RESPONSE_TIMEOUT, LEASE_TIMEOUT_FACTOR,
 };
 
 use crate::error::StoreError;

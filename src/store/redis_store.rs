@@ -16,10 +16,13 @@ mod builder;
 mod config_cache;
 
 use builder::Target;
-pub use builder::{RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
+pub use builder::{
+    RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, LEASE_TIMEOUT_FACTOR,
+};
 use config_cache::ConfigCache;
 pub use config_cache::DEFAULT_CONFIG_REFRESH;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -71,11 +74,16 @@ pub struct RedisStore {
     /// The server(s), for error messages: the URL with its password elided, the nodes, or
     /// the Sentinel group.
     server: Arc<str>,
-    /// Whether the connection came from the caller, whose timeouts this crate did not set:
-    /// then every call is bounded by the response timeout here.
-    external: bool,
     prefix: Arc<str>,
+    /// What bounds each call of this handle (see [`patient`](Self::patient)).
     response_timeout: Duration,
+    /// What bounds a node's lease or release call (at least the response timeout).
+    lease_timeout: Duration,
+    /// Added to the bound of a call that may first have to (re)connect.
+    connect_timeout: Duration,
+    /// Whether the connection answered the last call (else the next call may include a
+    /// connect: a lazy store's first, or the reconnect after an error). Shared by clones.
+    up: Arc<AtomicBool>,
     clock: Option<Arc<dyn Clock>>,
     /// Each name's central config as last read, for one-key pure-mode calls.
     configs: Arc<ConfigCache>,
@@ -86,6 +94,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.prefix)
             .field("response_timeout", &self.response_timeout)
+            .field("lease_timeout", &self.lease_timeout)
             .field("explicit_clock", &self.clock.is_some())
             .finish()
     }
@@ -424,6 +433,15 @@ impl RedisStore {
         Ok((quota, flag == 1))
     }
 
+    /// This store, bounding each call by the lease timeout: for a node's lease or release,
+    /// which no caller waits on (see [`RedisStoreBuilder::lease_timeout`]).
+    fn patient(&self) -> Self {
+        RedisStore {
+            response_timeout: self.lease_timeout,
+            ..self.clone()
+        }
+    }
+
     /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
     /// slower than the response timeout to [`StoreError::Timeout`]. Every script this crate
     /// ships goes through here, in a `store_call` span ([`crate::telemetry`]).
@@ -453,18 +471,31 @@ impl RedisStore {
         }
         let mut conn = self.conn.clone();
         let call = invocation.invoke_async(&mut conn).instrument(span.clone());
-        let result = if self.external {
-            tokio::time::timeout(self.response_timeout, call)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(redis::RedisError::from(std::io::Error::from(
-                        std::io::ErrorKind::TimedOut,
-                    )))
-                })
+        // Bounded here: a connection this crate opened waits up to the lease timeout (the
+        // longest of its calls), a caller's connection as its owner set it. A call that may
+        // have to connect first has the connect timeout for that too, as the connection's own
+        // reply timer starts once it is connected.
+        // Relaxed: a hint about the connection; nothing is published through it.
+        let bound = if self.up.load(Ordering::Relaxed) {
+            self.response_timeout
         } else {
-            call.await
+            self.response_timeout + self.connect_timeout
+        };
+        let result = tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+            Err(redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            )))
+        });
+        // A reply (an error reply too) says the connection is up; a lost or refused connection
+        // that the next call may have to open again; a timeout leaves it as it was.
+        match &result {
+            Err(e) if e.is_timeout() => {}
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
+                self.up.store(false, Ordering::Relaxed);
+            }
+            _ => self.up.store(true, Ordering::Relaxed),
         }
-        .map_err(|e| {
+        let result = result.map_err(|e| {
             if e.is_timeout() {
                 StoreError::Timeout(self.response_timeout)
             } else {
@@ -536,6 +567,33 @@ impl LeaseStore for RedisStore {
         quota: &Quota,
         req: &LeaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        match req.node {
+            Some(_) => self.patient().lease_call(name, quota, req).await,
+            None => self.lease_call(name, quota, req).await,
+        }
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        match req.node {
+            Some(_) => self.patient().release_call(name, quota, req).await,
+            None => self.release_call(name, quota, req).await,
+        }
+    }
+}
+
+impl RedisStore {
+    /// A lease call, bounded by this handle's timeout.
+    async fn lease_call(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
         if req.algorithm != Algorithm::TokenBucket {
             let op = protocol::lease_op(req)?;
             return self
@@ -581,7 +639,8 @@ impl LeaseStore for RedisStore {
             .await
     }
 
-    async fn release(
+    /// A release call, bounded by this handle's timeout.
+    async fn release_call(
         &self,
         name: &str,
         quota: &Quota,

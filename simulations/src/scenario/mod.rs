@@ -31,7 +31,8 @@
 //! lease: a pure-mode decision or a fixed batch), `service_release_us` (a release) and
 //! `service_command_us` (a plain command of the lock-based mode), defaults measured on a real
 //! redis-server (see [`MEASURED_SERVICE_US`]) — `timeout_ms` (client response timeout, default
-//! 50) and `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
+//! 50), `lease_timeout_ms` (a node's lease and release calls, default 4 × `timeout_ms` as in
+//! `RedisStore`) and `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
 //!
 //! `algorithm` picks what every limiter counts with: `token-bucket` (the default),
 //! `fixed-window` or `sliding-window` (both need `burst = rate`: one-second windows), or
@@ -112,6 +113,10 @@ pub struct Scenario {
     /// Client response timeout of a store call, ms.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: f64,
+    /// Client timeout of a node's lease or release call, ms (default
+    /// [`ratelease::LEASE_TIMEOUT_FACTOR`] × `timeout_ms`, as `RedisStore`'s).
+    #[serde(default)]
+    pub lease_timeout_ms: Option<f64>,
     /// Lease size of `hybrid-fixed` (default `burst / nodes`, at least 1).
     #[serde(default)]
     pub batch: Option<u64>,
@@ -243,6 +248,11 @@ impl Scenario {
         ensure!(
             self.timeout_ms.is_finite() && self.timeout_ms > 0.0,
             "timeout_ms must be > 0"
+        );
+        ensure!(
+            self.lease_timeout_ms
+                .is_none_or(|t| t.is_finite() && t >= self.timeout_ms),
+            "lease_timeout_ms must be at least timeout_ms"
         );
         if let Some(b) = self.batch {
             ensure!(b >= 1, "batch must be at least 1");
@@ -433,6 +443,14 @@ impl Scenario {
     /// Shortest round trip, µs.
     pub fn rtt_min_us(&self) -> f64 {
         self.rtt_min_us.unwrap_or(self.rtt_us * 2.0 / 3.0)
+    }
+
+    /// Client timeout of a node's lease or release call, ms: as set, else as `RedisStore`'s
+    /// default (a multiple of the response timeout); never below the response timeout.
+    pub fn lease_timeout_ms(&self) -> f64 {
+        self.lease_timeout_ms
+            .unwrap_or(self.timeout_ms * f64::from(ratelease::LEASE_TIMEOUT_FACTOR))
+            .max(self.timeout_ms)
     }
 
     /// Simulated time, ns.
