@@ -31,7 +31,7 @@
 //! lease: a pure-mode decision or a fixed batch), `service_release_us` (a release) and
 //! `service_command_us` (a plain command of the lock-based mode), defaults measured on a real
 //! redis-server (see [`MEASURED_SERVICE_US`]) — `timeout_ms` (client response timeout, default
-//! 50), `lease_timeout_ms` (a node's lease and release calls, default 4 × `timeout_ms` as in
+//! 50), `lease_timeout_ms` (a node's lease and release calls, default 3 × `timeout_ms` as in
 //! `RedisStore`) and `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
 //!
 //! `algorithm` picks what every limiter counts with: `token-bucket` (the default),

@@ -23,7 +23,7 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(50);
 /// By default a node's lease or release call — which a limiter's background task makes while
 /// its callers are served from the local bucket — may take this many response timeouts (see
 /// [`RedisStoreBuilder::lease_timeout`]).
-pub const LEASE_TIMEOUT_FACTOR: u32 = 4;
+pub const LEASE_TIMEOUT_FACTOR: u32 = 3;
 
 /// Configures and connects a [`RedisStore`].
 #[must_use]
@@ -127,7 +127,7 @@ impl RedisStoreBuilder {
     }
 
     /// Time allowed for a node's lease or release call (default [`LEASE_TIMEOUT_FACTOR`] ×
-    /// the response timeout: 200 ms; never less than the response timeout). A hybrid or keyed
+    /// the response timeout: 150 ms; never less than the response timeout). A hybrid or keyed
     /// limiter's background task makes these while its callers are served from the local
     /// bucket, so waiting out a busy store costs no caller anything, and a call given up on
     /// is worse than a late one: the store still runs it, and its grant is lost to the fleet
@@ -135,8 +135,9 @@ impl RedisStoreBuilder {
     /// config, concurrency) keeps the response timeout. The cost: a hung store is noticed
     /// this much later by the background task, so a caller that needs the store (local
     /// tokens spent) meets the failure policy this much later. At a 10 000-process start on one
-    /// Redis core, 200 ms instead of 50 ms raised utilization from 0.886 to 0.937
-    /// (`SIMULATIONS.md`, "A lease waits longer than a caller").
+    /// Redis core, 150 ms instead of 50 ms raised utilization from 0.886 to 0.944; 100, 200
+    /// and 300 ms read 0.909, 0.938 and 0.929 (`SIMULATIONS.md`, "A lease waits longer than a
+    /// caller").
     pub fn lease_timeout(mut self, timeout: Duration) -> Self {
         self.settings.lease_timeout = Some(timeout);
         self
