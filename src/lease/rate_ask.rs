@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn rate_leases_where_token_leases_would_be_small() {
-        // A tight burst: 2 000/s, burst 100, horizon 12.5 ms; a node with a share of 200/s.
+        // A tight burst: 2 000/s, burst 100, a horizon of 12 ms; a node with a share of 200/s.
         let q = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
         let t = terms(12);
         let r = rate_ask(&q, &t, &ctx(q, 0, 0, 400.0, Some(200.0)), false).unwrap();
