@@ -25,6 +25,7 @@ fn every_shipped_scenario_parses() {
         names,
         [
             "bursty",
+            "far-store",
             "fixed-window",
             "fleet-start",
             "hot-node",
