@@ -88,15 +88,6 @@ impl Backoff {
 pub(crate) struct RttEstimate(AtomicU64);
 
 impl RttEstimate {
-    /// The estimate, `None` before any sample.
-    pub(crate) fn measured(&self) -> Option<Duration> {
-        // Relaxed: a hint, as in `get`.
-        match self.0.load(Ordering::Relaxed) {
-            0 => None,
-            ns => Some(Duration::from_nanos(ns)),
-        }
-    }
-
     /// The estimate, or [`DEFAULT_RTT`] before any sample.
     pub(crate) fn get(&self) -> Duration {
         // Relaxed: a hint; nothing else is published through it.

@@ -248,11 +248,10 @@ impl Task {
     }
 
     /// The terms of the next call: [`node_terms`](Self::node_terms) as the policy adjusts them
-    /// for the measured round trip (a store that answers slowly gets longer leases; nothing
-    /// before a round trip was measured).
+    /// for the share the store last reported (a small share leases for longer; nothing before
+    /// the first reply).
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
-        let rtt = s.round_trip.measured().unwrap_or_default();
-        let call = CallContext::new(self.quota, rtt, self.share);
+        let call = CallContext::new(self.quota, self.share);
         self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 

@@ -37,7 +37,7 @@ pub struct LeaseContext {
     /// The rate the node's rate lease adds to its local bucket, tokens per second (0 if none).
     pub rate_held: f64,
     /// The horizon of the terms this lease is made on, if it is made on terms: the policy's
-    /// own, or longer while the store answers slowly (see [`LeasePolicy::terms_at`]). `None`:
+    /// own, or longer for a node with a small share (see [`LeasePolicy::terms_at`]). `None`:
     /// the policy's own.
     pub horizon: Option<Duration>,
 }
@@ -49,17 +49,15 @@ pub struct LeaseContext {
 pub struct CallContext {
     /// The limiter's quota.
     pub quota: Quota,
-    /// The store's smoothed round trip as measured (zero before the first reply).
-    pub rtt: Duration,
     /// The fair share the store last reported, tokens per second (`None` before the first
     /// reply).
     pub share: Option<f64>,
 }
 
 impl CallContext {
-    /// The context of a call under `quota`, with `rtt` measured and `share` last reported.
-    pub fn new(quota: Quota, rtt: Duration, share: Option<f64>) -> Self {
-        CallContext { quota, rtt, share }
+    /// The context of a call under `quota`, with `share` last reported.
+    pub fn new(quota: Quota, share: Option<f64>) -> Self {
+        CallContext { quota, share }
     }
 }
 
@@ -110,9 +108,10 @@ pub trait LeasePolicy: Send + Sync + 'static {
         None
     }
 
-    /// The terms of one lease call, given the store's measured round trip and the share it
-    /// last reported: the policy may lengthen the horizon, as [`AdaptiveLease`] does for a
-    /// node with a small part of the rate (default: `terms` as they are).
+    /// The terms of one lease call, given the share the store last reported: the policy may
+    /// lengthen the horizon, as [`AdaptiveLease`] does for a node with a small part of the
+    /// rate (default: `terms` as they are). (The round trip is in [`LeaseContext::rtt`]: a
+    /// lease's size covers it.)
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
         let _ = call;
         terms
@@ -524,14 +523,9 @@ pub(crate) mod tests {
         let q = Quota::per_second(1_000).unwrap();
         let p = AdaptiveLease::new();
         let t = p.terms(&q).unwrap();
-        // A quick store, a slow one, a queue of a second: the same terms (a round trip that
-        // long is most often the queue a fleet start makes, not the network).
-        for rtt_ms in [1, 20, 1_000] {
-            assert_eq!(
-                p.terms_at(t, &CallContext::new(q, Duration::from_millis(rtt_ms), None)),
-                t
-            );
-        }
+        // The terms know no round trip (one that long is most often the queue a fleet start
+        // makes, not the network): without a share they are the policy's own.
+        assert_eq!(p.terms_at(t, &CallContext::new(q, None)), t);
         // The ask covers the round trip: 400/s of demand over 312.5 ms and a round trip of
         // 0.1 ms (126 tokens) or 40 ms (141), refilled at a quarter horizon of demand (25) or
         // three round trips of it (48).
@@ -551,10 +545,7 @@ pub(crate) mod tests {
         let q = Quota::per_second(100_000).unwrap();
         let p = AdaptiveLease::new();
         let t = p.terms(&q).unwrap();
-        let at = |share| {
-            p.terms_at(t, &CallContext::new(q, Duration::ZERO, share))
-                .horizon
-        };
+        let at = |share| p.terms_at(t, &CallContext::new(q, share)).horizon;
         assert_eq!(at(None), Duration::from_millis(250));
         assert_eq!(at(Some(0.0)), Duration::from_millis(250));
         assert_eq!(at(Some(10_000.0)), Duration::from_millis(250));
@@ -562,12 +553,6 @@ pub(crate) mod tests {
         // A quarter of that share: twice the horizon; a hundredth: at most half the ttl.
         assert_eq!(at(Some(25.0)), Duration::from_millis(500));
         assert_eq!(at(Some(1.0)), t.ttl / 2);
-        // Whatever the round trip.
-        let slow = p.terms_at(
-            t,
-            &CallContext::new(q, Duration::from_millis(25), Some(25.0)),
-        );
-        assert_eq!(slow.horizon, Duration::from_millis(500));
         // A fixed batch lease has no terms to stretch; the trait's default leaves them be.
         struct Plain;
         impl LeasePolicy for Plain {
@@ -578,10 +563,7 @@ pub(crate) mod tests {
                 AdaptiveLease::new().terms(quota)
             }
         }
-        assert_eq!(
-            Plain.terms_at(t, &CallContext::new(q, Duration::from_secs(1), Some(1.0))),
-            t
-        );
+        assert_eq!(Plain.terms_at(t, &CallContext::new(q, Some(1.0))), t);
     }
 
     #[test]
