@@ -487,13 +487,18 @@ impl RedisStore {
             )))
         });
         // A reply (an error reply too) says the connection is up; a lost or refused connection
-        // that the next call may have to open again; a timeout leaves it as it was.
-        match &result {
-            Err(e) if e.is_timeout() => {}
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
-                self.up.store(false, Ordering::Relaxed);
+        // that the next call may have to open again; a timeout leaves it as it was. Written
+        // only when it changes: every pure-mode call passes here, and a store on each would
+        // bounce the flag's cache line between the cores running them.
+        let up = match &result {
+            Err(e) if e.is_timeout() => None,
+            Err(e) => {
+                Some(!(e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()))
             }
-            _ => self.up.store(true, Ordering::Relaxed),
+            Ok(_) => Some(true),
+        };
+        if let Some(up) = up.filter(|&up| up != self.up.load(Ordering::Relaxed)) {
+            self.up.store(up, Ordering::Relaxed);
         }
         let result = result.map_err(|e| {
             if e.is_timeout() {
