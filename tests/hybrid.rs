@@ -452,19 +452,26 @@ async fn the_circuit_closes_when_the_store_answers_again() {
     assert!(!limiter.stats().circuit_open);
 }
 
-/// A node whose first lease was sized before its demand was known (a blind lease: a horizon
-/// of a thousandth of the rate, here 100 000 000/s) holds far more than it uses: it gives the
-/// excess back within a review, instead of keeping it from the fleet until the lease expires.
-#[tokio::test(start_paused = true)]
-async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
+/// A node of a 100 000 000/s limit (on a store answering in 100 µs) holding its first, blind
+/// lease, and how many tokens that is.
+async fn blind_lease(name: &str) -> (Wrapped, Quota, HybridLimiter<Wrapped>, u64) {
     let store = Wrapped::new(Duration::from_micros(100));
     let quota = Quota::per_second(100_000_000).unwrap();
-    let limiter = HybridLimiter::builder("trim", quota, store.clone())
+    let limiter = HybridLimiter::builder(name, quota, store.clone())
         .build()
         .unwrap();
     settle().await;
     let first = limiter.available();
     assert!(first > 20_000, "the first lease is a guess: {first}");
+    (store, quota, limiter, first)
+}
+
+/// A node whose first lease was sized before its demand was known (a blind lease: a horizon
+/// of a thousandth of the rate, here 100 000 000/s) holds far more than it uses: it gives the
+/// excess back within a review, instead of keeping it from the fleet until the lease expires.
+#[tokio::test(start_paused = true)]
+async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
+    let (store, quota, limiter, first) = blind_lease("trim").await;
     // 200 requests/s for 400 ms.
     for _ in 0..80 {
         assert!(limiter.try_acquire(1).unwrap().is_allowed());
@@ -495,14 +502,7 @@ async fn a_node_holding_far_more_than_its_demand_gives_the_excess_back() {
 /// once the requests show how little it needs.
 #[tokio::test(start_paused = true)]
 async fn a_quiet_node_gives_a_blind_lease_back_once_its_demand_shows() {
-    let store = Wrapped::new(Duration::from_micros(100));
-    let quota = Quota::per_second(100_000_000).unwrap();
-    let limiter = HybridLimiter::builder("quiet", quota, store.clone())
-        .build()
-        .unwrap();
-    settle().await;
-    let first = limiter.available();
-    assert!(first > 20_000, "the first lease is a guess: {first}");
+    let (_, _, limiter, first) = blind_lease("quiet").await;
     // Silent past the first review (a quarter horizon: 62.5 ms), then 10 requests/s.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(limiter.stats().releases, 0);
