@@ -60,8 +60,10 @@
 --   rate_mtps      only if the call asked for a rate (ARGV[14]): the rate the node now holds,
 --                  millitokens per second (0 if none could be granted)
 -- With 4 keys the reply is { granted, remaining, retry_after_us, reset_after_us, share_mtps,
---   rate, period_us, burst, source[, rate_mtps] }: the quota the call ran under and its source
---   (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0).
+--   rate, period_us, burst, source[, rate_mtps[, leasers]] }: the quota the call ran under and
+--   its source (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0);
+--   a node's lease gets both last entries: the rate it holds (0 if it asked for none), and
+--   `leasers`, the number of nodes holding a lease on the bucket after the call.
 --
 -- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
 -- one-key client reads it; ARGV[2..4] the quota for init/set, ignored otherwise;
@@ -242,7 +244,7 @@ if #KEYS == 4 then
   if c then
     q, source = c, 1
   elseif ARGV[13] == 'none' then
-    if want_rate then return { 0, 0, 0, 0, 0, rate, period, burst, 2, 0 } end
+    if held then return { 0, 0, 0, 0, 0, rate, period, burst, 2, 0, 0 } end
     return { 0, 0, 0, 0, 0, rate, period, burst, 2 }
   elseif ARGV[13] ~= nil and ARGV[13] ~= '' and ARGV[13] ~= 'caller' then
     return bad('unconfigured')
@@ -746,10 +748,16 @@ else
   end
 end
 local left = floor_div(level, scale)
--- The rate held goes last, and only to a call that asked for one (earlier callers never do).
+-- With 3 keys the rate held goes last, and only to a call that asked for one (a client of the
+-- 3-key protocol that never does reads five entries).
 if #KEYS < 4 then
   if want_rate then return { granted, left, retry, reset, share, held_rate } end
   return { granted, left, retry, reset, share }
 end
-if want_rate then return { granted, left, retry, reset, share, rate, period, burst, source, held_rate } end
+-- A node's lease also learns how many nodes hold leases on the bucket (its policy sizes a
+-- lease by its part of the fleet), after the rate it holds (0 if it asked for none).
+if held then
+  local nodes = redis.call('ZCARD', KEYS[3])
+  return { granted, left, retry, reset, share, rate, period, burst, source, held_rate, nodes }
+end
 return { granted, left, retry, reset, share, rate, period, burst, source }

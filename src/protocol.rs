@@ -196,6 +196,11 @@ pub struct LeaseReply {
     /// The rate the node now holds (a rate lease, see [`NodeLease::rate_mtps`]), millitokens
     /// per second (0 if none, and for anonymous calls).
     pub rate_mtps: u64,
+    /// Nodes holding a lease on the bucket after the call, for a node's lease (0 for
+    /// anonymous calls and releases, and from a store that does not count them). A policy may
+    /// size leases by it: [`AdaptiveLease`](crate::AdaptiveLease) shortens the largest
+    /// shares' horizons in a large fleet.
+    pub leasers: u64,
     /// The quota the call ran under: the name's stored config, or the caller's.
     pub quota: Quota,
     /// Where that quota came from ([`QuotaSource::Absent`]: nothing was done).
@@ -218,6 +223,7 @@ impl LeaseReply {
             reset_after: Duration::ZERO,
             share_mtps: 0,
             rate_mtps: 0,
+            leasers: 0,
             quota,
             source,
             at: None,
@@ -246,6 +252,7 @@ impl From<StepReply> for LeaseReply {
             reset_after: Duration::from_micros(r.reset_after_us),
             share_mtps: r.share_mtps,
             rate_mtps: r.rate_mtps,
+            leasers: r.leasers,
             quota: r.quota,
             source: r.source,
             at: None,
@@ -283,6 +290,7 @@ impl Reply {
             reset_after: Duration::from_micros(self.reset_after_us),
             share_mtps: 0,
             rate_mtps: 0,
+            leasers: 0,
             quota: *quota,
             source: crate::QuotaSource::Caller,
             at: Some(Duration::from_micros(self.at_us)),

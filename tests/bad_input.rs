@@ -296,20 +296,20 @@ fn token_bucket_script() -> fuzz::Script {
                 redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
             // Config ops: {rate, period_us, burst, flag}; lease and release: five fields,
             // and with the config key the quota they ran under and its source; a lease by a
-            // node that asked for a rate (ARGV[14]) one more, the rate it holds.
-            let asked_rate = args[0] == "lease"
-                && args.get(7).is_some_and(|n| !n.is_empty())
-                && args.get(13).is_some_and(|r| !r.is_empty());
+            // node: with the config key two more (the rate it holds, the leasers on record),
+            // without it one more if it asked for a rate (ARGV[14]).
+            let node_lease = args[0] == "lease" && args.get(7).is_some_and(|n| !n.is_empty());
+            let asked_rate = node_lease && args.get(13).is_some_and(|r| !r.is_empty());
             let len = match (args[0].as_str(), keys.len()) {
                 (op, 4) if op.starts_with("config_") => 4,
                 ("config_get", 1) => 4,
-                (_, 4) => 9 + usize::from(asked_rate),
+                (_, 4) => 9 + 2 * usize::from(node_lease),
                 (_, 3) => 5 + usize::from(asked_rate),
                 _ => 5,
             };
             let in_range = match (len, keys.len()) {
                 (4, _) => reply[3] <= 1,
-                (9 | 10, 4) => reply[8] <= 2,
+                (9 | 11, 4) => reply[8] <= 2,
                 _ => true,
             };
             // One key (the bucket alone, an anonymous call): `{0}` if the bucket has leasers

@@ -38,6 +38,7 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+zrem",
     "+zrange",
     "+zrangebyscore",
+    "+zcard",
     "+del",
     "+pexpire",
     // lua/sliding_window.lua (+ the above; fixed_window.lua and leaky_bucket.lua use only

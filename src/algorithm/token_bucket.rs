@@ -244,6 +244,9 @@ pub struct StepReply {
     /// The rate the node now holds (a rate lease), millitokens per second (0 if none, and
     /// for anonymous calls).
     pub rate_mtps: u64,
+    /// Nodes holding a lease on the bucket after this step (a node's lease only; 0 for
+    /// anonymous calls and releases).
+    pub leasers: u64,
     /// The quota the step ran under.
     pub quota: Quota,
     /// Where that quota came from.
@@ -381,6 +384,7 @@ pub fn step_with(
                 reset_after_us: 0,
                 share_mtps: 0,
                 rate_mtps: 0,
+                leasers: 0,
                 quota: *quota,
                 source: QuotaSource::Absent,
             };
@@ -458,6 +462,7 @@ pub fn step_with(
         claim = None;
     }
 
+    let node_lease = matches!(op, Op::Lease { node: Some(_), .. });
     let (mut granted, mut retry, mut share, mut held_rate) = (0u64, 0u64, 0u64, 0u64);
     match op {
         // Above the effective burst (it shrank below the caller's): never grantable.
@@ -708,6 +713,11 @@ pub fn step_with(
         reset_after_us: reset,
         share_mtps: share,
         rate_mtps: held_rate,
+        leasers: if node_lease {
+            stored.leasers.len() as u64
+        } else {
+            0
+        },
         quota,
         source,
     };
@@ -1132,6 +1142,33 @@ mod tests {
         );
         assert_eq!(give(&mut st, 2).remaining, 90);
         assert_eq!(st.leasers["a"].outstanding, 10);
+    }
+
+    #[test]
+    fn a_node_lease_counts_the_nodes_holding_leases() {
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        assert_eq!(node_lease(&mut st, &q, "a", 1, 0, 1_000, 0).leasers, 1);
+        assert_eq!(node_lease(&mut st, &q, "b", 1, 0, 1_000, 0).leasers, 2);
+        assert_eq!(node_lease(&mut st, &q, "a", 1, 1, 1_000, 0).leasers, 2);
+        // Anonymous calls and releases are not told.
+        assert_eq!(lease(&mut st, &q, 1, 1, 0).leasers, 0);
+        assert_eq!(release(&mut st, &q, 0, 0).leasers, 0);
+        // "a" leaves; "b"'s lease (ttl 1 s) expires: a new leaser is alone.
+        let leave = NodeReleaseArgs {
+            id: "a",
+            seq: 1,
+            leaving: true,
+        };
+        let op = Op::Release {
+            tokens: 1,
+            node: Some(leave),
+        };
+        step(&mut st, &q, op, 1).unwrap();
+        assert_eq!(
+            node_lease(&mut st, &q, "c", 1, 0, 1_000, 2_000_000).leasers,
+            1
+        );
     }
 
     #[test]

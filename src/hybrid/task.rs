@@ -39,6 +39,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         slow_demand: DemandEstimator::new(PER_REQUEST_TAU, Instant::now()),
         recent: RecentRate::new(),
         share: None,
+        leasers: 0,
         fallback_share_mtps: 0,
         release_seq: 0,
         expires: None,
@@ -105,6 +106,8 @@ struct Task {
     recent: RecentRate,
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
+    /// Nodes holding a lease, as the store last reported (0: not known).
+    leasers: u64,
     /// The last non-zero share, millitokens per second, that the fallback of
     /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).
     fallback_share_mtps: u64,
@@ -251,7 +254,7 @@ impl Task {
     /// for the share the store last reported (a small share leases for longer; nothing before
     /// the first reply).
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
-        let call = CallContext::new(self.quota, self.share);
+        let call = CallContext::new(self.quota, self.share).leasers(self.leasers);
         self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 
@@ -570,6 +573,7 @@ impl Task {
                 self.granted_at = Some(Instant::now());
             }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
+            self.leasers = reply.leasers;
             if let (true, Some(local)) = (s.failure.learns_share(), &s.fallback) {
                 // The fallback follows the last non-zero share (0: no demand reported, nothing
                 // learnt).

@@ -52,12 +52,25 @@ pub struct CallContext {
     /// The fair share the store last reported, tokens per second (`None` before the first
     /// reply).
     pub share: Option<f64>,
+    /// Nodes holding a lease on the bucket, as the store last reported
+    /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
+    pub leasers: u64,
 }
 
 impl CallContext {
     /// The context of a call under `quota`, with `share` last reported.
     pub fn new(quota: Quota, share: Option<f64>) -> Self {
-        CallContext { quota, share }
+        CallContext {
+            quota,
+            share,
+            leasers: 0,
+        }
+    }
+
+    /// The same context, with `leasers` nodes holding a lease as the store last reported.
+    pub fn leasers(mut self, leasers: u64) -> Self {
+        self.leasers = leasers;
+        self
     }
 }
 
@@ -180,8 +193,10 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   `burst = rate` (one second of burst), 250 ms. Each call stretches it for a node whose fair
 ///   share is below a thousandth of the rate (one of thousands of nodes) by the square root of
 ///   how far below — the economic order quantity, fewest calls for the tokens held — at most
-///   half the ttl. A slow store does not stretch it: the lease and its low-water mark cover
-///   the round trip.
+///   half the ttl; in a fleet of hundreds of nodes or more (the store reports how many hold
+///   leases) the largest shares lease for shorter by the same rule, at most by half, so the
+///   fleet's tokens in flight stay near a horizon of the rate (token leases only). A slow
+///   store does not stretch it: the lease and its low-water mark cover the round trip.
 /// - `ttl` (10 × horizon, at least 1 s): lease validity. Tokens of a crashed node are lost
 ///   for at most this long.
 /// - `idle_after` (500 ms): give everything back after this long without demand (but never
@@ -349,15 +364,19 @@ impl LeasePolicy for AdaptiveLease {
         part < below
     }
 
-    /// The horizon stretched by the square root of how small the node's part of the rate is
-    /// (at most half the ttl). Not by the round trip: a lease's size and its low-water mark
-    /// already cover the round trip, and at a fleet start the round trip is the queue the
-    /// fleet itself makes — leases stretched by it handed the burst to the first nodes
-    /// answered, and with a tight burst a lease of 16 round trips of a 5 ms store could not be
-    /// granted at all (SIMULATIONS.md, "A lease waits longer than a caller").
+    /// The horizon by the square root of the node's part of the rate: longer for a small
+    /// share (at most half the ttl), shorter for a large share of a large fleet (at most by
+    /// half; not with rate leases, whose large shares hold a rate rather than tokens, and
+    /// whose shorter reviews made the busiest node of a 1 000-node start 26 store calls a
+    /// second rather than 13; the rule is `by_share`'s in `lease/policy.rs`). Not by the round
+    /// trip: a lease's size and its low-water mark already cover the round trip, and at a
+    /// fleet start the round trip is the queue the fleet itself makes — leases stretched by it
+    /// handed the burst to the first nodes answered, and with a tight burst a lease of 16
+    /// round trips of a 5 ms store could not be granted at all (SIMULATIONS.md, "A lease waits
+    /// longer than a caller").
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
         LeaseTerms {
-            horizon: by_share(terms.horizon, &call.quota, call.share, terms.ttl),
+            horizon: by_share(terms.horizon, call, terms.ttl, !terms.rate_leases),
             ..terms
         }
     }
@@ -383,29 +402,58 @@ fn at_least(x: f64, min: f64) -> f64 {
     }
 }
 
-/// The share, as a part of the rate, at and above which a node's horizon is its own: one of a
-/// thousand nodes. A node with less leases for longer (see [`by_share`]).
+/// The share, as a part of the rate, below which a node leases for longer: one of a thousand
+/// nodes (see [`by_share`]).
 const SHARE_REF: f64 = 1_000.0;
 
-/// `horizon` for a node whose share is a small part of the rate: stretched by
-/// `√(rate / (SHARE_REF × share))` when that is above 1, at most half of `ttl` (never shorter
-/// than `horizon`). Store calls are `Σ 1/hᵢ` and the tokens nodes hold `Σ shareᵢ × hᵢ`; for a
-/// given holding, calls are fewest with `hᵢ ∝ 1/√shareᵢ` — the economic order quantity of
-/// inventory theory — which under the skewed demand of a large fleet allows a few times fewer
-/// calls than one horizon for all (SIMULATIONS.md, "Horizons by the square root of the
-/// share"). A node that is short of the level while its credit covers its longer step does
-/// not starve: the store holds the step back for it (a claim).
-fn by_share(horizon: Duration, quota: &Quota, share: Option<f64>, ttl: Duration) -> Duration {
-    let Some(share) = share.filter(|s| *s > 0.0) else {
+/// The most a large share's horizon shrinks: to half (see [`by_share`]). A quarter held
+/// fewer tokens still, but made the busiest node of a 1 000-node start 33 store calls a
+/// second (SIMULATIONS.md, "Short leases for the largest shares").
+const MAX_SHRINK: f64 = 2.0;
+
+/// `horizon` for a node, by its part of the rate — the economic order quantity of inventory
+/// theory: store calls are `Σ 1/hᵢ` and the tokens nodes hold `Σ shareᵢ × hᵢ`; for a given
+/// holding, calls are fewest with `hᵢ ∝ 1/√shareᵢ`.
+///
+/// - A node whose share is below a thousandth of the rate leases for longer, by
+///   `√(rate / (SHARE_REF × share))`, at most half of `ttl`: under the skewed demand of a large
+///   fleet this allows a few times fewer calls than one horizon for all (SIMULATIONS.md,
+///   "Horizons by the square root of the share"). A node that is short of the level while its
+///   credit covers its longer step does not starve: the store holds the step back for it (a
+///   claim).
+/// - The tokens those longer leases hold count against the burst, so a large fleet takes them
+///   back from its largest shares: with `n` nodes holding leases (the store's count), a node
+///   whose share is above `rate / f`, `f = min(n² / SHARE_REF, SHARE_REF)`, leases for shorter,
+///   by `√(rate / (f × share))`, at most by half ([`MAX_SHRINK`]). From a thousand nodes on
+///   that is the same rule on both sides of a thousandth; a smaller fleet has fewer nodes
+///   stretched and shrinks less (with 100 nodes only shares above a tenth); up to 31 nodes
+///   (`f ≤ 1`) none, since no node of so small a fleet leases longer and shorter leases would
+///   only add calls. A 1 000-node fleet that starts at once admitted 0.90 of its first
+///   second's budget rather than 0.85 (SIMULATIONS.md, "Short leases for the largest shares").
+fn by_share(horizon: Duration, call: &CallContext, ttl: Duration, shrink: bool) -> Duration {
+    let Some(share) = call.share.filter(|s| *s > 0.0) else {
         return horizon;
     };
-    let factor = (quota.per_second_f64() / (SHARE_REF * share)).sqrt();
-    if factor.is_nan() || factor <= 1.0 {
+    // The node's part of the rate (over 1 for a share above it: a rate that shrank).
+    let part = share / call.quota.per_second_f64();
+    let nodes = if shrink { call.leasers as f64 } else { 0.0 };
+    let fleet = (nodes * nodes / SHARE_REF).min(SHARE_REF);
+    let longer = (1.0 / (SHARE_REF * part)).sqrt();
+    let shorter = (1.0 / (fleet * part)).sqrt();
+    let factor = if longer > 1.0 {
+        longer
+    } else if shorter < 1.0 {
+        shorter.max(1.0 / MAX_SHRINK)
+    } else {
         return horizon;
-    }
-    let longer =
+    };
+    let scaled =
         Duration::try_from_secs_f64(horizon.as_secs_f64() * factor).unwrap_or(Duration::MAX);
-    horizon.max(longer.min(ttl / 2))
+    if factor > 1.0 {
+        horizon.max(scaled.min(ttl / 2))
+    } else {
+        scaled
+    }
 }
 
 /// The rate a node can use: its demand, capped by the fair share the store last reported (if
@@ -564,6 +612,40 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(Plain.terms_at(t, &CallContext::new(q, Some(1.0))), t);
+    }
+
+    #[test]
+    fn a_large_share_of_a_large_fleet_leases_for_shorter() {
+        // 100 000/s, burst 100 000: horizon 250 ms.
+        let q = Quota::per_second(100_000).unwrap();
+        let p = AdaptiveLease::new();
+        let t = p.terms(&q).unwrap();
+        let at = |share, leasers| {
+            p.terms_at(t, &CallContext::new(q, Some(share)).leasers(leasers))
+                .horizon
+        };
+        let ms = Duration::from_millis;
+        // A thousand nodes: a share above a thousandth of the rate leases for shorter, by the
+        // square root, at most by half; below it, for longer, as before.
+        assert_eq!(at(100.0, 1_000), ms(250));
+        assert_eq!(at(400.0, 1_000), ms(125));
+        assert_eq!(at(200.0, 1_000).as_micros(), 176_776);
+        assert_eq!(at(10_000.0, 1_000), ms(125));
+        assert_eq!(at(25.0, 1_000), ms(500));
+        // Ten thousand nodes: the same rule (the fleet's reference stops at a thousand).
+        assert_eq!(at(400.0, 10_000), ms(125));
+        // A hundred: only a share above a tenth shrinks.
+        assert_eq!(at(10_000.0, 100), ms(250));
+        assert_eq!(at(40_000.0, 100), ms(125));
+        // Thirty nodes, or a count the store did not report: one horizon for all.
+        assert_eq!(at(90_000.0, 30), ms(250));
+        assert_eq!(at(90_000.0, 0), ms(250));
+        // A policy with rate leases keeps its horizon: its large shares hold a rate, not
+        // tokens.
+        let rated = AdaptiveLease::new().rate_leases(true);
+        let rt = rated.terms(&q).unwrap();
+        let call = CallContext::new(q, Some(10_000.0)).leasers(1_000);
+        assert_eq!(rated.terms_at(rt, &call).horizon, ms(250));
     }
 
     #[test]

@@ -325,11 +325,11 @@ impl RedisStore {
         let keys = self.keys(name, client);
         let head = quota_args(op, quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
-        let bad = || StoreError::BadReply(format!("expected 9 or 10 integers, got {reply:?}"));
-        // The tenth, the rate the node holds, only if the call asked for one.
-        let (head, rate_mtps) = match reply.split_at_checked(9) {
-            Some((head, [])) => (head, 0),
-            Some((head, &[rate_mtps])) => (head, rate_mtps),
+        let bad = || StoreError::BadReply(format!("expected 9 or 11 integers, got {reply:?}"));
+        // A node's lease also hears the rate it holds and the leasers on record.
+        let (head, rate_mtps, leasers) = match reply.split_at_checked(9) {
+            Some((head, [])) => (head, 0, 0),
+            Some((head, &[rate_mtps, leasers])) => (head, rate_mtps, leasers),
             _ => return Err(bad()),
         };
         let &[granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
@@ -344,6 +344,7 @@ impl RedisStore {
             reset_after: Duration::from_micros(reset_us),
             share_mtps,
             rate_mtps,
+            leasers,
             quota: Quota::with_parts(rate, Duration::from_micros(period), burst)
                 .map_err(|_| bad())?,
             source: QuotaSource::from_code(source).ok_or_else(bad)?,
@@ -386,6 +387,7 @@ impl RedisStore {
                 reset_after: Duration::from_micros(reset_us),
                 share_mtps,
                 rate_mtps: 0,
+                leasers: 0,
                 quota,
                 source,
                 at: None,
