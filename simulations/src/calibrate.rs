@@ -70,19 +70,25 @@ pub struct Cost {
 
 /// `calls=` and `usec=` of `cmdstat_<name>` in an `INFO commandstats` reply.
 pub fn parse_command_stat(info: &str, name: &str) -> Option<(u64, u64)> {
+    Some((
+        command_stat_field(info, name, "calls")?,
+        command_stat_field(info, name, "usec")?,
+    ))
+}
+
+/// The `<field>=` count of `cmdstat_<name>` in an `INFO commandstats` reply.
+pub fn command_stat_field(info: &str, name: &str, field: &str) -> Option<u64> {
     let want = format!("cmdstat_{name}");
+    let prefix = format!("{field}=");
     info.lines().find_map(|line| {
         let (key, fields) = line.trim().split_once(':')?;
         if key != want {
             return None;
         }
-        let field = |prefix: &str| {
-            fields
-                .split(',')
-                .find_map(|f| f.strip_prefix(prefix))
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        Some((field("calls=")?, field("usec=")?))
+        fields
+            .split(',')
+            .find_map(|f| f.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.parse::<u64>().ok())
     })
 }
 

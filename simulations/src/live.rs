@@ -9,7 +9,8 @@
 //! - Each mode uses its own key prefix (`ratelease-sim:<pid>:<mode>:<nanos>:`), so modes and
 //!   repeated runs never share a bucket. Keys expire on their own.
 //! - `store_calls` is read from Redis itself: the `cmdstat_evalsha` and `cmdstat_eval` call
-//!   counts of `INFO commandstats`, before and after each mode. (Run against a Redis nobody
+//!   counts of `INFO commandstats` (less their failed calls: NOSCRIPT, which ran no script),
+//!   before and after each mode. (Run against a Redis nobody
 //!   else is using, or the count includes their calls.) Per-node and per-window call counts
 //!   come from the client side. `redis_cpu` is read the same way, from their `usec` totals.
 //! - Faults are injected on the client side, by a wrapper around each node's store: during a
@@ -30,7 +31,7 @@ use ratelease::{
     LeaseReply, LeaseRequest, LeaseStore, Quota, RedisStore, ReleaseRequest, StoreError,
 };
 
-use crate::calibrate::parse_command_stat;
+use crate::calibrate::{command_stat_field, parse_command_stat};
 use crate::demand::{self, Arrival};
 use crate::metrics;
 use crate::modes::{drain_limit, Fleet, NowFn};
@@ -43,12 +44,19 @@ use crate::store_model::NetModel;
 /// Default cap on a live run's duration, s.
 pub const DEFAULT_LIVE_DURATION_S: f64 = 5.0;
 
-/// Script calls and their server time (µs): the sums of `calls=` and `usec=` of
-/// `cmdstat_evalsha` and `cmdstat_eval` in an `INFO commandstats` reply.
+/// Script calls that ran and the server time of all (µs): the sums of `calls=` less
+/// `failed_calls=`, and of `usec=`, of `cmdstat_evalsha` and `cmdstat_eval` in an
+/// `INFO commandstats` reply. A failed call ran no script: NOSCRIPT, met by the calls a node
+/// sends while the script is first loaded (each is sent again once it is), as many as it has
+/// in flight then.
 pub fn parse_script_calls(info: &str) -> (u64, u64) {
     ["evalsha", "eval"]
         .iter()
-        .filter_map(|name| parse_command_stat(info, name))
+        .filter_map(|name| {
+            let (calls, usec) = parse_command_stat(info, name)?;
+            let failed = command_stat_field(info, name, "failed_calls").unwrap_or(0);
+            Some((calls.saturating_sub(failed), usec))
+        })
         .fold((0, 0), |(c, u), (calls, usec)| (c + calls, u + usec))
 }
 
@@ -278,7 +286,8 @@ mod tests {
             cmdstat_eval:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0\r\n\
             cmdstat_evalsha_ro:calls=1000,usec=1,usec_per_call=0.00,rejected_calls=0,failed_calls=0\r\n\
             cmdstat_info:calls=2,usec=100,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n";
-        assert_eq!(parse_script_calls(info), (123, 940));
+        // The failed EVALSHA (NOSCRIPT) ran no script.
+        assert_eq!(parse_script_calls(info), (122, 940));
         assert_eq!(parse_script_calls(""), (0, 0));
     }
 }
