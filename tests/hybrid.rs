@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratelease::{
-    AcquireError, AdaptiveLease, BuildError, Decision, FailurePolicy, HybridLimiter, HybridStats,
-    LeaseRequest, LeaseStore, LocalAnswer, MemoryStore, Quota, StoreError,
+    AcquireError, AdaptiveLease, BuildError, CallContext, Decision, FailurePolicy, HybridLimiter,
+    HybridStats, LeaseAsk, LeaseContext, LeasePolicy, LeaseRequest, LeaseStore, LeaseTerms,
+    LocalAnswer, MemoryStore, Quota, StoreError,
 };
 
 mod wrapped;
@@ -321,6 +322,78 @@ async fn adaptive_nodes_share_in_proportion_to_demand() {
             n.stats()
         );
     }
+}
+
+/// The leaser counts recorded after the first `skip`.
+fn seen_after(seen: &parking_lot::Mutex<Vec<u64>>, skip: usize) -> Vec<u64> {
+    seen.lock()[skip..].to_vec()
+}
+
+/// The default policy, recording the leaser counts its calls were made with.
+struct Recording {
+    seen: std::sync::Arc<parking_lot::Mutex<Vec<u64>>>,
+}
+
+impl LeasePolicy for Recording {
+    fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
+        AdaptiveLease::new().ask(ctx)
+    }
+    fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
+        AdaptiveLease::new().terms(quota)
+    }
+    fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
+        self.seen.lock().push(call.leasers);
+        AdaptiveLease::new().terms_at(terms, call)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_hears_how_many_nodes_hold_leases() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1_000).unwrap();
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let watched = HybridLimiter::builder("count", quota, store.clone())
+        .policy(Recording { seen: seen.clone() })
+        .build()
+        .unwrap();
+    let others: Vec<_> = (1..3)
+        .map(|i| {
+            HybridLimiter::builder("count", quota, store.clone())
+                .seed(i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut admitted = 0;
+    for _ in 0..300 {
+        for node in others.iter() {
+            admitted += u64::from(node.try_acquire(1).unwrap().is_allowed());
+        }
+        admitted += u64::from(watched.try_acquire(1).unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        admitted > 600,
+        "all three lease: {admitted} of 900 admitted"
+    );
+    // Its first call knows nothing yet; once all three lease, its calls are told three.
+    let first = seen_after(&seen, 0);
+    assert_eq!(first.first(), Some(&0), "{first:?}");
+    assert_eq!(first.last(), Some(&3), "{first:?}");
+    assert!(first.iter().all(|n| *n <= 3), "{first:?}");
+    // The two others leave (their records go): the watched node's next leases hear one.
+    for node in others {
+        node.shutdown().await;
+    }
+    let mut alone = 0;
+    for _ in 0..300 {
+        alone += u64::from(watched.try_acquire(1).unwrap().is_allowed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(alone > 200, "{alone} of 300 admitted");
+    let after = seen_after(&seen, first.len());
+    assert!(!after.is_empty(), "it leased again");
+    assert_eq!(after.last(), Some(&1), "{after:?}");
 }
 
 #[tokio::test(start_paused = true)]
