@@ -156,7 +156,8 @@ async fn simulate(
         requests,
         store_calls: calls.len() as u64,
         calls,
-        tokens_stranded: out.stranded_local + model.stranded(),
+        tokens_stranded: out.stranded_local.saturating_sub(model.returned_late())
+            + model.stranded(),
         store_errors: model.timeouts(),
         redis_busy_ns: model.busy_ns(),
         rejected_while_tokens_idle: out.rejected_while_tokens_idle,

@@ -23,7 +23,9 @@
 //!    already gave up: every call also arms a timeout (`timeout_ms`; `lease_timeout_ms` for a
 //!    node's lease or release) that fails it with [`StoreError::Timeout`]. Tokens granted to a
 //!    call whose reply is never consumed (timed out, or its caller crashed meanwhile) are
-//!    counted as stranded: the bucket gave them away and no request used them.
+//!    counted as stranded: the bucket gave them away and no request used them. Tokens of a
+//!    release whose caller gave up on it are counted as returned late: the limiter counts them
+//!    as lost (expired), but the store got them back.
 //!
 //! Calls are counted when the client sends them, per node, including failed ones.
 
@@ -165,6 +167,7 @@ struct ModelState {
     busy_ns: u64,
     calls: Vec<CallRecord>,
     stranded: u64,
+    returned_late: u64,
     timeouts: u64,
     /// Per request index: when the script ran for it (`u64::MAX`: never).
     executed_at: Vec<u64>,
@@ -226,6 +229,12 @@ impl StoreModel {
         self.state().stranded
     }
 
+    /// Tokens given back by releases that ran after their caller gave up on them (the
+    /// limiter counts them as expired; the bucket has them back).
+    pub fn returned_late(&self) -> u64 {
+        self.state().returned_late
+    }
+
     /// Calls that timed out.
     pub fn timeouts(&self) -> u64 {
         self.state().timeouts
@@ -275,9 +284,13 @@ impl StoreModel {
             slot,
             request,
         } = call;
+        let mut returned = 0;
         let (reply, is_lease) = match op {
             Op::Lease(req) => (ready(self.memory.lease(&name, &quota, &req)), true),
-            Op::Release(req) => (ready(self.memory.release(&name, &quota, &req)), false),
+            Op::Release(req) => {
+                returned = req.tokens;
+                (ready(self.memory.release(&name, &quota, &req)), false)
+            }
             Op::Command(f) => {
                 let [a, b] = f(now);
                 let reply = LeaseReply {
@@ -302,8 +315,13 @@ impl StoreModel {
         let sched = self.sched.clone();
         sched.at(now + back_ns, move || {
             // Step 4: the reply arrives, or finds nobody waiting.
-            if !slot.complete(reply) && granted > 0 {
-                self.state().stranded += granted;
+            let ran = reply.is_ok();
+            if !slot.complete(reply) {
+                let mut st = self.state();
+                st.stranded += granted;
+                if ran {
+                    st.returned_late += returned;
+                }
             }
         });
     }
@@ -493,5 +511,120 @@ impl Drop for Wait {
     /// arrives later is stranded.
     fn drop(&mut self) {
         self.0.done.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelease::{NodeLease, NodeRelease};
+
+    /// Runs the scheduler's callbacks, moving tokio's paused clock with them, until `done`.
+    async fn run_until(sched: &Scheduler, done: &AtomicBool) {
+        let mut now = sched.now_ns();
+        while !done.load(Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+            let Some(t) = sched.next_at() else { continue };
+            if t > now {
+                tokio::time::advance(Duration::from_nanos(t - now)).await;
+                now = t;
+            }
+            while let Some(callback) = sched.pop_due(now) {
+                callback();
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_given_up_on_is_returned_late_and_a_lease_given_up_on_strands_its_grant() {
+        // Round trips gain 400 ms from 1 s on: past the 150 ms lease timeout.
+        let sc = Scenario::parse(
+            r#"
+            name = "late"
+            duration_s = 3
+            rate = 100
+            burst = 100
+            nodes = 1
+            [demand]
+            pattern = "uniform"
+            total_rps = 10
+            [[events]]
+            at_s = 1
+            kind = "latency_spike"
+            duration_s = 1
+            extra_ms = 400
+            "#,
+        )
+        .unwrap();
+        let sched = Scheduler::new();
+        let model = StoreModel::new(sched.clone(), NetModel::from_scenario(&sc));
+        let store = model.handle(0, 1);
+        let quota = Quota::per_second(100).unwrap();
+        let node = NodeLease {
+            id: 7,
+            held: 0,
+            demand_mtps: 10_000,
+            horizon: Duration::from_millis(250),
+            ttl: Duration::from_secs(10),
+            rate_mtps: 0,
+        };
+        let call = |req: LeaseRequest| {
+            let (store, done) = (store.clone(), Arc::new(AtomicBool::new(false)));
+            let flag = done.clone();
+            let task = tokio::spawn(async move {
+                let r = store.lease("n", &quota, &req).await;
+                flag.store(true, Ordering::Relaxed);
+                r
+            });
+            (task, done)
+        };
+        // Before the spike: answered.
+        let (task, done) = call(LeaseRequest::new(20, 1).by(node));
+        run_until(&sched, &done).await;
+        assert_eq!(task.await.unwrap().unwrap().granted, 20);
+        // In the spike: the node gives up on a release of 20 and on a lease of 30; the store
+        // runs both after that.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let release = {
+            let (store, done) = (store.clone(), Arc::new(AtomicBool::new(false)));
+            let flag = done.clone();
+            let req = ReleaseRequest::new(20).by(NodeRelease {
+                id: 7,
+                seq: 1,
+                leaving: false,
+            });
+            let task = tokio::spawn(async move {
+                let r = store.release("n", &quota, &req).await;
+                flag.store(true, Ordering::Relaxed);
+                r
+            });
+            (task, done)
+        };
+        run_until(&sched, &release.1).await;
+        assert!(matches!(
+            release.0.await.unwrap(),
+            Err(StoreError::Timeout(_))
+        ));
+        let (task, done) = call(LeaseRequest::new(30, 1).by(NodeLease { held: 0, ..node }));
+        run_until(&sched, &done).await;
+        assert!(matches!(task.await.unwrap(), Err(StoreError::Timeout(_))));
+        // Let both replies come back to nobody.
+        while let Some(t) = sched.next_at() {
+            tokio::time::advance(Duration::from_nanos(t.saturating_sub(sched.now_ns()))).await;
+            while let Some(callback) = sched.pop_due(t) {
+                callback();
+            }
+        }
+        assert_eq!(
+            model.returned_late(),
+            20,
+            "the release ran: its tokens are back"
+        );
+        assert_eq!(
+            model.stranded(),
+            30,
+            "the lease ran: its grant reached nobody"
+        );
+        assert_eq!(model.timeouts(), 2);
     }
 }
