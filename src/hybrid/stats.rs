@@ -16,7 +16,9 @@ pub struct HybridStats {
     pub tokens_released: u64,
     /// Store calls that failed.
     pub store_errors: u64,
-    /// Tokens dropped unspent when their lease expired.
+    /// Tokens dropped unspent: their lease expired, their fixed window ended, a rate lease's
+    /// slack was kept back, or a release of them failed (a release given up on may still have
+    /// run in the store, which then has them back).
     pub tokens_expired: u64,
     /// Tokens denied to callers.
     pub tokens_denied: u64,
