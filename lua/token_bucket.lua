@@ -47,7 +47,8 @@
 -- ARGV[13] with 4 keys, lease and release: what to do when the name has no stored config:
 --          "" (or "caller") run under the caller's quota; "none" do nothing (source 2 below)
 -- ARGV[14] lease with a node: the rate it asks to hold (a rate lease, below), millitokens per
---          second (integer, 0 ..= 2^52); absent or "": none, and the reply has no rate_mtps
+--          second (integer, 0 ..= 2^52); absent or "": none (with 3 keys the reply then has no
+--          rate_mtps; with 4 a node's lease always has it)
 --
 -- Reply: { granted, remaining, retry_after_us, reset_after_us, share_mtps, rate_mtps }
 --   granted        tokens taken by this call (0 for release, and for a lease that could not
@@ -57,13 +58,14 @@
 --                  also sent with a grant, so a node can pace itself instead of asking in vain
 --   reset_after_us how long until the bucket stops refilling (capacity − outstanding)
 --   share_mtps     the node's fair share of the rate, millitokens per second (0 if anonymous)
---   rate_mtps      only if the call asked for a rate (ARGV[14]): the rate the node now holds,
---                  millitokens per second (0 if none could be granted)
+--   rate_mtps      with 3 keys, only if the call asked for a rate (ARGV[14]): the rate the node
+--                  now holds, millitokens per second (0 if none could be granted)
 -- With 4 keys the reply is { granted, remaining, retry_after_us, reset_after_us, share_mtps,
---   rate, period_us, burst, source[, rate_mtps[, leasers]] }: the quota the call ran under and
+--   rate, period_us, burst, source[, rate_mtps, leasers] }: the quota the call ran under and
 --   its source (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0);
---   a node's lease gets both last entries: the rate it holds (0 if it asked for none), and
---   `leasers`, the number of nodes holding a lease on the bucket after the call.
+--   a node's lease (and only it) gets both last entries: the rate it holds (0 if it asked for
+--   none), and `leasers`, the number of nodes holding a lease on the bucket after the call (0
+--   if the server does not let the script count them: an ACL without ZCARD).
 --
 -- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
 -- one-key client reads it; ARGV[2..4] the quota for init/set, ignored otherwise;
@@ -511,6 +513,15 @@ local function parse_claim(raw)
   return nil
 end
 local claim, claim_dirty = nil, false
+
+-- Leasers on record (members of the expiry set), or nil if the server refuses to count them
+-- (an ACL written before the script used ZCARD): a refusal must not fail a call after it has
+-- written, so it is caught and read as "not known".
+local function count_leasers()
+  local n = redis.pcall('ZCARD', KEYS[3])
+  if type(n) == 'number' then return n end
+  return nil
+end
 -- The calling node's record as read with the claim (nil once its lease is found expired).
 local own_raw = nil
 if op == 'lease' and node ~= '' then
@@ -548,7 +559,7 @@ if first ~= q then
   -- A full bucket with no leasers is not stored (absent reads as full), so it stays full
   -- across a change, as it would once expired; anything else keeps its tokens.
   -- (No leaser on record, latest == 0, is a zset with no members: no need to count them.)
-  if level >= first.cap and out == 0 and (latest == 0 or redis.call('ZCARD', KEYS[3]) == 0) then
+  if level >= first.cap and out == 0 and (latest == 0 or count_leasers() == 0) then
     level = cap
   else
     level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
@@ -757,7 +768,7 @@ end
 -- A node's lease also learns how many nodes hold leases on the bucket (its policy sizes a
 -- lease by its part of the fleet), after the rate it holds (0 if it asked for none).
 if held then
-  local nodes = redis.call('ZCARD', KEYS[3])
+  local nodes = count_leasers() or 0
   return { granted, left, retry, reset, share, rate, period, burst, source, held_rate, nodes }
 end
 return { granted, left, retry, reset, share, rate, period, burst, source }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use ratelease::{
     AcquireError, Algorithm, ConcurrencyLimiter, FailurePolicy, HybridLimiter, LeaseRequest,
-    LeaseStore, LockError, Quota, RedisLimiter, RedisLock, RedisStore, ReleaseRequest, StoreError,
+    LeaseStore, LockError, NodeLease, Quota, RedisLimiter, RedisLock, RedisStore, ReleaseRequest,
+    StoreError,
 };
 use support::RedisServer;
 
@@ -75,6 +76,45 @@ async fn store(server: &RedisServer, user: &str) -> RedisStore {
         .connect()
         .await
         .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_zcard_still_leases_and_reports_no_leaser_count() {
+    // The ACL documented before the script counted leasers on every node's lease: the count
+    // is refused, the lease is answered (not written and then failed), and says "not known".
+    let server = RedisServer::start();
+    let rules: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|r| *r != "+zcard")
+        .collect();
+    assert_eq!(rules.len() + 1, LEAST_PRIVILEGE.len());
+    create_user(&server, "old-acl", &rules);
+    let quota = Quota::per_second(100).unwrap();
+    let old = store(&server, "old-acl").await;
+    let node = |id| NodeLease {
+        id,
+        held: 0,
+        demand_mtps: 10_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(10),
+        rate_mtps: 0,
+    };
+    for id in [1, 2] {
+        let reply = old
+            .lease("old-acl", &quota, &LeaseRequest::new(10, 1).by(node(id)))
+            .await
+            .unwrap();
+        assert_eq!((reply.granted, reply.leasers), (10, 0), "{reply:?}");
+    }
+    // The documented ACL counts them.
+    create_user(&server, "new-acl", LEAST_PRIVILEGE);
+    let reply = store(&server, "new-acl")
+        .await
+        .lease("old-acl", &quota, &LeaseRequest::new(10, 1).by(node(3)))
+        .await
+        .unwrap();
+    assert_eq!((reply.granted, reply.leasers), (10, 3), "{reply:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
