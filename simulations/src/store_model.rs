@@ -230,7 +230,8 @@ impl StoreModel {
     }
 
     /// Tokens given back by releases that ran after their caller gave up on them (the
-    /// limiter counts them as expired; the bucket has them back).
+    /// limiter counts them as expired; the bucket has them back). The tokens the release
+    /// carried: the store gives back fewer if it counts fewer for the node.
     pub fn returned_late(&self) -> u64 {
         self.state().returned_late
     }
@@ -319,7 +320,9 @@ impl StoreModel {
             if !slot.complete(reply) {
                 let mut st = self.state();
                 st.stranded += granted;
-                if ran {
+                // A release given up on: the limiter counted its tokens as expired. (One
+                // whose client was dropped, in a crash, was counted nowhere.)
+                if ran && slot.timed_out.load(Ordering::Relaxed) {
                     st.returned_late += returned;
                 }
             }
@@ -388,6 +391,7 @@ impl SimStore {
         let model = m.clone();
         m.sched.at_unless(deadline, slot.done.clone(), move || {
             if timed_out.complete(Err(StoreError::Timeout(timeout))) {
+                timed_out.timed_out.store(true, Ordering::Relaxed);
                 model.state().timeouts += 1;
             }
         });
@@ -457,6 +461,8 @@ impl LeaseStore for SimStore {
 struct Slot {
     /// Set once: completed, or abandoned by a dropped client. Also cancels the timeout.
     done: Arc<AtomicBool>,
+    /// Completed by its timeout (the client gave up), not by the reply or a dropped client.
+    timed_out: AtomicBool,
     inner: Mutex<SlotInner>,
 }
 
