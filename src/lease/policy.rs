@@ -68,7 +68,7 @@ impl CallContext {
     }
 
     /// The same context, with `leasers` nodes holding a lease as the store last reported.
-    pub fn leasers(mut self, leasers: u64) -> Self {
+    pub fn with_leasers(mut self, leasers: u64) -> Self {
         self.leasers = leasers;
         self
     }
@@ -193,9 +193,9 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   `burst = rate` (one second of burst), 250 ms. Each call stretches it for a node whose fair
 ///   share is below a thousandth of the rate (one of thousands of nodes) by the square root of
 ///   how far below — the economic order quantity, fewest calls for the tokens held — at most
-///   half the ttl; in a fleet of hundreds of nodes or more (the store reports how many hold
-///   leases) the largest shares lease for shorter by the same rule, at most by half, so the
-///   fleet's tokens in flight stay near a horizon of the rate (token leases only). A slow
+///   half the ttl; in a fleet of 32 nodes or more (the store reports how many hold leases;
+///   fully from 1 000) the largest shares lease for shorter by the same rule, at most by half,
+///   so the fleet's tokens in flight stay near a horizon of the rate (not under rate leases). A slow
 ///   store does not stretch it: the lease and its low-water mark cover the round trip.
 /// - `ttl` (10 × horizon, at least 1 s): lease validity. Tokens of a crashed node are lost
 ///   for at most this long.
@@ -357,18 +357,21 @@ impl LeasePolicy for AdaptiveLease {
         };
         let below = if deciding { 2.0 } else { 1.0 } * self.per_request_below;
         // A lease stretched longer than the policy's horizon (a small share) brings as many
-        // more tokens a call.
-        let stretch =
-            self.horizon_of(ctx).as_secs_f64() / self.horizon_for(&ctx.quota).as_secs_f64();
+        // more tokens a call. (One shortened for a large share of a large fleet is not a
+        // reason to decide per request: it is shortened to hold fewer tokens, not for want.)
+        let stretch = (self.horizon_of(ctx).as_secs_f64()
+            / self.horizon_for(&ctx.quota).as_secs_f64())
+        .max(1.0);
         let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64() * stretch;
         part < below
     }
 
     /// The horizon by the square root of the node's part of the rate: longer for a small
     /// share (at most half the ttl), shorter for a large share of a large fleet (at most by
-    /// half; not with rate leases, whose large shares hold a rate rather than tokens, and
-    /// whose shorter reviews made the busiest node of a 1 000-node start 26 store calls a
-    /// second rather than 13; the rule is `by_share`'s in `lease/policy.rs`). Not by the round
+    /// half, never below 10 ms; not under a rate-leasing policy, where shorter horizons made
+    /// the busiest node of a 1 000-node start 26–28 store calls a second rather than 13,
+    /// whether all its nodes shrank or only those holding no rate; the rule is `by_share`'s in
+    /// `lease/policy.rs`). Not by the round
     /// trip: a lease's size and its low-water mark already cover the round trip, and at a
     /// fleet start the round trip is the queue the fleet itself makes — leases stretched by it
     /// handed the burst to the first nodes answered, and with a tight burst a lease of 16
@@ -424,7 +427,8 @@ const MAX_SHRINK: f64 = 2.0;
 /// - The tokens those longer leases hold count against the burst, so a large fleet takes them
 ///   back from its largest shares: with `n` nodes holding leases (the store's count), a node
 ///   whose share is above `rate / f`, `f = min(n² / SHARE_REF, SHARE_REF)`, leases for shorter,
-///   by `√(rate / (f × share))`, at most by half ([`MAX_SHRINK`]). From a thousand nodes on
+///   by `√(rate / (f × share))`, at most by half ([`MAX_SHRINK`]) and never below 10 ms
+///   ([`MIN_AUTO_HORIZON`]). From a thousand nodes on
 ///   that is the same rule on both sides of a thousandth; a smaller fleet has fewer nodes
 ///   stretched and shrinks less (with 100 nodes only shares above a tenth); up to 31 nodes
 ///   (`f ≤ 1`) none, since no node of so small a fleet leases longer and shorter leases would
@@ -452,7 +456,8 @@ fn by_share(horizon: Duration, call: &CallContext, ttl: Duration, shrink: bool) 
     if factor > 1.0 {
         horizon.max(scaled.min(ttl / 2))
     } else {
-        scaled
+        // Never below the shortest automatic horizon (nor a shorter one the policy was set to).
+        scaled.max(horizon.min(MIN_AUTO_HORIZON))
     }
 }
 
@@ -621,7 +626,7 @@ pub(crate) mod tests {
         let p = AdaptiveLease::new();
         let t = p.terms(&q).unwrap();
         let at = |share, leasers| {
-            p.terms_at(t, &CallContext::new(q, Some(share)).leasers(leasers))
+            p.terms_at(t, &CallContext::new(q, Some(share)).with_leasers(leasers))
                 .horizon
         };
         let ms = Duration::from_millis;
@@ -640,11 +645,21 @@ pub(crate) mod tests {
         // Thirty nodes, or a count the store did not report: one horizon for all.
         assert_eq!(at(90_000.0, 30), ms(250));
         assert_eq!(at(90_000.0, 0), ms(250));
-        // A policy with rate leases keeps its horizon: its large shares hold a rate, not
-        // tokens.
+        // Never below 10 ms: under a burst of 0.045 s a horizon of 15 ms shortens to 10, one
+        // of 0.03 s (10 ms) stays.
+        for (burst, horizon) in [(4_500, 15), (3_000, 10)] {
+            let tight = q.with_burst(burst).unwrap();
+            let tt = p.terms(&tight).unwrap();
+            assert_eq!(tt.horizon, ms(horizon));
+            let call = CallContext::new(tight, Some(10_000.0)).with_leasers(1_000);
+            assert_eq!(p.terms_at(tt, &call).horizon, ms(10));
+        }
+        // A rate-leasing policy keeps its horizons (shorter ones made its nodes' reviews and
+        // renewals more frequent: the busiest node of a 1 000-node start 26–28 calls a second,
+        // whether every node shrank or only those holding no rate).
         let rated = AdaptiveLease::new().rate_leases(true);
         let rt = rated.terms(&q).unwrap();
-        let call = CallContext::new(q, Some(10_000.0)).leasers(1_000);
+        let call = CallContext::new(q, Some(10_000.0)).with_leasers(1_000);
         assert_eq!(rated.terms_at(rt, &call).horizon, ms(250));
     }
 
