@@ -345,6 +345,12 @@ impl LeasePolicy for Recording {
         self.seen.lock().push(call.leasers);
         AdaptiveLease::new().terms_at(terms, call)
     }
+    fn most_worth_holding(&self, ctx: &LeaseContext) -> Option<u64> {
+        AdaptiveLease::new().most_worth_holding(ctx)
+    }
+    fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
+        AdaptiveLease::new().per_request(ctx, deciding)
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -1154,7 +1154,7 @@ mod tests {
         // Anonymous calls and releases are not told.
         assert_eq!(lease(&mut st, &q, 1, 1, 0).leasers, 0);
         assert_eq!(release(&mut st, &q, 0, 0).leasers, 0);
-        // "a" leaves; "b"'s lease (ttl 1 s) expires: a new leaser is alone.
+        // "a" leaves (its release is not told either): "c" joins "b".
         let leave = NodeReleaseArgs {
             id: "a",
             seq: 1,
@@ -1164,9 +1164,18 @@ mod tests {
             tokens: 1,
             node: Some(leave),
         };
-        step(&mut st, &q, op, 1).unwrap();
+        assert_eq!(step(&mut st, &q, op, 1).unwrap().0.leasers, 0);
         assert_eq!(
-            node_lease(&mut st, &q, "c", 1, 0, 1_000, 2_000_000).leasers,
+            node_lease(&mut st, &q, "c", 1, 0, 1_000, 500_000).leasers,
+            2
+        );
+        // "b"'s lease (ttl 1 s from 0) expires, then "c"'s (from 0.5 s): a new leaser is alone.
+        assert_eq!(
+            node_lease(&mut st, &q, "d", 1, 0, 1_000, 1_200_000).leasers,
+            2
+        );
+        assert_eq!(
+            node_lease(&mut st, &q, "e", 1, 0, 1_000, 2_300_000).leasers,
             1
         );
     }

@@ -16,9 +16,9 @@ pub struct HybridStats {
     pub tokens_released: u64,
     /// Store calls that failed.
     pub store_errors: u64,
-    /// Tokens dropped unspent: their lease expired, their fixed window ended, a rate lease's
-    /// slack was kept back, or a release of them failed (a release given up on may still have
-    /// run in the store, which then has them back).
+    /// Tokens dropped unspent: a release of them failed (at their lease's expiry, when idle,
+    /// or on shutdown; a release given up on may still have run in the store, which then has
+    /// them back), their fixed window ended, or they were above a rate lease's cap.
     pub tokens_expired: u64,
     /// Tokens denied to callers.
     pub tokens_denied: u64,
