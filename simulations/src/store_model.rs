@@ -525,19 +525,31 @@ mod tests {
     use super::*;
     use ratelease::{NodeLease, NodeRelease};
 
-    /// Runs the scheduler's callbacks, moving tokio's paused clock with them, until `done`.
-    async fn run_until(sched: &Scheduler, done: &AtomicBool) {
-        let mut now = sched.now_ns();
-        while !done.load(Ordering::Relaxed) {
+    /// Runs the scheduler's next callbacks, moving tokio's paused clock to them; false if
+    /// none is left.
+    async fn step(sched: &Scheduler) -> bool {
+        let Some(t) = sched.next_at() else {
+            return false;
+        };
+        tokio::time::advance(Duration::from_nanos(t.saturating_sub(sched.now_ns()))).await;
+        while let Some(callback) = sched.pop_due(t) {
+            callback();
+        }
+        true
+    }
+
+    /// Runs `call` (spawned) and the scheduler until it has its answer, and returns it.
+    async fn drive<T: Send + 'static>(
+        sched: &Scheduler,
+        call: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let task = tokio::spawn(call);
+        loop {
             tokio::task::yield_now().await;
-            let Some(t) = sched.next_at() else { continue };
-            if t > now {
-                tokio::time::advance(Duration::from_nanos(t - now)).await;
-                now = t;
+            if task.is_finished() {
+                return task.await.unwrap();
             }
-            while let Some(callback) = sched.pop_due(now) {
-                callback();
-            }
+            assert!(step(sched).await, "nothing left to run, and no answer");
         }
     }
 
@@ -574,53 +586,29 @@ mod tests {
             ttl: Duration::from_secs(10),
             rate_mtps: 0,
         };
-        let call = |req: LeaseRequest| {
-            let (store, done) = (store.clone(), Arc::new(AtomicBool::new(false)));
-            let flag = done.clone();
-            let task = tokio::spawn(async move {
-                let r = store.lease("n", &quota, &req).await;
-                flag.store(true, Ordering::Relaxed);
-                r
-            });
-            (task, done)
-        };
+        let (s, q) = (store.clone(), quota);
+        let first = drive(&sched, async move {
+            s.lease("n", &q, &LeaseRequest::new(20, 1).by(node)).await
+        });
         // Before the spike: answered.
-        let (task, done) = call(LeaseRequest::new(20, 1).by(node));
-        run_until(&sched, &done).await;
-        assert_eq!(task.await.unwrap().unwrap().granted, 20);
+        assert_eq!(first.await.unwrap().granted, 20);
         // In the spike: the node gives up on a release of 20 and on a lease of 30; the store
         // runs both after that.
         tokio::time::advance(Duration::from_secs(1)).await;
-        let release = {
-            let (store, done) = (store.clone(), Arc::new(AtomicBool::new(false)));
-            let flag = done.clone();
-            let req = ReleaseRequest::new(20).by(NodeRelease {
-                id: 7,
-                seq: 1,
-                leaving: false,
-            });
-            let task = tokio::spawn(async move {
-                let r = store.release("n", &quota, &req).await;
-                flag.store(true, Ordering::Relaxed);
-                r
-            });
-            (task, done)
-        };
-        run_until(&sched, &release.1).await;
-        assert!(matches!(
-            release.0.await.unwrap(),
-            Err(StoreError::Timeout(_))
-        ));
-        let (task, done) = call(LeaseRequest::new(30, 1).by(NodeLease { held: 0, ..node }));
-        run_until(&sched, &done).await;
-        assert!(matches!(task.await.unwrap(), Err(StoreError::Timeout(_))));
+        let back = ReleaseRequest::new(20).by(NodeRelease {
+            id: 7,
+            seq: 1,
+            leaving: false,
+        });
+        let s = store.clone();
+        let released = drive(&sched, async move { s.release("n", &q, &back).await }).await;
+        assert!(matches!(released, Err(StoreError::Timeout(_))));
+        let s = store.clone();
+        let more = LeaseRequest::new(30, 1).by(node);
+        let leased = drive(&sched, async move { s.lease("n", &q, &more).await }).await;
+        assert!(matches!(leased, Err(StoreError::Timeout(_))));
         // Let both replies come back to nobody.
-        while let Some(t) = sched.next_at() {
-            tokio::time::advance(Duration::from_nanos(t.saturating_sub(sched.now_ns()))).await;
-            while let Some(callback) = sched.pop_due(t) {
-                callback();
-            }
-        }
+        while step(&sched).await {}
         assert_eq!(
             model.returned_late(),
             20,
