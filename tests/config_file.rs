@@ -158,6 +158,43 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
     assert!(matches!(missing, ConfigFileError::Io { .. }), "{missing:?}");
 }
 
+/// `prefetch = false` (in `[defaults]` or a table) builds hybrid limiters that lease on first
+/// demand: nothing is asked until `ready` (which starts every first lease before it waits) or
+/// a first check. On a pure limiter's table it is refused.
+#[tokio::test(start_paused = true)]
+async fn prefetch_false_leases_on_first_demand() {
+    let text = "[defaults]\nprefetch = false\n\n\
+                [limiters.a]\nrate = 100\n\n\
+                [limiters.b]\nrate = 100\n\n\
+                [limiters.c]\nrate = 100\nprefetch = true\n\n\
+                [limiters.p]\nrate = 100\nmode = \"pure\"";
+    let file = LimitersConfig::from_toml(text).unwrap();
+    let prefetch: Vec<_> = file.iter().map(|s| (s.name(), s.prefetch())).collect();
+    assert_eq!(
+        prefetch,
+        [("a", false), ("b", false), ("c", true), ("p", false)],
+        "a table's own prefetch wins; a pure spec keeps [defaults]' for its hybrid() builder"
+    );
+    invalid(
+        "[limiters.p]\nrate = 5\nmode = \"pure\"\nprefetch = false",
+        "p",
+        "hybrid mode",
+    );
+    let store = MemoryStore::new();
+    let limiters = file.build(&store).unwrap();
+    let hybrid = |name| match limiters.get(name) {
+        Some(AnyLimiter::Hybrid(l)) => l.clone(),
+        other => panic!("{name}: expected a hybrid limiter, got {other:?}"),
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let leases = |name| hybrid(name).stats().leases;
+    assert_eq!((leases("a"), leases("b"), leases("c")), (0, 0, 1));
+    limiters.ready().await.unwrap();
+    assert_eq!((leases("a"), leases("b"), leases("c")), (1, 1, 1));
+    assert!(hybrid("a").available() > 0 && hybrid("b").available() > 0);
+    limiters.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_built_limiters_enforce_their_quotas_on_redis() {
     let server = RedisServer::start();

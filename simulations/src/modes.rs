@@ -96,6 +96,7 @@ pub struct Fleet<S: LeaseStore + Clone> {
     algorithm: Algorithm,
     seed: u64,
     batch: u64,
+    prefetch: bool,
     nodes: Nodes<S>,
     up: Vec<bool>,
     records: Arc<Mutex<Vec<RequestRecord>>>,
@@ -173,6 +174,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             algorithm: sc.algorithm,
             seed,
             batch: sc.batch(),
+            prefetch: sc.prefetch,
             nodes: Nodes::Pure(Vec::new()),
             up: (0..n).map(|i| sc.join_s(i).is_none()).collect(),
             records: Arc::new(Mutex::new(
@@ -274,6 +276,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     fn build_hybrid_seeded(&self, store: S, seed: u64) -> Result<HybridLimiter<S>> {
         let builder = HybridLimiter::builder(LIMITER_NAME, self.quota, store)
             .algorithm(self.algorithm)
+            .prefetch(self.prefetch)
             .seed(seed);
         // As the failure-policy docs tell users: size the local fallback to the fleet, so a
         // store outage does not multiply the limit by the number of nodes.

@@ -28,6 +28,7 @@ fn every_shipped_scenario_parses() {
             "far-store",
             "fixed-window",
             "fleet-start",
+            "fleet-start-on-demand",
             "hot-node",
             "low-rate",
             "moving-hotspot",

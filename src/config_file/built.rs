@@ -256,14 +256,20 @@ where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
 {
     /// Waits until every `[limiters.*]` limiter is ready (see [`AnyLimiter::ready`]): a warm
-    /// start, before serving traffic. Their first leases were all asked for when they were
-    /// built, so this waits about one round trip, not one per limiter. (Keyed limiters lease
-    /// per key, when a key is first seen.)
+    /// start, before serving traffic. Their first leases are all asked for before it waits
+    /// (when they were built, or here for those with `prefetch = false`), so this waits about
+    /// one round trip, not one per limiter. (Keyed limiters lease per key, when a key is
+    /// first seen.)
     ///
     /// # Errors
     /// The first error: [`AcquireError::Store`] if a first lease failed (the
     /// limiters keep running under their failure policies).
     pub async fn ready(&self) -> Result<(), AcquireError> {
+        for limiter in self.limiters.values() {
+            if let AnyLimiter::Hybrid(l) = limiter {
+                l.start_first_lease();
+            }
+        }
         for limiter in self.limiters.values() {
             limiter.ready().await?;
         }

@@ -19,6 +19,9 @@
 //!                                     # last-known-share's until it knows one (default 1)
 //! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
 //! budget = "overall"                  # "overall" (default) or "per-client"
+//! prefetch = true                     # lease the first batch when built (default); false:
+//!                                     # on first demand, for fleets of hundreds or more
+//!                                     # that start together (see HybridBuilder::prefetch)
 //!
 //! [limiters.partner-api]
 //! rate = 1000        # tokens per period
@@ -68,15 +71,16 @@
 //!   this is for people, not for Redis.)
 //! - **`[defaults]` applies where the key means something, and is ignored elsewhere.**
 //!   `on_store_failure` and `expected_nodes` apply to every kind. `mode`, `horizon` and
-//!   `lease_size` apply to plain and keyed limiters. `algorithm`, `unconfigured` and `budget`
-//!   apply to plain limiters only: keyed limiters are token buckets under their own quota.
+//!   `lease_size` apply to plain and keyed limiters. `algorithm`, `unconfigured`, `budget`
+//!   and `prefetch` apply to plain limiters only: keyed limiters are token buckets under their
+//!   own quota, and lease per key when a key is first seen.
 //!   A concurrency limiter ignores `[defaults]`' `mode`, `horizon` and `lease_size`: its
 //!   hybrid mode needs a `batch` and trades fairness for speed, so it is chosen per table.
 //!   Ignoring (rather than rejecting) lets one `[defaults]` serve a file with every kind; a
 //!   key that does not apply to a kind is still a [`ConfigFileError::Parse`] error in that
 //!   kind's own table (`deny_unknown_fields`), as is any misspelt key.
 //! - **Settings of hybrid mode in a pure limiter's table are refused**, not ignored: a table
-//!   that sets `lease_size`, `horizon`, `max_keys`, `idle_ttl`, `give_back_after`,
+//!   that sets `lease_size`, `horizon`, `prefetch`, `max_keys`, `idle_ttl`, `give_back_after`,
 //!   `max_in_flight`, `batch` or `idle_return` on a pure limiter asks for something it would
 //!   not get. Such keys in `[defaults]` are skipped for pure limiters.
 //! - **Values a builder would quietly raise are refused**: `max_keys = 0`,

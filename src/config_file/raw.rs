@@ -40,6 +40,7 @@ pub(super) struct Defaults {
     pub(super) algorithm: Option<String>,
     pub(super) unconfigured: Option<UnconfiguredName>,
     pub(super) budget: Option<BudgetName>,
+    pub(super) prefetch: Option<bool>,
     #[serde(flatten)]
     pub(super) shared: Shared,
 }
@@ -70,6 +71,7 @@ pub(super) struct Table {
     pub(super) algorithm: Option<String>,
     pub(super) unconfigured: Option<UnconfiguredName>,
     pub(super) budget: Option<BudgetName>,
+    pub(super) prefetch: Option<bool>,
     #[serde(flatten)]
     pub(super) shared: Shared,
 }

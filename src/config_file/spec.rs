@@ -45,6 +45,8 @@ pub struct LimiterSpec {
     unconfigured: Unconfigured,
     budget: Budget,
     lease: Lease,
+    /// Whether a hybrid limiter leases its first batch when built (`prefetch`).
+    prefetch: bool,
 }
 
 impl LimiterSpec {
@@ -78,6 +80,13 @@ impl LimiterSpec {
             Some(BudgetName::Overall) | None => Budget::Overall,
             Some(BudgetName::PerClient) => Budget::PerClient,
         };
+        // `[defaults]`' `prefetch` is for the hybrid limiters; a pure one's own is a mistake.
+        if mode == Mode::Pure && table.prefetch.is_some() {
+            return Err(invalid(
+                "prefetch is for hybrid mode; this limiter is pure".into(),
+            ));
+        }
+        let prefetch = table.prefetch.or(defaults.prefetch).unwrap_or(true);
         let spec = LimiterSpec {
             name: name.to_owned(),
             quota,
@@ -88,6 +97,7 @@ impl LimiterSpec {
             unconfigured,
             budget,
             lease,
+            prefetch,
         };
         // What the builders would refuse (a window whose burst is not its rate, leasing
         // batches of an algorithm that cannot, central config on another algorithm), refused
@@ -126,13 +136,20 @@ impl LimiterSpec {
         self.failure
     }
 
+    /// Whether it leases its first batch when built (hybrid mode; `true` unless the file says
+    /// `prefetch = false`: see [`HybridBuilder::prefetch`]).
+    pub fn prefetch(&self) -> bool {
+        self.prefetch
+    }
+
     /// A hybrid builder with every setting of the file, whatever the spec's mode.
     pub fn hybrid<S: LeaseStore>(&self, store: S) -> HybridBuilder<S> {
         let builder = HybridLimiter::builder(self.name.clone(), self.quota, store)
             .algorithm(self.algorithm)
             .on_store_failure(self.failure)
             .if_unconfigured(self.unconfigured)
-            .budget(self.budget);
+            .budget(self.budget)
+            .prefetch(self.prefetch);
         match self.lease {
             Lease::Adaptive(None) => builder,
             Lease::Adaptive(Some(h)) => builder.policy(AdaptiveLease::new().horizon(h)),

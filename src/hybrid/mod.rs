@@ -254,10 +254,20 @@ impl<S: LeaseStore> HybridLimiter<S> {
                     probed = true;
                 }
             } else {
-                // Without prefetch nothing was asked yet (a no-op if a lease is under way).
-                s.signal.request();
+                self.start_first_lease();
             }
             finished.await;
+        }
+    }
+
+    /// Starts the first lease unless the store has answered one (without prefetch nothing
+    /// was asked yet; a no-op if a lease is under way), without waiting for it: what
+    /// [`ready`](Self::ready) does first, for a caller that readies many limiters at once.
+    pub(crate) fn start_first_lease(&self) {
+        let s = &*self.handle.shared;
+        // Acquire: as in `ready`.
+        if !s.answered.load(Ordering::Acquire) {
+            s.signal.request();
         }
     }
 

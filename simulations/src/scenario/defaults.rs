@@ -61,3 +61,11 @@ pub(super) fn default_service_command_us() -> f64 {
 pub(super) fn default_timeout_ms() -> f64 {
     50.0
 }
+
+pub(super) fn default_prefetch() -> bool {
+    true
+}
+
+pub(super) fn is_true(b: &bool) -> bool {
+    *b
+}

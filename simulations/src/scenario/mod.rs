@@ -34,6 +34,10 @@
 //! 50), `lease_timeout_ms` (a node's lease and release calls, default 3 × `timeout_ms` as in
 //! `RedisStore`) and `batch` (the `hybrid-fixed` lease size, default `burst / nodes`, at least 1).
 //!
+//! `prefetch = false` builds the hybrid modes' limiters with `HybridBuilder::prefetch(false)`:
+//! each node leases on first demand instead of when it is built (default `true`, the library's
+//! default).
+//!
 //! `algorithm` picks what every limiter counts with: `token-bucket` (the default),
 //! `fixed-window` or `sliding-window` (both need `burst = rate`: one-second windows), or
 //! `leaky-bucket`. The hybrid modes need one that leases in batches (the token bucket or the
@@ -120,6 +124,10 @@ pub struct Scenario {
     /// Lease size of `hybrid-fixed` (default `burst / nodes`, at least 1).
     #[serde(default)]
     pub batch: Option<u64>,
+    /// Whether hybrid nodes lease their first batch when they are built (`true`, the
+    /// library's default) or on first demand (`false`: `HybridBuilder::prefetch(false)`).
+    #[serde(default = "default_prefetch", skip_serializing_if = "is_true")]
+    pub prefetch: bool,
     /// What every limiter counts with (default the token bucket).
     #[serde(
         default,
