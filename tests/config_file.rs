@@ -4,6 +4,7 @@
 #![cfg(feature = "toml")]
 
 mod support;
+mod wrapped;
 
 use std::time::Duration;
 
@@ -159,8 +160,9 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
 }
 
 /// `prefetch = false` (in `[defaults]` or a table) builds hybrid limiters that lease on first
-/// demand: nothing is asked until `ready` (which starts every first lease before it waits) or
-/// a first check. On a pure limiter's table it is refused.
+/// demand: nothing is asked until `ready` (which starts every first lease before it waits, so
+/// they are in flight together) or a first check. On a pure limiter's table it is refused, in a
+/// keyed table it is no key at all, and `[defaults]`' is skipped for pure limiters.
 #[tokio::test(start_paused = true)]
 async fn prefetch_false_leases_on_first_demand() {
     let text = "[defaults]\nprefetch = false\n\n\
@@ -172,15 +174,17 @@ async fn prefetch_false_leases_on_first_demand() {
     let prefetch: Vec<_> = file.iter().map(|s| (s.name(), s.prefetch())).collect();
     assert_eq!(
         prefetch,
-        [("a", false), ("b", false), ("c", true), ("p", false)],
-        "a table's own prefetch wins; a pure spec keeps [defaults]' for its hybrid() builder"
+        [("a", false), ("b", false), ("c", true), ("p", true)],
+        "a table's own prefetch wins; [defaults]' is skipped for a pure limiter"
     );
     invalid(
         "[limiters.p]\nrate = 5\nmode = \"pure\"\nprefetch = false",
         "p",
         "hybrid mode",
     );
-    let store = MemoryStore::new();
+    unparsable("[keyed.k]\nrate = 5\nprefetch = false", "prefetch");
+    // A store 10 ms away.
+    let store = wrapped::Wrapped::new(Duration::from_millis(10));
     let limiters = file.build(&store).unwrap();
     let hybrid = |name| match limiters.get(name) {
         Some(AnyLimiter::Hybrid(l)) => l.clone(),
@@ -189,9 +193,22 @@ async fn prefetch_false_leases_on_first_demand() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let leases = |name| hybrid(name).stats().leases;
     assert_eq!((leases("a"), leases("b"), leases("c")), (0, 0, 1));
+    let started = tokio::time::Instant::now();
     limiters.ready().await.unwrap();
     assert_eq!((leases("a"), leases("b"), leases("c")), (1, 1, 1));
     assert!(hybrid("a").available() > 0 && hybrid("b").available() > 0);
+    // One round trip for both, not one each.
+    assert!(
+        started.elapsed() < Duration::from_millis(15),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        store
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
     limiters.shutdown().await;
 }
 

@@ -26,7 +26,8 @@
 //!
 //! Fleet changes: a crash calls [`HybridLimiter::abort`] (the tokens it held are lost and
 //! counted as stranded); a start builds the node's hybrid limiter only then (so a new process
-//! leases its first batch when it starts); a scale-in's stop calls
+//! leases its first batch when it starts, or on its first request under `prefetch = false`); a
+//! scale-in's stop calls
 //! [`HybridLimiter::shutdown`] (its tokens go back to the store); a rolling restart's
 //! replacement shuts the old limiter down and builds a new one at once, with a new node id
 //! (a new process, cold). Pure-Redis and static-share nodes need no action: their traffic

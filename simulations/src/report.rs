@@ -262,6 +262,12 @@ impl Report {
             sc.batch(),
             n = sc.nodes,
         );
+        if !sc.prefetch {
+            out.push_str(
+                "Hybrid nodes lease on first demand (`prefetch = false`: \
+                 `HybridBuilder::prefetch(false)`), not when they are built.\n\n",
+            );
+        }
         out.push_str("## Results\n\n");
         out.push_str(&self.markdown_table());
         out.push_str(

@@ -108,3 +108,26 @@ fn a_cold_fleet_fills_its_first_second_without_hammering_the_store() {
     assert!(m.store_calls_per_s_per_node_max <= 20.0, "{m:?}");
     assert!(m.jain_acceptance >= 0.99, "{m:?}");
 }
+
+/// The scenario key `prefetch = false` builds the hybrid nodes to lease on first demand: of
+/// 50 nodes that see about ten requests in half a second, every one makes a store call if they
+/// lease when built, only those asked for tokens if not.
+#[test]
+fn nodes_built_without_prefetch_lease_only_when_asked() {
+    let run_with = |prefetch: bool| {
+        let sc = Scenario::parse(&format!(
+            "name = \"t\"\nduration_s = 0.5\nrate = 1000\nnodes = 50\nprefetch = {prefetch}\n\
+             [demand]\npattern = \"uniform\"\ntotal_rps = 20\n"
+        ))
+        .unwrap();
+        run(&sc, Mode::Hybrid)
+    };
+    let built = run_with(true);
+    let on_demand = run_with(false);
+    assert!(built.store_calls >= 50, "{built:?}");
+    assert!(on_demand.store_calls >= 1, "{on_demand:?}");
+    assert!(
+        on_demand.store_calls <= on_demand.demand,
+        "a lease per request at most: {on_demand:?}"
+    );
+}

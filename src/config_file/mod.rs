@@ -20,8 +20,8 @@
 //! unconfigured = "use-quota"          # "use-quota" (default), "unlimited", "error"
 //! budget = "overall"                  # "overall" (default) or "per-client"
 //! prefetch = true                     # lease the first batch when built (default); false:
-//!                                     # on first demand, for fleets of hundreds or more
-//!                                     # that start together (see HybridBuilder::prefetch)
+//!                                     # on first demand, for fleets of thousands that
+//!                                     # start together (see HybridBuilder::prefetch)
 //!
 //! [limiters.partner-api]
 //! rate = 1000        # tokens per period

@@ -86,7 +86,11 @@ impl LimiterSpec {
                 "prefetch is for hybrid mode; this limiter is pure".into(),
             ));
         }
-        let prefetch = table.prefetch.or(defaults.prefetch).unwrap_or(true);
+        // Skipped for a pure limiter, as `[defaults]`' other hybrid settings are.
+        let prefetch = match mode {
+            Mode::Hybrid => table.prefetch.or(defaults.prefetch).unwrap_or(true),
+            Mode::Pure => true,
+        };
         let spec = LimiterSpec {
             name: name.to_owned(),
             quota,

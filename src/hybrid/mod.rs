@@ -265,8 +265,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// [`ready`](Self::ready) does first, for a caller that readies many limiters at once.
     pub(crate) fn start_first_lease(&self) {
         let s = &*self.handle.shared;
-        // Acquire: as in `ready`.
-        if !s.answered.load(Ordering::Acquire) {
+        // Relaxed: a hint that only spares a request once a lease was answered; nothing is
+        // read after it (`ready` makes its own Acquire load).
+        if !s.answered.load(Ordering::Relaxed) {
             s.signal.request();
         }
     }

@@ -14,7 +14,7 @@ use ratelease::{
     TokioClock,
 };
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Wrapped {
     pub inner: MemoryStore,
     pub delay: Duration,
@@ -71,5 +71,16 @@ impl LeaseStore for Wrapped {
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
         self.call(self.inner.release(name, quota, req)).await
+    }
+}
+
+impl ratelease::ConcurrencyStore for Wrapped {
+    async fn concurrency(
+        &self,
+        name: &str,
+        op: &ratelease::concurrency::holders::Op<'_>,
+    ) -> Result<ratelease::concurrency::holders::Reply, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.concurrency(name, op).await
     }
 }
