@@ -113,7 +113,11 @@
 -- orders who is served first: it never adds a token, so conservation is untouched.
 --
 -- Rate leases. A node may also ask to hold a rate (ARGV[14]): at most its share, the rate no
--- other leaser holds, and what its counted tokens can carry (below). The bucket keeps the sum of
+-- other leaser holds, and what its counted tokens can carry (below). Shares move between a
+-- node's renewals, so the rates held sum to less than the rate, and the rest refills this
+-- bucket up to its ceiling, where it is lost; while the bucket sits at its ceiling (when the
+-- call starts, before the node reports what it spent), a node may take beyond its share,
+-- whatever it asks within the rest. The bucket keeps the sum of
 -- held rates R and refills at rate − R, so a node's rate is carved out of the refill, not added
 -- to it; the node adds what its rate earns to its local bucket itself (a "drip"), with no call,
 -- until its lease expires or it asks again (which ends the old rate and starts the new one at
@@ -577,6 +581,9 @@ if op == 'lease' and min > burst then
 elseif op == 'lease' and node == '' then
   granted, level, retry = take_anonymous(level)
 elseif op == 'lease' then
+  -- Whether the bucket sits at its ceiling (its refill lost) before this call reports what the
+  -- node spent: a rate lease may then take beyond the share (below).
+  local at_ceiling = level >= ceiling(q, out)
   local r = parse(own_raw)
   local fresh = r == nil
   if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0 } end
@@ -635,13 +642,16 @@ elseif op == 'lease' then
     -- wanted), not for what was left of this one: pace it for that.
     need = math.max(min, math.min(math.floor(rho * horizon / scale), want + held, burst))
   end
-  -- A rate lease, if asked for: at most its share, the rate no other leaser holds, and what its
-  -- counted tokens can carry (two steps' worth of them).
+  -- A rate lease, if asked for: at most its share (any rate while the bucket sat at its
+  -- ceiling: what no leaser holds would only be lost), the rate no other leaser holds, and what
+  -- its counted tokens can carry (two steps' worth of them).
   local step = floor_div(horizon, 4)
   if want_rate and want_rate > 0 and step > 0 then
     local fleet = math.min(math.floor(rate * 1e9 / period), MAX)
     local fits = math.floor(floor_div(r.o, 2) * 1e9 / step)
-    local tau = math.min(want_rate, share, math.max(0, fleet - res), fits)
+    local most = share
+    if at_ceiling then most = fleet end
+    local tau = math.min(want_rate, most, math.max(0, fleet - res), fits)
     if tau > 0 then
       res = res + tau
       r.rt = tau

@@ -489,6 +489,9 @@ pub fn step_with(
             min,
             node: Some(n),
         } => {
+            // Whether the bucket sits at its ceiling (its refill lost) before this call
+            // reports what the node spent: a rate lease may then take beyond the share.
+            let at_ceiling = level >= ceiling(cap, out, scale);
             let fresh = !stored.leasers.contains_key(n.id);
             let mut r = stored.leasers.get(n.id).copied().unwrap_or(Leaser {
                 outstanding: 0,
@@ -572,16 +575,17 @@ pub fn step_with(
                     .min(burst as f64) as u64;
                 need = min.max(target);
             }
-            // A rate lease, if asked for: at most its share, the rate no other leaser holds,
-            // and what its counted tokens can carry: it drips into them less one step's worth
-            // (`drip_slack`), so they must hold at least two steps' worth.
+            // A rate lease, if asked for: at most its share (any rate while the bucket sat at
+            // its ceiling: what no leaser holds would only be lost), the rate no other leaser
+            // holds, and what its counted tokens can carry: it drips into them less one step's
+            // worth (`drip_slack`), so they must hold at least two steps' worth.
             let step = drip_step_us(n.horizon_us);
             if n.rate_mtps > 0 && step > 0 {
                 let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
                 let fits = ((r.outstanding / 2) as f64 * 1e9 / step as f64).floor() as u64;
                 let tau = n
                     .rate_mtps
-                    .min(share)
+                    .min(if at_ceiling { fleet } else { share })
                     .min(fleet.saturating_sub(res))
                     .min(fits);
                 if tau > 0 {
@@ -1142,6 +1146,44 @@ mod tests {
         );
         assert_eq!(give(&mut st, 2).remaining, 90);
         assert_eq!(st.leasers["a"].outstanding, 10);
+    }
+
+    /// A rate lease goes beyond the node's share only while the bucket sits at its ceiling
+    /// (what no leaser holds would refill it only to be lost).
+    #[test]
+    fn a_rate_beyond_the_share_only_while_the_bucket_is_at_its_ceiling() {
+        // 1 000/s, burst 100; two nodes of equal demand: a share of 500/s each.
+        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let mut st = Stored::default();
+        let rated = |st: &mut Stored, id: &str, want: u64, held: u64, now: u64| {
+            let node = NodeLeaseArgs {
+                id,
+                held,
+                demand_mtps: 1_000_000,
+                horizon_us: 100_000,
+                ttl_us: 1_000_000,
+                rate_mtps: 800_000,
+            };
+            let op = Op::Lease {
+                want,
+                min: 1,
+                node: Some(node),
+            };
+            step(st, &q, op, now).unwrap().0
+        };
+        node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 0);
+        // Grants keep level + outstanding at the capacity: at the ceiling, `a` gets the 800/s
+        // it asks for (its 40 counted tokens carry that over a 25 ms step).
+        let a = rated(&mut st, "a", 40, 0, 0);
+        assert_eq!(
+            (a.granted, a.share_mtps, a.rate_mtps),
+            (40, 500_000, 800_000)
+        );
+        // `b` reports its 10 spent: room below the ceiling, which 1 ms of refill (at the 200/s
+        // `a` leaves to it) does not fill. Now `a` is held to its share.
+        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 1_000);
+        let a = rated(&mut st, "a", 1, 40, 1_000);
+        assert_eq!((a.share_mtps, a.rate_mtps), (500_000, 500_000), "{a:?}");
     }
 
     #[test]

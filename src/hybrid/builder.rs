@@ -144,6 +144,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 rtt: DEFAULT_RTT,
                 rate_held: 0.0,
                 horizon: None,
+                leasers: 0,
             })
             .low_water
             .min(self.quota.burst());

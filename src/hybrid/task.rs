@@ -451,6 +451,7 @@ impl Task {
             rtt: s.rtt(),
             rate_held: self.drip.per_second(),
             horizon: self.call_terms(s).map(|t| t.horizon),
+            leasers: self.leasers,
         }
     }
 

@@ -266,6 +266,7 @@ where
             rtt: self.s.rtt(),
             rate_held: 0.0,
             horizon: None,
+            leasers: 0,
         });
         let want = ask.want.clamp(need, burst);
         Some(LeaseAsk {

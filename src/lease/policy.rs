@@ -40,6 +40,9 @@ pub struct LeaseContext {
     /// own, or longer for a node with a small share (see [`LeasePolicy::terms_at`]). `None`:
     /// the policy's own.
     pub horizon: Option<Duration>,
+    /// Nodes holding a lease on the bucket, as the store last reported
+    /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
+    pub leasers: u64,
 }
 
 /// What the node knows when it sets the terms of one lease call
@@ -558,6 +561,7 @@ pub(crate) mod tests {
             rtt: Duration::from_micros(100),
             rate_held: 0.0,
             horizon: None,
+            leasers: 0,
         }
     }
 

@@ -4,6 +4,20 @@
 //! A rate lease pays where token leases are small — a tight burst, a small share — and a
 //! node's counted tokens can carry it (see `lease/drip.rs`: the node drips the rate into its
 //! local bucket between calls, inside its counted tokens less one step's slack).
+//!
+//! Two rules make rate leases fill the whole rate where the burst is tight:
+//! - **Room for small shares.** A node's counted tokens are its part of the burst (by its part
+//!   of the rate), which for a small share may have no room for the slack and [`MIN_ROOM`]
+//!   tokens. When the store's count of leasers says every node could have that room beside
+//!   the others (`leasers × (slack + MIN_ROOM) ≤ burst`), a small share takes it anyway — in a
+//!   fleet of at most [`EVEN_ROOM_MAX_LEASERS`]: in a larger one the many small shares' rate
+//!   leases hold more of the burst than the busy nodes can spare.
+//! - **Asking a little above the share.** Shares move between renewals, so the rates held sum
+//!   to less than the rate; the rest refills the shared bucket, whose ceiling (the capacity
+//!   less every rated node's counted tokens) it soon reaches, and is lost. A node asks for up
+//!   to [`ABOVE_SHARE`] times its share (never above its demand); the store grants beyond the
+//!   share only while its bucket sits at that ceiling (see `lua/token_bucket.lua`, "Rate
+//!   leases"), so the unheld rate goes to the nodes that want it instead of being lost.
 
 use crate::algorithm::token_bucket::{drip_slack, drip_step_us};
 use crate::quota::{Quota, MAX_VALUE};
@@ -23,12 +37,26 @@ const RATE_LEASE_BELOW: f64 = 32.0;
 /// 0.85 of the budget where token leases admit 0.9997 (SIMULATIONS.md, "Rate leases").
 const MIN_ROOM: u64 = 4;
 
+/// The largest fleet (leasers, as the store counts them) in which a small share takes the room
+/// the burst has for every leaser beside the others: at 10 000 nodes (Zipf demand) the tail's
+/// rate leases of 5 counted tokens each held what the busy nodes needed — utilization 0.914 →
+/// 0.885 (SIMULATIONS.md, "Rate leases").
+const EVEN_ROOM_MAX_LEASERS: u64 = 100;
+
+/// How far above its share a node asks for a rate (never above its demand): the store grants
+/// that much only while its shared bucket sits at its ceiling, its refill otherwise lost.
+/// Asking for the whole demand made renewals chase a rate the store would not grant, and a
+/// node that had taken the leftover kept it after its demand moved (moving-hotspot, rate
+/// leases: utilization 0.9885 → 0.9701); 1.05 did as well as this on the tight scenarios
+/// (SIMULATIONS.md, "Rate leases").
+const ABOVE_SHARE: f64 = 1.25;
+
 /// A rate lease to ask for (see `lease/drip.rs`), and how it shapes the token lease that
 /// goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateAsk {
-    /// The rate, millitokens per second: the node's demand as sized for leases, capped at its
-    /// share.
+    /// The rate, millitokens per second: the node's demand as sized for leases, capped at
+    /// [`ABOVE_SHARE`] times its share.
     pub(crate) rate_mtps: u64,
     /// Counted tokens worth keeping for it: the slack plus room for two horizons of the rate
     /// (at least [`MIN_ROOM`]), never more than the node's part of the burst (which has room
@@ -59,10 +87,11 @@ impl RateAsk {
 /// node's counted tokens carry it; it costs where demand moves fast (a rate is renewed every
 /// half ttl, token leases follow demand at every call). So: none before any demand is
 /// measured (the first lease is sized without one, the next call asks), none when a horizon
-/// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens, and none when the node's part
-/// of the burst (by its part of the rate) has no room for [`MIN_ROOM`] tokens beside the
-/// slack. Its capacity never exceeds that part, so the fleet's rate leases fit in the burst
-/// together.
+/// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens, and none when the node's room
+/// has none for [`MIN_ROOM`] tokens beside the slack — its room being its part of the burst
+/// (by its part of the rate), or, if larger and the fleet has at most
+/// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the leasers the store counts. Its capacity never exceeds that room, so the fleet's rate leases fit in the burst
+/// together (a counted token beyond it the store never grants: it stays within the burst).
 pub(crate) fn rate_ask(
     quota: &Quota,
     terms: &LeaseTerms,
@@ -75,13 +104,25 @@ pub(crate) fn rate_ask(
     let slack = drip_slack(rate_mtps, drip_step_us(micros(terms.horizon)));
     let part = quota.burst() as f64 * usable / quota.per_second_f64();
     let limit = if rated { 2.0 } else { 1.0 } * RATE_LEASE_BELOW;
-    if rate_mtps == 0 || part < (slack + MIN_ROOM) as f64 || usable * horizon > limit {
+    let need = slack + MIN_ROOM;
+    // The room every leaser could have beside the others: a small part may take that much.
+    let even = if ctx.leasers > 0 && ctx.leasers <= EVEN_ROOM_MAX_LEASERS {
+        quota.burst() as f64 / ctx.leasers as f64
+    } else {
+        0.0
+    };
+    let room = part.max(even.min(need as f64));
+    if rate_mtps == 0 || room < need as f64 || usable * horizon > limit {
         return None;
     }
+    let asked = match ctx.share {
+        Some(share) if share > 0.0 => ctx.demand.min(share * ABOVE_SHARE),
+        _ => ctx.demand,
+    };
     let lease = (usable * horizon).ceil() as u64;
     Some(RateAsk {
-        rate_mtps,
-        capacity: (slack + (2 * lease).max(MIN_ROOM)).min(part as u64),
+        rate_mtps: ((asked * 1_000.0).min(MAX_VALUE as f64) as u64).max(rate_mtps),
+        capacity: (slack + (2 * lease).max(MIN_ROOM)).min(room as u64),
         batch: lease,
     })
 }
@@ -99,9 +140,16 @@ mod tests {
         let q = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
         let t = terms(12);
         let r = rate_ask(&q, &t, &ctx(q, 0, 0, 400.0, Some(200.0)), false).unwrap();
-        // 200/s; slack 1 (a 3 ms step), room 6 (two horizons of 2.4 tokens, rounded up per
-        // horizon; at least 4); its part of the burst is 10 tokens.
-        assert_eq!((r.rate_mtps, r.capacity, r.batch), (200_000, 7, 3));
+        // It asks for 250/s (a quarter above its share: the store grants beyond the share only
+        // while its bucket sits at its ceiling); tokens by the 200/s it can count on: slack 1
+        // (a 3 ms step), room 6 (two horizons of 2.4 tokens, rounded up per horizon; at least
+        // 4); its part of the burst is 10 tokens.
+        assert_eq!((r.rate_mtps, r.capacity, r.batch), (250_000, 7, 3));
+        // Never above its demand; with no share known, its demand.
+        let r = rate_ask(&q, &t, &ctx(q, 0, 0, 220.0, Some(200.0)), false).unwrap();
+        assert_eq!(r.rate_mtps, 220_000);
+        let r = rate_ask(&q, &t, &ctx(q, 0, 0, 150.0, None), false).unwrap();
+        assert_eq!(r.rate_mtps, 150_000);
         // Nothing measured yet: no rate.
         assert_eq!(rate_ask(&q, &t, &ctx(q, 0, 0, 0.0, None), false), None);
         // One second of burst, a horizon of 250 ms: 50 tokens a lease, token leases serve.
@@ -135,17 +183,26 @@ mod tests {
             None
         );
         // Thirty nodes share 2 000/s with a burst of 100: a part of 3.3 tokens, room for 2.3
-        // beside the slack of 1 — not the 4 a rate needs.
+        // beside the slack of 1 — not the 4 a rate needs; nor does the burst over 30 leasers.
         let tight = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
-        assert_eq!(
-            rate_ask(
-                &tight,
-                &terms(12),
-                &ctx(tight, 0, 0, 133.0, Some(66.7)),
-                false
-            ),
-            None
-        );
+        let small = |leasers| LeaseContext {
+            leasers,
+            ..ctx(tight, 0, 0, 133.0, Some(66.7))
+        };
+        assert_eq!(rate_ask(&tight, &terms(12), &small(0), false), None);
+        assert_eq!(rate_ask(&tight, &terms(12), &small(30), false), None);
+        // Among 20 leasers every node has room for 5 (100 / 20): the slack and 4.
+        let r = rate_ask(&tight, &terms(12), &small(20), false).unwrap();
+        assert_eq!((r.rate_mtps, r.capacity), (83_375, 5));
+        // Not in a fleet of more than 100: a burst of 10 000 over 101 leasers has room for 99
+        // each, but a node's part is its own.
+        let wide = Quota::with_parts(200_000, Duration::from_secs(1), 10_000).unwrap();
+        let crowd = |leasers| LeaseContext {
+            leasers,
+            ..ctx(wide, 0, 0, 40.0, Some(40.0))
+        };
+        assert!(rate_ask(&wide, &terms(12), &crowd(100), false).is_some());
+        assert_eq!(rate_ask(&wide, &terms(12), &crowd(101), false), None);
         // A small node of a big fleet: a part of 2 tokens, none; of 6, the slack and room for
         // 4 (two horizons of 6/s are 3 tokens); on a 1 s horizon, capped at its part (the slack
         // of 2 and two horizons, 12, would be 14).
