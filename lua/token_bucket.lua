@@ -117,7 +117,7 @@
 -- node's renewals, so the rates held sum to less than the rate, and the rest refills this
 -- bucket up to its ceiling, where it is lost; while the bucket sits at its ceiling (when the
 -- call starts, before the node reports what it spent), a node may take beyond its share,
--- whatever it asks within the rest. The bucket keeps the sum of
+-- whatever it asks within the rest and its counted tokens carry. The bucket keeps the sum of
 -- held rates R and refills at rate − R, so a node's rate is carved out of the refill, not added
 -- to it; the node adds what its rate earns to its local bucket itself (a "drip"), with no call,
 -- until its lease expires or it asks again (which ends the old rate and starts the new one at

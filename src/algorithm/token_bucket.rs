@@ -1152,8 +1152,9 @@ mod tests {
     /// (what no leaser holds would refill it only to be lost).
     #[test]
     fn a_rate_beyond_the_share_only_while_the_bucket_is_at_its_ceiling() {
-        // 1 000/s, burst 100; two nodes of equal demand: a share of 500/s each.
-        let q = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        // 1 000/s, burst 1 000 (a reserve of 50 tokens under a 100 ms horizon); two nodes of
+        // equal demand: a share of 500/s each.
+        let q = Quota::per_second(1_000).unwrap();
         let mut st = Stored::default();
         let rated = |st: &mut Stored, id: &str, want: u64, held: u64, now: u64| {
             let node = NodeLeaseArgs {
@@ -1179,10 +1180,14 @@ mod tests {
             (a.granted, a.share_mtps, a.rate_mtps),
             (40, 500_000, 800_000)
         );
-        // `b` reports its 10 spent: room below the ceiling, which 1 ms of refill (at the 200/s
-        // `a` leaves to it) does not fill. Now `a` is held to its share.
-        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 1_000);
-        let a = rated(&mut st, "a", 1, 40, 1_000);
+        // Whether the bucket is at its ceiling is read when the call starts: `a`'s own report
+        // of its 40 spent opens room below it, and still it keeps 800/s (on 40 new tokens).
+        let a = rated(&mut st, "a", 40, 0, 0);
+        assert_eq!((a.granted, a.rate_mtps), (40, 800_000), "{a:?}");
+        // `b` reports its 10 spent: room below the ceiling (at the same instant: no refill).
+        // Now `a` is held to its share.
+        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
+        let a = rated(&mut st, "a", 1, 40, 0);
         assert_eq!((a.share_mtps, a.rate_mtps), (500_000, 500_000), "{a:?}");
     }
 

@@ -14,7 +14,8 @@
 //!   leases hold more of the burst than the busy nodes can spare.
 //! - **Asking a little above the share.** Shares move between renewals, so the rates held sum
 //!   to less than the rate; the rest refills the shared bucket, whose ceiling (the capacity
-//!   less every rated node's counted tokens) it soon reaches, and is lost. A node asks for up
+//!   less the tokens leased out, every rated node's counted tokens among them) it soon
+//!   reaches, and is lost. A node asks for up
 //!   to [`ABOVE_SHARE`] times its share (never above its demand); the store grants beyond the
 //!   share only while its bucket sits at that ceiling (see `lua/token_bucket.lua`, "Rate
 //!   leases"), so the unheld rate goes to the nodes that want it instead of being lost.
@@ -39,8 +40,8 @@ const MIN_ROOM: u64 = 4;
 
 /// The largest fleet (leasers, as the store counts them) in which a small share takes the room
 /// the burst has for every leaser beside the others: at 10 000 nodes (Zipf demand) the tail's
-/// rate leases of 5 counted tokens each held what the busy nodes needed — utilization 0.914 →
-/// 0.885 (SIMULATIONS.md, "Rate leases").
+/// rate leases of 5 counted tokens each held what the busy nodes needed — utilization 0.914
+/// without the rule, 0.885 with it at any fleet size (SIMULATIONS.md, "Rate leases").
 const EVEN_ROOM_MAX_LEASERS: u64 = 100;
 
 /// How far above its share a node asks for a rate (never above its demand): the store grants
@@ -59,7 +60,7 @@ pub(crate) struct RateAsk {
     /// [`ABOVE_SHARE`] times its share.
     pub(crate) rate_mtps: u64,
     /// Counted tokens worth keeping for it: the slack plus room for two horizons of the rate
-    /// (at least [`MIN_ROOM`]), never more than the node's part of the burst (which has room
+    /// (at least [`MIN_ROOM`]), never more than the node's room in the burst (which has room
     /// for the slack and [`MIN_ROOM`]).
     pub(crate) capacity: u64,
     /// Fewest tokens beyond the rate worth a call while it is held: a horizon of it.
@@ -90,8 +91,11 @@ impl RateAsk {
 /// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens, and none when the node's room
 /// has none for [`MIN_ROOM`] tokens beside the slack — its room being its part of the burst
 /// (by its part of the rate), or, if larger and the fleet has at most
-/// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the leasers the store counts. Its capacity never exceeds that room, so the fleet's rate leases fit in the burst
-/// together (a counted token beyond it the store never grants: it stays within the burst).
+/// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the leasers the store counts.
+/// Its capacity never exceeds that room. Parts fit in the burst together; rooms taken by small
+/// shares beside large parts may not — then the last nodes to ask cannot start a rate (the
+/// store grants counted tokens only from the bucket, whose level and outstanding tokens never
+/// exceed the burst: the bound holds, utilization pays).
 pub(crate) fn rate_ask(
     quota: &Quota,
     terms: &LeaseTerms,
