@@ -807,13 +807,28 @@ mod tests {
         demand: u64,
         now: u64,
     ) -> StepReply {
+        rated_lease(st, q, id, want, held, demand, 0, now)
+    }
+
+    /// A node lease (100 ms horizon, 1 s ttl) that also asks for `rate_mtps`.
+    #[allow(clippy::too_many_arguments)]
+    fn rated_lease(
+        st: &mut Stored,
+        q: &Quota,
+        id: &str,
+        want: u64,
+        held: u64,
+        demand: u64,
+        rate_mtps: u64,
+        now: u64,
+    ) -> StepReply {
         let node = NodeLeaseArgs {
             id,
             held,
             demand_mtps: demand,
             horizon_us: 100_000,
             ttl_us: 1_000_000,
-            rate_mtps: 0,
+            rate_mtps,
         };
         step(
             st,
@@ -1156,21 +1171,8 @@ mod tests {
         // equal demand: a share of 500/s each.
         let q = Quota::per_second(1_000).unwrap();
         let mut st = Stored::default();
-        let rated = |st: &mut Stored, id: &str, want: u64, held: u64, now: u64| {
-            let node = NodeLeaseArgs {
-                id,
-                held,
-                demand_mtps: 1_000_000,
-                horizon_us: 100_000,
-                ttl_us: 1_000_000,
-                rate_mtps: 800_000,
-            };
-            let op = Op::Lease {
-                want,
-                min: 1,
-                node: Some(node),
-            };
-            step(st, &q, op, now).unwrap().0
+        let rated = |st: &mut Stored, id, want, held, now| {
+            rated_lease(st, &q, id, want, held, 1_000_000, 800_000, now)
         };
         node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 0);
         // Grants keep level + outstanding at the capacity: at the ceiling, `a` gets the 800/s

@@ -80,15 +80,14 @@ impl LimiterSpec {
             Some(BudgetName::Overall) | None => Budget::Overall,
             Some(BudgetName::PerClient) => Budget::PerClient,
         };
-        // `[defaults]`' `prefetch` is for the hybrid limiters; a pure one's own is a mistake.
-        if mode == Mode::Pure && table.prefetch.is_some() {
-            return Err(invalid(
-                "prefetch is for hybrid mode; this limiter is pure".into(),
-            ));
-        }
-        // Skipped for a pure limiter, as `[defaults]`' other hybrid settings are.
+        // A pure limiter's own `prefetch` is a mistake; `[defaults]`' is for the hybrid ones.
         let prefetch = match mode {
             Mode::Hybrid => table.prefetch.or(defaults.prefetch).unwrap_or(true),
+            Mode::Pure if table.prefetch.is_some() => {
+                return Err(invalid(
+                    "prefetch is for hybrid mode; this limiter is pure".into(),
+                ))
+            }
             Mode::Pure => true,
         };
         let spec = LimiterSpec {

@@ -119,10 +119,7 @@ pub(crate) fn rate_ask(
     if rate_mtps == 0 || room < need as f64 || usable * horizon > limit {
         return None;
     }
-    let asked = match ctx.share {
-        Some(share) if share > 0.0 => ctx.demand.min(share * ABOVE_SHARE),
-        _ => ctx.demand,
-    };
+    let asked = capped(ctx.demand, ctx.share.map(|share| share * ABOVE_SHARE));
     let lease = (usable * horizon).ceil() as u64;
     Some(RateAsk {
         rate_mtps: ((asked * 1_000.0).min(MAX_VALUE as f64) as u64).max(rate_mtps),
