@@ -19,6 +19,13 @@
 //! theoretical arrival time, `SET` it with an expiry) — the cheapest exact shared limiter there
 //! is — so every cost is also a ratio that does not depend on the machine.
 //!
+//! Times on a shared or virtual machine swing by ±20 % between runs, more than most changes to
+//! a script move them. With `--callgrind`, against a server running under Valgrind's callgrind
+//! (`scripts/script-instructions.sh` starts one), each row also counts the machine
+//! instructions the server executed per call — reading, running and answering it — from
+//! callgrind's running totals (`callgrind_control -e <pid>`, before and after the calls): the
+//! same on every run, so a change of 1 % shows.
+//!
 //! The closing lines print the simulator's service-time settings as measured: `service_us`
 //! for a node's lease (the most expensive of the leaser counts), `service_pure_us` for a pure
 //! decision, `service_release_us` for a release and `service_command_us` for one plain
@@ -66,6 +73,9 @@ pub struct Cost {
     pub cpu_us_per_call: f64,
     /// Calls per second the client achieved (wall clock, all clients together).
     pub calls_per_s: f64,
+    /// Machine instructions the server executed per call, counted by callgrind (`--callgrind`);
+    /// NaN where not measured.
+    pub instructions_per_call: f64,
 }
 
 /// `calls=` and `usec=` of `cmdstat_<name>` in an `INFO commandstats` reply.
@@ -101,6 +111,9 @@ pub struct Plan {
     pub clients: usize,
     /// Leasers on record for the node-lease rows.
     pub leasers: Vec<u64>,
+    /// Also count the server's instructions per call: the server runs under Valgrind's
+    /// callgrind on this machine, and `callgrind_control` reads its totals.
+    pub callgrind: bool,
 }
 
 impl Default for Plan {
@@ -109,6 +122,7 @@ impl Default for Plan {
             calls: 20_000,
             clients: 8,
             leasers: vec![10, 1_000, 10_000],
+            callgrind: false,
         }
     }
 }
@@ -299,6 +313,10 @@ where
         .await
         .context("CONFIG RESETSTAT failed (is this a Redis you may administer?)")?;
     let cpu_before = server_cpu_s(admin).await?;
+    let instructions_before = match plan.callgrind {
+        true => Some(server_instructions(admin).await?),
+        false => None,
+    };
     let started = Instant::now();
     let clients = plan.clients.max(1) as u64;
     let mut tasks = Vec::new();
@@ -319,6 +337,10 @@ where
     }
     let wall = started.elapsed();
     let cpu = server_cpu_s(admin).await? - cpu_before;
+    let instructions = match instructions_before {
+        Some(before) => (server_instructions(admin).await? - before) as f64,
+        None => f64::NAN,
+    };
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(admin)
@@ -340,6 +362,7 @@ where
         usec_per_call: usec as f64 / calls as f64,
         cpu_us_per_call: cpu * 1e6 / plan.calls as f64,
         calls_per_s: plan.calls as f64 / wall.as_secs_f64(),
+        instructions_per_call: instructions / plan.calls as f64,
     };
     Ok(cost)
 }
@@ -352,6 +375,52 @@ async fn server_cpu_s(admin: &mut redis::aio::MultiplexedConnection) -> Result<f
         .await
         .context("INFO cpu failed")?;
     parse_server_cpu_s(&info).context("no used_cpu_user / used_cpu_sys in INFO cpu")
+}
+
+/// Instructions the server has executed so far under callgrind: its process id from `INFO
+/// server`, then the totals of `callgrind_control -e <pid>` (every thread's, summed).
+async fn server_instructions(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(admin)
+        .await
+        .context("INFO server failed")?;
+    let pid = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:"))
+        .context("no process_id in INFO server")?
+        .to_owned();
+    // Blocking, between the calls of an operation: nothing else runs meanwhile.
+    let out = std::process::Command::new("callgrind_control")
+        .arg("-e")
+        .arg(&pid)
+        .output()
+        .context("cannot run callgrind_control (is Valgrind installed?)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_callgrind_totals(&text).with_context(|| {
+        format!(
+            "no instruction totals from `callgrind_control -e {pid}`: is the server running \
+             under callgrind on this machine? It said: {text}"
+        )
+    })
+}
+
+/// The instructions (Ir) of every thread in `callgrind_control -e` output, summed: the lines
+/// after `Totals:` read `Th <n>  <count>`, the count with thousands separators.
+pub fn parse_callgrind_totals(text: &str) -> Option<u64> {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("Totals:"));
+    lines.next()?;
+    let mut sum = None;
+    for line in lines {
+        let Some(rest) = line.trim().strip_prefix("Th ") else {
+            continue;
+        };
+        let count = rest.split_whitespace().nth(1)?.replace(',', "");
+        *sum.get_or_insert(0) += count.parse::<u64>().ok()?;
+    }
+    sum
 }
 
 /// `used_cpu_user + used_cpu_sys` of an `INFO cpu` reply, s.
@@ -371,11 +440,19 @@ pub fn parse_server_cpu_s(info: &str) -> Option<f64> {
 /// the first row) and the simulator settings they imply.
 pub fn table(costs: &[Cost]) -> String {
     let base = costs.first().map_or(1.0, |c| c.usec_per_call.max(1e-9));
+    let base_instructions = costs.first().map_or(f64::NAN, |c| c.instructions_per_call);
+    let counted = costs.iter().any(|c| c.instructions_per_call.is_finite());
     let mut s = String::from(
         "| operation | calls | Redis µs per call (commandstats) | × GCRA baseline | \
-         Redis CPU µs per call (INFO cpu) | calls/s (wall) |\n\
-         | --- | --- | --- | --- | --- | --- |\n",
+         Redis CPU µs per call (INFO cpu) | calls/s (wall) |",
     );
+    s.push_str(match counted {
+        true => {
+            " instructions per call (callgrind) | × GCRA baseline |\n\
+                 | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        }
+        false => "\n| --- | --- | --- | --- | --- | --- |\n",
+    });
     let or_dash = |x: f64, digits: usize| {
         if x.is_finite() {
             format!("{x:.digits$}")
@@ -384,7 +461,7 @@ pub fn table(costs: &[Cost]) -> String {
         }
     };
     for c in costs {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "| {} | {} | {:.2} | {:.2}× | {} | {} |",
             c.op,
@@ -394,6 +471,15 @@ pub fn table(costs: &[Cost]) -> String {
             or_dash(c.cpu_us_per_call, 2),
             or_dash(c.calls_per_s, 0),
         );
+        if counted {
+            let _ = write!(
+                s,
+                " {} | {}× |",
+                or_dash(c.instructions_per_call, 0),
+                or_dash(c.instructions_per_call / base_instructions, 2),
+            );
+        }
+        s.push('\n');
     }
     // The simulator's service times are the whole CPU per call.
     let find = |prefix: &str| {
@@ -409,6 +495,10 @@ pub fn table(costs: &[Cost]) -> String {
             })
             .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
     };
+    // Under callgrind the times are Valgrind's, not the server's: no settings from them.
+    if counted {
+        return s;
+    }
     if let (Some(lease), Some(pure), Some(release), Some(command)) = (
         find("node lease"),
         find("pure decision"),
@@ -447,6 +537,7 @@ mod tests {
             usec_per_call: us,
             cpu_us_per_call: us * 2.0,
             calls_per_s: 1.0,
+            instructions_per_call: f64::NAN,
         };
         let t = table(&[
             cost("gcra", 2.0),
@@ -463,6 +554,56 @@ mod tests {
         assert!(t.contains("service_us = 12.0"), "{t}");
         assert!(t.contains("service_pure_us = 6.0"), "{t}");
         assert!(t.contains("service_command_us = 1.0"), "{t}");
+        // No instruction columns unless they were counted.
+        assert!(!t.contains("callgrind"), "{t}");
+    }
+
+    #[test]
+    fn counted_instructions_are_relative_to_the_baseline_too() {
+        let cost = |op: &str, us: f64, instructions: f64| Cost {
+            op: op.into(),
+            calls: 10,
+            usec_per_call: us,
+            cpu_us_per_call: us * 2.0,
+            calls_per_s: 1.0,
+            instructions_per_call: instructions,
+        };
+        let t = table(&[
+            cost("gcra", 2.0, 72_000.0),
+            cost("pure decision", 3.0, 108_000.0),
+            cost("node lease on terms, 10 leasers", 5.0, f64::NAN),
+        ]);
+        assert!(
+            t.contains("instructions per call (callgrind) | × GCRA baseline |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| pure decision | 10 | 3.00 | 1.50× | 6.00 | 1 | 108000 | 1.50× |"),
+            "{t}"
+        );
+        assert!(t.contains("| 10.00 | 1 | - | -× |"), "{t}");
+        // Times under Valgrind are not the server's: no service times from them.
+        assert!(!t.contains("service_us"), "{t}");
+        // Every row has as many cells as the header.
+        let cells = |l: &str| l.matches('|').count();
+        let head = cells(t.lines().next().unwrap());
+        assert!(t.lines().take(5).all(|l| cells(l) == head), "{t}");
+    }
+
+    #[test]
+    fn reads_callgrind_totals_of_every_thread() {
+        let out = "PID 25954: redis-server --port 6398\n\n  Totals:        Ir \n   \
+                   Th 1  24,707,748 \n   Th 2         518 \n   Th 5       4,901 \n";
+        assert_eq!(parse_callgrind_totals(out), Some(24_707_748 + 518 + 4_901));
+        // A process not under callgrind prints no totals.
+        assert_eq!(
+            parse_callgrind_totals("Error: Callgrind task with PID 1 not detected.\n"),
+            None
+        );
+        assert_eq!(
+            parse_callgrind_totals("  Totals:   Ir\n   Th 1  many\n"),
+            None
+        );
     }
 
     #[test]

@@ -115,6 +115,10 @@ struct CalibrateArgs {
     /// Leasers on record for the node-lease rows, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
     leasers: Vec<u64>,
+    /// Also count the server's machine instructions per call: the server runs under Valgrind's
+    /// callgrind on this machine (scripts/script-instructions.sh starts one and runs this).
+    #[arg(long)]
+    callgrind: bool,
 }
 
 fn calibrate(args: &CalibrateArgs) -> Result<()> {
@@ -122,6 +126,7 @@ fn calibrate(args: &CalibrateArgs) -> Result<()> {
         calls: args.calls.max(1),
         clients: args.clients.max(1),
         leasers: args.leasers.clone(),
+        callgrind: args.callgrind,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
