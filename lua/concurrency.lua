@@ -117,14 +117,14 @@ if not total then
   local all = redis.call('ZRANGE', KEYS[2], 0, -1)
   for i = 1, #all do
     local r = parse(redis.call('HGET', KEYS[1], all[i]))
-    if r then total = math.min(total + r.c, MAX) end
+    if r then total = mmin(total + r.c, MAX) end
   end
 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int_str(now))
 local expired = false
 for i = 1, #due do
   local r = parse(redis.call('HGET', KEYS[1], due[i]))
-  if r then total = math.max(0, total - r.c) end
+  if r then total = mmax(0, total - r.c) end
   if due[i] == holder then expired = true end
 end
 local rec = nil
@@ -135,7 +135,7 @@ local stale = op == 'sync' and rec ~= nil and rec.a > aseq
 if op == 'sync' and not stale then
   local old = 0
   if rec then old = rec.c end
-  if math.max(0, total - old) + n > MAX then return bad('count') end
+  if mmax(0, total - old) + n > MAX then return bad('count') end
 end
 
 -- Write: reclaim the expired holders, then the op.
@@ -146,7 +146,7 @@ end
 
 local function put(r, renew)
   redis.call('HSET', KEYS[1], holder, int_str(r.c) .. ' ' .. int_str(r.a) .. ' ' .. int_str(r.s))
-  if renew then redis.call('ZADD', KEYS[2], int_str(math.min(now + ttl, MAX_TIME)), holder) end
+  if renew then redis.call('ZADD', KEYS[2], int_str(mmin(now + ttl, MAX_TIME)), holder) end
 end
 
 local function drop()
@@ -157,21 +157,21 @@ end
 
 local granted = 0
 if op == 'acquire' then
-  local avail = math.max(0, limit - total)
-  if avail >= min then granted = math.min(n, avail) end
+  local avail = mmax(0, limit - total)
+  if avail >= min then granted = mmin(n, avail) end
   if granted > 0 then
     if not rec then rec = { c = 0, a = 0, s = rseq } end
     rec.c = rec.c + granted
-    rec.a = math.max(rec.a, aseq)
+    rec.a = mmax(rec.a, aseq)
     total = total + granted
   end
   if rec then put(rec, true) end
 elseif op == 'release' then
   if rec and rseq > rec.s then
-    granted = math.min(n, rec.c)
+    granted = mmin(n, rec.c)
     rec.c = rec.c - granted
     rec.s = rseq
-    total = math.max(0, total - granted)
+    total = mmax(0, total - granted)
     if rec.c == 0 then drop() else put(rec, false) end
   end
 elseif op == 'sync' then
@@ -180,8 +180,8 @@ elseif op == 'sync' then
   else
     granted = 1
     local old, a, s = 0, aseq, rseq
-    if rec then old, a, s = rec.c, math.max(rec.a, aseq), math.max(rec.s, rseq) end
-    total = math.max(0, total - old) + n
+    if rec then old, a, s = rec.c, mmax(rec.a, aseq), mmax(rec.s, rseq) end
+    total = mmax(0, total - old) + n
     if n == 0 then
       drop()
     else
@@ -200,7 +200,7 @@ if #last == 0 then
 else
   redis.call('HSET', KEYS[1], TOTAL, int_str(total))
   -- Kept until the last holder would expire, plus slack.
-  local ms = int_str(math.floor((tonumber(last[2]) - now + 999) / 1000) + SLACK_MS)
+  local ms = int_str(mfloor((tonumber(last[2]) - now + 999) / 1000) + SLACK_MS)
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
 end

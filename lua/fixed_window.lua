@@ -38,17 +38,17 @@ if not (s and c) or now - s >= period then s, c = nil, 0 end
 local granted, retry, changed = 0, 0, false
 if op == 'lease' then
   if rate - c >= min then
-    granted = math.min(want, rate - c)
+    granted = mmin(want, rate - c)
     if not s then s = now end
     c = c + granted
     changed = true
   end
 elseif op == 'release' and s and at == s and want > 0 then
-  c = c - math.min(want, c)
+  c = c - mmin(want, c)
   changed = true
 end
 
-local left = math.max(0, rate - c)
+local left = mmax(0, rate - c)
 -- Below min, some tokens are counted, so a window is open.
 if op == 'lease' and left < min then retry = s - now + period end
 local reset = 0

@@ -8,6 +8,9 @@
 -- script documents its own keys, arguments and reply at the top of its file.
 --
 -- Loading it only defines these (nothing runs, no argument is read, until a script calls them):
+--   mfloor, mceil, mmin, mmax   math.floor, math.ceil, math.min and math.max, held in locals:
+--               a global (`math`) and a field (`floor`) are two table lookups on every call,
+--               about a third of what the call costs in Redis's Lua
 --   MAX         2^52, the largest integer argument (and stored value) the scripts accept
 --   MAX_TIME    2^53, the largest time in µs where a script allows one beyond MAX
 --   SLACK_MS    how many ms stored state outlives the time it could matter
@@ -21,6 +24,7 @@
 --   bad(name)           the "RATELEASE invalid argument <name>" error reply
 -- Every value stays an exact integer in a Lua double (below 2^53).
 
+local mfloor, mceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
 local MAX = 4503599627370496 -- 2^52
 local MAX_TIME = 9007199254740992 -- 2^53
 local SLACK_MS = 10000
@@ -54,8 +58,11 @@ local function int_arg(i, lo, hi)
 end
 
 -- redis.call turns Lua numbers into strings with %.14g, which would round values above 1e14.
+-- '%d' formats a C long (64 bits wherever Redis runs), exact for every integer here, and writes
+-- -0 as "0" (which strict integer parsers in other clients need); it costs less than half of
+-- '%.0f', which formats through the exact decimal expansion of a double.
 local function int_str(x)
-  return string.format('%.0f', x + 0)
+  return string.format('%d', x)
 end
 
 -- The time of the call: the server's clock, or the explicit time of a test or replay.
@@ -69,7 +76,7 @@ end
 
 -- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.
 local function floor_div(a, b)
-  local q = math.floor(a / b)
+  local q = mfloor(a / b)
   if q * b > a then q = q - 1 end
   if (q + 1) * b <= a then q = q + 1 end
   return q

@@ -40,11 +40,11 @@ local t, f = int_val(st[1], 0, 2 * MAX), int_val(st[2], 0, MAX)
 local b = 0
 if t and f and t >= now then
   -- A fraction written under another quota counts as less than one microsecond.
-  f = math.min(f, inc - 1)
+  f = mmin(f, inc - 1)
   if t - now > ceil_div(cap, inc) then
     b = cap
   else
-    b = math.min(cap, (t - now) * inc + f)
+    b = mmin(cap, (t - now) * inc + f)
   end
 end
 
@@ -52,14 +52,14 @@ local granted, retry, changed = 0, 0, false
 if op == 'lease' then
   local room = floor_div(cap - b, scale)
   if room >= min then
-    granted = math.min(want, room)
+    granted = mmin(want, room)
     b = b + granted * scale
     changed = true
   end
   local need = min * scale - (cap - b)
   if need > 0 then retry = ceil_div(need, inc) end
 elseif op == 'release' and want > 0 and b > 0 then
-  b = math.max(0, b - math.min(want, burst) * scale)
+  b = mmax(0, b - mmin(want, burst) * scale)
   changed = true
 end
 

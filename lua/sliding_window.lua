@@ -68,13 +68,13 @@ elseif last then
   if not sum then
     sum = 0
     local all = redis.call('ZRANGE', KEYS[1], 0, -1)
-    for i = 1, #all do sum = math.min(sum + count(all[i]), MAX) end
+    for i = 1, #all do sum = mmin(sum + count(all[i]), MAX) end
     changed = true
   end
   local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int_str(cut))
   if #old > 0 then
     for i = 1, #old do sum = sum - count(old[i]) end
-    sum = math.max(0, sum)
+    sum = mmax(0, sum)
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int_str(cut))
     changed = true
   end
@@ -84,7 +84,7 @@ local t = now
 if last and last_t > now then t = last_t end
 local granted, retry = 0, 0
 if op == 'lease' and rate - sum >= min then
-  granted = math.min(want, rate - sum)
+  granted = mmin(want, rate - sum)
   local n = granted
   if last and last_t == t then
     n = n + count(last)
@@ -97,17 +97,17 @@ elseif op == 'release' and want > 0 then
   local e = redis.call('ZRANGEBYSCORE', KEYS[1], int_str(at), int_str(at))
   if #e > 0 then
     local n = count(e[1])
-    local give = math.min(want, n)
+    local give = mmin(want, n)
     redis.call('ZREM', KEYS[1], e[1])
     if n > give then redis.call('ZADD', KEYS[1], int_str(at), entry(at, n - give)) end
-    sum = math.max(0, sum - give)
+    sum = mmax(0, sum - give)
     changed = true
   end
 end
 if changed then last, last_t = newest() end
 if not last then sum = 0 end
 
-local left = math.max(0, rate - sum)
+local left = mmax(0, rate - sum)
 if op == 'lease' and left < min then
   -- Until the oldest entries holding `excess` tokens have left.
   local excess = sum + min - rate
@@ -118,7 +118,7 @@ if op == 'lease' and left < min then
     when = tonumber(first[i + 1])
     if acc >= excess then break end
   end
-  retry = math.max(0, when - now + period)
+  retry = mmax(0, when - now + period)
 end
 local reset = 0
 if last then reset = last_t - now + period end

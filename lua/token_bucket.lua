@@ -282,7 +282,7 @@ local function fill_time(p, units)
   local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
   local eff = unreserved(p)
   if eff <= 0 then return most end
-  return math.min(math.ceil(units / eff), most)
+  return mmin(mceil(units / eff), most)
 end
 
 -- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
@@ -291,7 +291,7 @@ local function take_anonymous(level)
   local granted, retry = 0, 0
   local whole = floor_div(level, scale)
   if whole >= min then
-    granted = math.min(whole, want)
+    granted = mmin(whole, want)
     level = level - granted * scale
   end
   local need = min * scale - level
@@ -312,9 +312,9 @@ if op == 'lease' and node == '' and min <= burst then
     if f == 1 and x == 0 and r == rate and p == period and b == burst and s == scale
         and v >= 0 and v <= MAX and v % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0
         and o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0 then
-      local out = math.min(o, burst)
-      local top = math.max(0, cap - out * scale)
-      local level = math.min(v, top)
+      local out = mmin(o, burst)
+      local top = mmax(0, cap - out * scale)
+      local level = mmin(v, top)
       if now > t then
         local room = top - level
         if room > 0 then
@@ -326,7 +326,7 @@ if op == 'lease' and node == '' and min <= burst then
       granted, level, retry = take_anonymous(level)
       local reset = ceil_div(top - level, inc)
       if level >= cap and out == 0 then
-        redis.call('DEL', unpack(KEYS, 1, math.min(#KEYS, 3)))
+        redis.call('DEL', unpack(KEYS, 1, mmin(#KEYS, 3)))
       else
         local keep = ceil_div(ceil_div(cap - level, inc), 1000)
         redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
@@ -340,7 +340,7 @@ end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
 local function ceiling(p, o)
-  return math.max(0, p.cap - o * p.scale)
+  return mmax(0, p.cap - o * p.scale)
 end
 
 -- `v` units of `from` per token in units of `to` per token, floored, at most `b` whole tokens;
@@ -348,8 +348,8 @@ end
 local function rescale(v, from, to, b)
   if from == to then return v end
   local whole = floor_div(v, from)
-  local frac = math.min(math.floor((v - whole * from) * to / from), to - 1)
-  return math.min(whole, b) * to + frac
+  local frac = mmin(mfloor((v - whole * from) * to / from), to - 1)
+  return mmin(whole, b) * to + frac
 end
 
 -- Load; a bucket that is not valid reads as full with nothing outstanding. A bucket written
@@ -417,8 +417,8 @@ if v and s and t and o and d then
   if w and w.scale == s then first = w end
   level = v
   if s ~= first.scale then level = rescale(v, s, first.scale, first.burst) end
-  out = math.min(o, math.max(burst, first.burst))
-  level = math.min(level, ceiling(first, out))
+  out = mmin(o, mmax(burst, first.burst))
+  level = mmin(level, ceiling(first, out))
   ts = t
   dsum = d
   latest = x
@@ -443,11 +443,11 @@ local function refill(p, to)
       else
         local eff = unreserved(p)
         if eff > 0 then
-          if dt >= math.ceil(room / eff) then
+          if dt >= mceil(room / eff) then
             level = level + room
           else
-            level = level + math.max(0, math.min(room,
-              math.floor(dt * p.inc - math.ceil(dt * res * p.scale / 1e9))))
+            level = level + mmax(0, mmin(room,
+              mfloor(dt * p.inc - mceil(dt * res * p.scale / 1e9))))
           end
         end
       end
@@ -539,9 +539,9 @@ local forgot = false
 local function forget(id, r)
   forgot = true
   if r then
-    out = math.max(0, out - r.o)
-    dsum = math.max(0, dsum - r.d)
-    res = math.max(0, res - r.rt)
+    out = mmax(0, out - r.o)
+    dsum = mmax(0, dsum - r.d)
+    res = mmax(0, res - r.rt)
   end
   if id == node then own_raw = nil end
   claim = nil
@@ -566,7 +566,7 @@ if first ~= q then
   if level >= first.cap and out == 0 and (latest == 0 or count_leasers() == 0) then
     level = cap
   else
-    level = math.min(rescale(level, first.scale, scale, burst), ceiling(q, out))
+    level = mmin(rescale(level, first.scale, scale, burst), ceiling(q, out))
   end
   -- A claim is in the old quota's units.
   claim = nil
@@ -590,28 +590,28 @@ elseif op == 'lease' then
   -- What the node no longer holds, it spent. The rate it held ends here (a new one may start
   -- below).
   if held > r.o then held = r.o end
-  out = math.max(0, out - (r.o - held))
+  out = mmax(0, out - (r.o - held))
   r.o = held
-  res = math.max(0, res - r.rt)
+  res = mmax(0, res - r.rt)
   local old_rate = r.rt
   r.rt = 0
-  dsum = math.min(math.max(0, dsum - r.d) + demand, MAX)
+  dsum = mmin(mmax(0, dsum - r.d) + demand, MAX)
   r.d = demand
   -- Its share of the rate, in units per µs, and its credit.
   local rho = 0
   if demand > 0 then rho = inc * demand / dsum end
-  share = math.min(math.floor(rho * 1e9 / scale), MAX)
+  share = mmin(mfloor(rho * 1e9 / scale), MAX)
   -- What a rate lease brought it is its share already: credit, and the size a grant must
   -- reach, go by the rest of its share.
-  rho = math.max(0, rho - old_rate * scale / 1e9)
+  rho = mmax(0, rho - old_rate * scale / 1e9)
   -- At least `min`, so a request larger than a horizon of share waits longer, not forever.
-  local ccap = math.min(math.max(math.floor(rho * horizon), min * scale), cap)
+  local ccap = mmin(mmax(mfloor(rho * horizon), min * scale), cap)
   if fresh then
     r.c = ccap
   elseif now > r.tc then
-    r.c = math.min(r.c + math.floor(rho * math.min(now - r.tc, horizon)), ccap)
+    r.c = mmin(r.c + mfloor(rho * mmin(now - r.tc, horizon)), ccap)
   else
-    r.c = math.min(r.c, ccap)
+    r.c = mmin(r.c, ccap)
   end
   if now > r.tc then r.tc = now end
   -- Another node's claim is held back from this one (its own is not).
@@ -619,39 +619,39 @@ elseif op == 'lease' then
   local hold = 0
   if claim and not mine then hold = claim.units end
   -- Above the reserve: first come, first served. The reserve: against credit.
-  local whole = floor_div(math.max(0, level - hold), scale)
-  local reserve = math.min(math.floor(rate * horizon / period / 2), burst)
-  local free = math.max(0, whole - reserve)
-  local avail = free + math.min(whole - free, floor_div(r.c, scale))
-  local floor_tokens = math.min(math.floor(rho * horizon / scale), want, burst)
-  local need = math.max(min, floor_tokens)
+  local whole = floor_div(mmax(0, level - hold), scale)
+  local reserve = mmin(mfloor(rate * horizon / period / 2), burst)
+  local free = mmax(0, whole - reserve)
+  local avail = free + mmin(whole - free, floor_div(r.c, scale))
+  local floor_tokens = mmin(mfloor(rho * horizon / scale), want, burst)
+  local need = mmax(min, floor_tokens)
   -- Served once it can get seven eighths of its step (rounded down; exact in doubles): its share
   -- (and with it its step) moves a little between calls, and a refusal for the difference costs
   -- a call for nothing. A refused node is still told when its whole step is there: coming back
   -- for seven eighths would serve it smaller steps, more often, than first-come takers of the
   -- level above the reserve.
-  local enough = math.max(min, floor_tokens - floor_div(floor_tokens + 7, 8))
+  local enough = mmax(min, floor_tokens - floor_div(floor_tokens + 7, 8))
   if avail >= enough then
-    granted = math.min(want, avail)
+    granted = mmin(want, avail)
     level = level - granted * scale
     out = out + granted
     r.o = r.o + granted
-    r.c = math.max(0, r.c - math.max(0, granted - free) * scale)
-    free = math.max(0, floor_div(math.max(0, level - hold), scale) - reserve)
+    r.c = mmax(0, r.c - mmax(0, granted - free) * scale)
+    free = mmax(0, floor_div(mmax(0, level - hold), scale) - reserve)
     -- The next ask will be for about the node's whole target (what it held plus what it
     -- wanted), not for what was left of this one: pace it for that.
-    need = math.max(min, math.min(math.floor(rho * horizon / scale), want + held, burst))
+    need = mmax(min, mmin(mfloor(rho * horizon / scale), want + held, burst))
   end
   -- A rate lease, if asked for: at most its share (any rate while the bucket sat at its
   -- ceiling: what no leaser holds would only be lost), the rate no other leaser holds, and what
   -- its counted tokens can carry (two steps' worth of them).
   local step = floor_div(horizon, 4)
   if want_rate and want_rate > 0 and step > 0 then
-    local fleet = math.min(math.floor(rate * 1e9 / period), MAX)
-    local fits = math.floor(floor_div(r.o, 2) * 1e9 / step)
+    local fleet = mmin(mfloor(rate * 1e9 / period), MAX)
+    local fits = mfloor(floor_div(r.o, 2) * 1e9 / step)
     local most = share
     if at_ceiling then most = fleet end
-    local tau = math.min(want_rate, most, math.max(0, fleet - res), fits)
+    local tau = mmin(want_rate, most, mmax(0, fleet - res), fits)
     if tau > 0 then
       res = res + tau
       r.rt = tau
@@ -669,28 +669,28 @@ elseif op == 'lease' then
     -- Refill stops at capacity − outstanding: past that, tokens come back only as other nodes
     -- report what they spent (at their next lease, about a horizon away) or return it, so
     -- asking sooner would only come back empty.
-    if need * scale + hold > ceiling(q, out) then retry = math.max(retry, floor_div(horizon, 4)) end
+    if need * scale + hold > ceiling(q, out) then retry = mmax(retry, floor_div(horizon, 4)) end
   end
   if free < need then
     local credit_short = (need - free) * scale - r.c
     if credit_short > 0 then
       local wait = horizon
       if rho > 0 then
-        wait = math.ceil(credit_short / rho)
+        wait = mceil(credit_short / rho)
       elseif old_rate > 0 then
         -- Its rate is all its share: only tokens above the reserve are for it.
-        wait = math.max(horizon, fill_time(q, math.max(0, (reserve + need) * scale + hold - level)))
+        wait = mmax(horizon, fill_time(q, mmax(0, (reserve + need) * scale + hold - level)))
       end
-      if wait > retry then retry = math.min(wait, MAX_TIME) end
+      if wait > retry then retry = mmin(wait, MAX_TIME) end
     end
   end
   local above = (reserve + need) * scale + hold
-  if floor_div(math.max(0, level - hold), scale) >= reserve and above <= ceiling(q, out) then
+  if floor_div(mmax(0, level - hold), scale) >= reserve and above <= ceiling(q, out) then
     local by_free = 0
     if above > level then by_free = fill_time(q, above - level) end
     if by_free < retry then retry = by_free end
   end
-  r.exp = math.min(now + ttl, MAX_TIME)
+  r.exp = mmin(now + ttl, MAX_TIME)
   expiry = r.exp
   -- A claim: refused, due (its credit covers its whole step) and short only because the level
   -- is, with no other claim pending and a step the bucket can reach. It lasts until the refill
@@ -700,7 +700,7 @@ elseif op == 'lease' then
   if granted == 0 and rho > 0 and hold == 0 and r.c >= step_units and step_units > level
       and step_units <= ceiling(q, out) then
     claim = { node = node, units = step_units,
-      untl = math.min(now + retry + floor_div(horizon, 4), r.exp) }
+      untl = mmin(now + retry + floor_div(horizon, 4), r.exp) }
     claim_dirty = true
   elseif mine then
     claim = nil
@@ -715,14 +715,14 @@ elseif op == 'lease' then
   end
   redis.call('ZADD', KEYS[3], int_str(r.exp), node)
 elseif node == '' then
-  level = math.min(level + math.min(want, burst) * scale, ceiling(q, out))
+  level = mmin(level + mmin(want, burst) * scale, ceiling(q, out))
 else
   local r = parse(redis.call('HGET', KEYS[2], node))
   if r and seq > r.rseq then
-    local give = math.min(want, r.o)
+    local give = mmin(want, r.o)
     r.o = r.o - give
-    out = math.max(0, out - give)
-    level = math.min(level + math.min(give, burst) * scale, ceiling(q, out))
+    out = mmax(0, out - give)
+    level = mmin(level + mmin(give, burst) * scale, ceiling(q, out))
     r.rseq = seq
     if leaving == 1 then
       forget(node, r)
@@ -746,11 +746,11 @@ elseif expiry and expiry > latest then
   latest = expiry
 end
 if level >= cap and out == 0 and latest == 0 then
-  redis.call('DEL', unpack(KEYS, 1, math.min(#KEYS, 3)))
+  redis.call('DEL', unpack(KEYS, 1, mmin(#KEYS, 3)))
 else
   -- Kept until it would be full: every lease expired, then the whole capacity refilled.
   local keep = ceil_div(ceil_div(cap - level, inc), 1000)
-  if latest > 0 then keep = keep + ceil_div(math.max(0, latest - now), 1000) end
+  if latest > 0 then keep = keep + ceil_div(mmax(0, latest - now), 1000) end
   local ms = int_str(keep + SLACK_MS)
   local state
   if res == 0 then

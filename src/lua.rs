@@ -37,14 +37,25 @@ mod tests {
             ("sliding_window", SLIDING_WINDOW_LUA, true),
             ("leaky_bucket", LEAKY_BUCKET_LUA, true),
         ];
-        // `local MAX = …` and `local function gcd(a, b)` define `MAX` and `gcd`.
-        let defines = |line: &str| -> Option<String> {
-            let rest = line.strip_prefix("local ")?;
-            let rest = rest.strip_prefix("function ").unwrap_or(rest);
-            Some(rest.split([' ', '=', '(']).next()?.to_string())
+        // `local MAX = …`, `local mfloor, mceil = …` and `local function gcd(a, b)` define
+        // `MAX`, `mfloor` and `mceil`, and `gcd`.
+        let defines = |line: &str| -> Vec<String> {
+            let Some(rest) = line.strip_prefix("local ") else {
+                return Vec::new();
+            };
+            if let Some(f) = rest.strip_prefix("function ") {
+                return f
+                    .split('(')
+                    .next()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect();
+            }
+            let names = rest.split('=').next().unwrap_or_default();
+            names.split(',').map(|n| n.trim().to_string()).collect()
         };
-        let defined: Vec<String> = HELPERS.lines().filter_map(defines).collect();
-        assert_eq!(defined.len(), 12, "{defined:?}");
+        let defined: Vec<String> = HELPERS.lines().flat_map(defines).collect();
+        assert_eq!(defined.len(), 16, "{defined:?}");
         for (name, script, prelude) in scripts {
             assert!(script.starts_with(HELPERS), "{name}");
             assert_eq!(
@@ -53,10 +64,7 @@ mod tests {
                 "{name}"
             );
             for def in &defined {
-                let count = script
-                    .lines()
-                    .filter(|l| defines(l).as_ref() == Some(def))
-                    .count();
+                let count = script.lines().filter(|l| defines(l).contains(def)).count();
                 assert_eq!(count, 1, "{name}: {def}");
             }
         }

@@ -672,3 +672,42 @@ fn a_lease_at_the_end_of_time_still_sets_a_valid_expiry() {
     assert_eq!(reply[0], 18, "{reply:?}");
     assert!(state_is_valid(&mut con, key));
 }
+
+/// Numbers the script writes as text keep every digit: a lease's expiry near the end of
+/// representable time (above 10^15 µs, where Redis's own number-to-text conversion rounds to 14
+/// digits) is stored in the expiry index exactly, and an expiry index entry, read back as an
+/// integer, is the time of the call plus the lease's TTL.
+#[test]
+fn the_scripts_write_large_integers_with_every_digit() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let key = "digits{k}";
+    // now = 2^53 - 1 234 567 µs, TTL 1 000 001 µs: their sum, 9 007 199 254 506 426, is far
+    // from any number of 14 significant digits.
+    let now: u64 = (1u64 << 53) - 1_234_567;
+    let ttl: u64 = 1_000_001;
+    let args: Vec<String> = [
+        "lease".to_string(),
+        "1000".into(),
+        "1000000".into(),
+        "10".into(),
+        "10".into(),
+        "1".into(),
+        now.to_string(),
+        "n0".into(),
+        "0".into(),
+        "1000".into(),
+        "100000".into(),
+        ttl.to_string(),
+    ]
+    .to_vec();
+    let reply = eval(&mut con, key, &args).unwrap();
+    assert_eq!(reply[0], 10, "{reply:?}");
+    let score: String = redis::cmd("ZSCORE")
+        .arg(format!("{key}:expiry"))
+        .arg("n0")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(score, (now + ttl).to_string());
+    assert!(state_is_valid(&mut con, key));
+}
