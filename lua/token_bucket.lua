@@ -215,8 +215,6 @@ end
 
 local now = now_arg(7, MAX_TIME)
 if not now then return bad('now_us') end
--- On the server's clock (TIME), the clock every key's expiry counts on.
-local server_clock = ARGV[7] == nil or ARGV[7] == ''
 
 local node = ARGV[8] or ''
 if #node > 128 then return bad('node') end
@@ -370,9 +368,6 @@ local level, ts, out, dsum = cap, now, 0, 0
 local first = q
 -- The latest lease expiry on record: nil while unknown (leaser records may exist).
 local latest = nil
--- The latest expiry as loaded, if the bucket was written under this call's quota (else nil):
--- the leasers' keys then expire no sooner than a deadline set by it (see the end of the script).
-local loaded_latest = nil
 local v, s, t, o, d, r, p, b, x
 -- Only a key of another type is read as absent (WRONGTYPE); any other error (a refused
 -- command, say) fails the call, never reads as a full bucket.
@@ -420,7 +415,6 @@ if v and s and t and o and d then
   local w = q
   if r ~= q.rate or p ~= q.period or b ~= q.burst then w = quota_of(r, p, b) end
   if w and w.scale == s then first = w end
-  if w == q then loaded_latest = x end
   level = v
   if s ~= first.scale then level = rescale(v, s, first.scale, first.burst) end
   out = mmin(o, mmax(burst, first.burst))
@@ -766,28 +760,12 @@ else
   end
   redis.call('SET', KEYS[1], state, 'PX', ms)
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
-  -- expired away would count their tokens as outstanding for good. The bucket lives until
-  -- `latest` plus the time this level takes to refill plus the slack; the leasers' keys until
-  -- `latest` rounded up to a whole second, plus the time the whole capacity takes to refill,
-  -- plus a second (for the milliseconds each expiry is rounded to, the server's clock ticking
-  -- between commands, and the rounding of the division), plus the slack. That deadline moves
-  -- only when `latest` crosses a second, so the keys' expiry is set only then: leasers renew
-  -- many times a second, each pushing `latest` a little later, and one call a second pays for
-  -- the two PEXPIREs instead of every call. It is set as well
-  -- whenever it is not known to be that late already: the bucket was not written under this
-  -- quota, a record was dropped (emptied keys are deleted, and a record written next makes
-  -- them anew with no expiry), or the call runs on an explicit clock (a test's or replay's,
-  -- which need not keep pace with the server's clock that expiries count on). Set after the
-  -- bucket's, as each expiry counts from the server's clock when its command runs.
+  -- expired away would count their tokens as outstanding for good. Set after the bucket's, as
+  -- each expiry counts from the server's clock when its command runs, which may tick between
+  -- the two (Redis 7.0).
   if leasers then
-    local second = mceil(latest / 1000000)
-    if not (server_clock and loaded_latest and loaded_latest > 0 and not forgot
-        and second == mceil(loaded_latest / 1000000)) then
-      local due = second * 1000000 + ceil_div(cap, inc) + 1000000
-      local keys_ms = int_str(ceil_div(mmax(0, due - now), 1000) + SLACK_MS)
-      redis.call('PEXPIRE', KEYS[2], keys_ms)
-      redis.call('PEXPIRE', KEYS[3], keys_ms)
-    end
+    redis.call('PEXPIRE', KEYS[2], ms)
+    redis.call('PEXPIRE', KEYS[3], ms)
   end
 end
 local left = floor_div(level, scale)
