@@ -3,7 +3,8 @@
 # limiters send, beside a GCRA decision in the style of go-redis/redis_rate — the same rows as
 # `simulate calibrate`, counted instead of timed:
 #
-#   scripts/script-instructions.sh [--calls N] [extra args for `simulate calibrate`]
+#   scripts/script-instructions.sh              # CALLS=2000 LEASERS=10,1000 by default
+#   CALLS=500 LEASERS=10 scripts/script-instructions.sh
 #
 # It starts a throwaway redis-server under Valgrind's callgrind (on a unix socket in a temp
 # dir, killed on exit) and runs `simulate calibrate --callgrind` against it, which reads the
@@ -55,4 +56,4 @@ done
 }
 # One client: every call is read, run and answered on its own, as a lone node's lease is.
 target/release/simulate calibrate --redis "redis+unix://$dir/redis.sock" --callgrind \
-    --calls 2000 --clients 1 --leasers 10,1000 "$@"
+    --calls "${CALLS:-2000}" --clients 1 --leasers "${LEASERS:-10,1000}"

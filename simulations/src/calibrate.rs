@@ -24,7 +24,7 @@
 //! (`scripts/script-instructions.sh` starts one), each row also counts the machine
 //! instructions the server executed per call — reading, running and answering it — from
 //! callgrind's running totals (`callgrind_control -e <pid>`, before and after the calls): the
-//! same on every run, so a change of 1 % shows.
+//! within about 1 % from run to run, so a change of a few percent shows.
 //!
 //! The closing lines print the simulator's service-time settings as measured: `service_us`
 //! for a node's lease (the most expensive of the leaser counts), `service_pure_us` for a pure
