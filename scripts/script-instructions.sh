@@ -9,8 +9,8 @@
 # It starts a throwaway redis-server under Valgrind's callgrind (on a unix socket in a temp
 # dir, killed on exit) and runs `simulate calibrate --callgrind` against it, which reads the
 # server's running instruction totals before and after each operation. Counts do not swing
-# with the machine's load as times do (±20 % between runs on a small VM), so a change of 1 % to
-# a script shows; times under Valgrind are meaningless (it runs the server ~50× slower), read
+# with the machine's load as times do (±20 % between runs on a small VM; counts repeat within
+# about 1 %), so a change of a few percent to a script shows; times under Valgrind are meaningless (it runs the server ~50× slower), read
 # only the instruction columns. Installs valgrind with apt-get when it is missing.
 set -euo pipefail
 

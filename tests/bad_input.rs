@@ -686,20 +686,12 @@ fn the_scripts_write_large_integers_with_every_digit() {
     // from any number of 14 significant digits.
     let now: u64 = (1u64 << 53) - 1_234_567;
     let ttl: u64 = 1_000_001;
+    let (now_arg, ttl_arg) = (now.to_string(), ttl.to_string());
     let args: Vec<String> = [
-        "lease".to_string(),
-        "1000".into(),
-        "1000000".into(),
-        "10".into(),
-        "10".into(),
-        "1".into(),
-        now.to_string(),
-        "n0".into(),
-        "0".into(),
-        "1000".into(),
-        "100000".into(),
-        ttl.to_string(),
+        "lease", "1000", "1000000", "10", "10", "1", &now_arg, "n0", "0", "1000", "100000",
+        &ttl_arg,
     ]
+    .map(String::from)
     .to_vec();
     let reply = eval(&mut con, key, &args).unwrap();
     assert_eq!(reply[0], 10, "{reply:?}");

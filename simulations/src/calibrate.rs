@@ -23,8 +23,8 @@
 //! a script move them. With `--callgrind`, against a server running under Valgrind's callgrind
 //! (`scripts/script-instructions.sh` starts one), each row also counts the machine
 //! instructions the server executed per call — reading, running and answering it — from
-//! callgrind's running totals (`callgrind_control -e <pid>`, before and after the calls): the
-//! within about 1 % from run to run, so a change of a few percent shows.
+//! callgrind's running totals (`callgrind_control -e <pid>`, before and after the calls).
+//! Counts repeat within about 1 % from run to run, so a change of a few percent shows.
 //!
 //! The closing lines print the simulator's service-time settings as measured: `service_us`
 //! for a node's lease (the most expensive of the leaser counts), `service_pure_us` for a pure
@@ -481,6 +481,10 @@ pub fn table(costs: &[Cost]) -> String {
         }
         s.push('\n');
     }
+    // Under callgrind the times are Valgrind's, not the server's: no settings from them.
+    if counted {
+        return s;
+    }
     // The simulator's service times are the whole CPU per call.
     let find = |prefix: &str| {
         costs
@@ -495,10 +499,6 @@ pub fn table(costs: &[Cost]) -> String {
             })
             .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
     };
-    // Under callgrind the times are Valgrind's, not the server's: no settings from them.
-    if counted {
-        return s;
-    }
     if let (Some(lease), Some(pure), Some(release), Some(command)) = (
         find("node lease"),
         find("pure decision"),
