@@ -261,8 +261,10 @@ local scale, inc, cap = q.scale, q.inc, q.cap
 local STATE, STATE_LEN = '<Bddddddddd', 73
 -- The bucket while leasers hold rates: format 2, the same fields and R after them.
 local STATE2, STATE2_LEN = '<Bdddddddddd', 81
--- How long a retry waits while leasers hold the whole rate (the bucket does not refill).
-local RESERVED_RETRY_US = 1000000
+-- Longest a retry waits beyond the time at the whole rate while leasers hold part of it: rate
+-- leases may be renewed smaller any time, so a wait from the refill they leave now could sleep
+-- through that.
+local RESERVED_RETRY_US = 100000
 
 -- Rate held by leasers (rate leases), millitokens per second: the bucket refills at the rate
 -- less this. Set when the bucket is loaded (never in the pure-mode short path: no leasers).
@@ -274,8 +276,7 @@ local function unreserved(p)
 end
 
 -- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
--- never more than RESERVED_RETRY_US beyond the time at the whole rate (rate leases are renewed,
--- and shrink, about that often).
+-- never more than RESERVED_RETRY_US beyond the time at the whole rate.
 local function fill_time(p, units)
   if res == 0 then return ceil_div(units, p.inc) end
   if units == 0 then return 0 end

@@ -34,9 +34,12 @@ pub const MAX_TIME_US: u64 = 1 << 53;
 /// Longest node id, in bytes.
 pub const MAX_NODE_LEN: usize = 128;
 
-/// Microseconds a retry waits while rate leases hold the whole rate, so the bucket does not
-/// refill: it does again as they are renewed smaller or expire, about a second apart.
-pub const RESERVED_RETRY_US: u64 = 1_000_000;
+/// Longest a retry waits beyond the time at the whole rate while rate leases hold part of it:
+/// they are renewed smaller, or expire, at any time (right after a start within a few
+/// horizons), so a wait computed from the refill they leave now would sleep through it. A node
+/// that leases tokens beside rated nodes was told to wait 0.76 s at a fleet start with a bound
+/// of a second, holding nothing while the rates it waited on were renewed to their shares.
+pub const RESERVED_RETRY_US: u64 = 100_000;
 
 /// How long one drip of a rate lease may cover, µs: a quarter of the node's horizon. A node
 /// adds the tokens its rate earned since its last drip, but never for more than this, so
@@ -85,8 +88,8 @@ fn gain(q: &Quota, reserved: u64, dt: u64, room: u64) -> u64 {
 
 /// Microseconds until a bucket under `q` gains `units`, while `reserved` millitokens per
 /// second of its rate are held by leasers — but never more than [`RESERVED_RETRY_US`] beyond
-/// the time at the whole rate: rate leases are renewed (and shrink) about that often, so a
-/// wait computed from what is left now would be far too long.
+/// the time at the whole rate: rate leases may be renewed smaller any time, so a wait computed
+/// from what is left now could be far too long.
 fn fill_time(q: &Quota, reserved: u64, units: u64) -> u64 {
     let inc = q.increment();
     if reserved == 0 {
@@ -1191,6 +1194,25 @@ mod tests {
         node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
         let a = rated(&mut st, "a", 1, 40, 0);
         assert_eq!((a.share_mtps, a.rate_mtps), (500_000, 500_000), "{a:?}");
+    }
+
+    #[test]
+    fn a_retry_beside_held_rates_waits_at_most_a_little_beyond_the_whole_rate() {
+        // 1 000/s, burst 1 000; `a` holds 950/s (taken at the ceiling), so the bucket refills
+        // at 50/s. `b`, leasing tokens, drains it and comes back for a horizon of its 500/s
+        // share: 50 tokens, a second away at 50/s, 50 ms at the whole rate.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "b", 10, 0, 1_000_000, 0);
+        let a = rated_lease(&mut st, &q, "a", 100, 0, 1_000_000, 950_000, 0);
+        assert_eq!((a.granted, a.rate_mtps), (100, 950_000), "{a:?}");
+        let b = node_lease(&mut st, &q, "b", 1_000, 0, 1_000_000, 0);
+        assert!(b.granted > 800, "{b:?}");
+        let b = node_lease(&mut st, &q, "b", 50, 0, 1_000_000, 1_000);
+        assert_eq!(b.granted, 0, "{b:?}");
+        // The rate may be renewed smaller any time: `b` looks again within 100 ms beyond the
+        // 50 ms the whole rate would take, not after the second the refill left would.
+        assert!((100_000..=150_000).contains(&b.retry_after_us), "{b:?}");
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub(crate) struct DemandEstimator {
     last_at: Instant,
     last_count: u64,
     last_change: Instant,
+    /// When the first sample with demand was taken (`None` before).
+    first_at: Option<Instant>,
 }
 
 impl DemandEstimator {
@@ -39,7 +41,14 @@ impl DemandEstimator {
             last_at: now,
             last_count: 0,
             last_change: now,
+            first_at: None,
         }
+    }
+
+    /// When the first sample with demand was taken: the estimate has been warming up since
+    /// (`None` while nothing has been asked for).
+    pub(crate) fn first_at(&self) -> Option<Instant> {
+        self.first_at
     }
 
     /// Feeds the running total of demanded tokens; returns the estimate in tokens per second.
@@ -58,6 +67,7 @@ impl DemandEstimator {
         } else if count > 0 {
             self.rate = sample;
             self.sampled = true;
+            self.first_at = Some(now);
         }
         self.last_at = now;
         self.last_count = count;

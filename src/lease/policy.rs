@@ -101,8 +101,9 @@ pub struct LeaseTerms {
     pub idle_after: Duration,
     /// Whether each lease also asks to hold a rate (a *rate lease*: the store carves the
     /// node's share out of the shared bucket's refill and the node adds what it earns to its
-    /// local bucket itself, renewing it every half ttl), so a node needs a store call per half
-    /// ttl rather than per batch of tokens.
+    /// local bucket itself, renewing it every half ttl — sooner while its demand has been
+    /// measured for less than that), so a node needs a store call per half ttl rather than per
+    /// batch of tokens.
     pub rate_leases: bool,
 }
 

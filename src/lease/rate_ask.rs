@@ -19,6 +19,18 @@
 //!   to [`ABOVE_SHARE`] times its share (never above its demand); the store grants beyond the
 //!   share only while its bucket sits at that ceiling (see `lua/token_bucket.lua`, "Rate
 //!   leases"), so the unheld rate goes to the nodes that want it instead of being lost.
+//!
+//! A rate is held until it is renewed, so it keeps whatever error its share had when it was
+//! granted. Shares follow the demands nodes report, and right after a start those are still
+//! climbing (each node's estimate warms up over its time constant, and nodes that have not
+//! called since they were built still count with the demand they had then), so the first
+//! shares are far off: the first nodes to call hold shares of most of the rate. A rate granted
+//! then and held for half a ttl starves the nodes that lease tokens, whose refill is what the
+//! rates leave. So a rate is renewed after as long as the node's demand had been measured when
+//! it was granted ([`renew_after`]): at two horizons, then four, eight, … up to half the ttl —
+//! a few calls more per start, each bringing the rate nearer the share.
+
+use std::time::Duration;
 
 use crate::algorithm::token_bucket::{drip_slack, drip_step_us};
 use crate::quota::{Quota, MAX_VALUE};
@@ -51,6 +63,15 @@ const EVEN_ROOM_MAX_LEASERS: u64 = 100;
 /// leases: utilization 0.9885 → 0.9701); 1.05 did as well as this on the tight scenarios
 /// (SIMULATIONS.md, "Rate leases").
 const ABOVE_SHARE: f64 = 1.25;
+
+/// How long after the call that granted it a rate lease is renewed, the node's demand having
+/// been measured for `measured` at that call (see the module docs): as long again (the estimate
+/// may have doubled since, and the shares with it), at least two horizons (a rate renewed
+/// sooner than that costs more calls than the token leases it replaces) and at most half the
+/// ttl (the lease must be renewed before it expires).
+pub(crate) fn renew_after(measured: Duration, terms: &LeaseTerms) -> Duration {
+    measured.max(terms.horizon * 2).min(terms.ttl / 2)
+}
 
 /// A rate lease to ask for (see `lease/drip.rs`), and how it shapes the token lease that
 /// goes with it.
@@ -130,8 +151,6 @@ pub(crate) fn rate_ask(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::lease::policy::tests::{ctx, terms};
 
@@ -216,6 +235,21 @@ mod tests {
         assert_eq!((r.rate_mtps, r.capacity), (6_000, 5));
         let r = rate_ask(&big, &terms(1_000), &ctx(big, 0, 0, 6.0, Some(10.0)), false).unwrap();
         assert_eq!((r.rate_mtps, r.capacity), (6_000, 6));
+    }
+
+    #[test]
+    fn a_young_rate_is_renewed_soon_then_at_half_the_ttl() {
+        // A horizon of 66 ms, a ttl of 1 s.
+        let t = terms(66);
+        let ms = Duration::from_millis;
+        // Granted 20 ms into the demand: two horizons on. Then as long again as it had been
+        // measured: 300 ms after 300 ms. Measured for long: half the ttl.
+        assert_eq!(renew_after(ms(20), &t), ms(132));
+        assert_eq!(renew_after(ms(152), &t), ms(152));
+        assert_eq!(renew_after(ms(300), &t), ms(300));
+        assert_eq!(renew_after(ms(5_000), &t), ms(500));
+        // Nothing measured (a rate is not asked for then, but a schedule still exists).
+        assert_eq!(renew_after(Duration::ZERO, &t), ms(132));
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! keeps back, when the rate is renewed and how it ends (the rule itself: `lease/drip.rs`).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::super::shared::Shared;
 use super::{review_after, Task};
 use crate::lease::policy::capped;
+use crate::lease::rate_ask::renew_after;
 
 impl Task {
     /// Adds what the rate lease earned to the local bucket (see `lease/drip.rs`). The count is
@@ -50,7 +52,9 @@ impl Task {
         s.counters.rate_mtps.store(0, Ordering::Relaxed);
     }
 
-    /// When to renew the rate lease: half its ttl after the call that granted it, or sooner
+    /// When to renew the rate lease: after as long as the node's demand had been measured at
+    /// the call that granted it, at least two horizons and at most half its ttl (see
+    /// `rate_ask::renew_after`: a young rate was granted on young shares), or sooner
     /// (`early_gap` after it, at least a review: see `review_after`) if the node's demand,
     /// capped by its share, moved 2× away from the rate it holds — it grew (a node that wants
     /// more) or fell (the rest is wasted on it and held from the fleet). `None` without a rate
@@ -60,7 +64,11 @@ impl Task {
             return None;
         }
         let terms = self.terms?;
-        let renew = self.sent_at? + terms.ttl / 2;
+        let sent = self.sent_at?;
+        let measured = self.demand.first_at().map_or(Duration::ZERO, |first| {
+            sent.saturating_duration_since(first)
+        });
+        let renew = sent + renew_after(measured, &terms);
         let wanted = capped(self.sizing_demand(None), self.share);
         let held = self.drip.per_second();
         if wanted > 2.0 * held || wanted < held / 2.0 {
