@@ -280,7 +280,7 @@ impl AdaptiveLease {
     /// [`LeaseTerms::rate_leases`]). On, a node asks for one where token leases would be small
     /// (a tight burst, a small share) and its room in the burst can carry it (its part, or in a
     /// fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md` ("Rate
-    /// leases") has where that pays (a burst of rate / 20: 0.7 % of pure mode's store calls)
+    /// leases") has where that pays (a burst of rate / 20: 0.9 % of pure mode's store calls)
     /// and where it costs.
     pub fn rate_leases(mut self, on: bool) -> Self {
         self.rate_leases = on;
