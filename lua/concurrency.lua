@@ -200,7 +200,7 @@ if #last == 0 then
 else
   redis.call('HSET', KEYS[1], TOTAL, int_str(total))
   -- Kept until the last holder would expire, plus slack.
-  local ms = int_str(mfloor((tonumber(last[2]) - now + 999) / 1000) + SLACK_MS)
+  local ms = (mfloor((tonumber(last[2]) - now + 999) / 1000) + SLACK_MS) .. ''
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
 end

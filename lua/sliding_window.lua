@@ -126,7 +126,7 @@ if changed then
   if not last then
     redis.call('DEL', KEYS[1], KEYS[2])
   else
-    local ms = int_str(ceil_div(reset, 1000) + SLACK_MS)
+    local ms = (ceil_div(reset, 1000) + SLACK_MS) .. ''
     redis.call('HSET', KEYS[2], 'n', int_str(sum))
     redis.call('PEXPIRE', KEYS[1], ms)
     redis.call('PEXPIRE', KEYS[2], ms)

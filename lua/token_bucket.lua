@@ -150,8 +150,9 @@ if config_op and #KEYS == 1 then CONFIG = KEYS[1] end
 -- A quota from three integers already in 1 ..= 2^52, or nil unless burst × scale ≤ 2^52.
 local function quota(r, p, b)
   local g = gcd(r, p)
-  local q = { rate = r, period = p, burst = b, scale = p / g, inc = r / g }
-  q.cap = b * q.scale
+  local scale = p / g
+  -- Every field in the constructor: one allocation, no rehash.
+  local q = { rate = r, period = p, burst = b, scale = scale, inc = r / g, cap = b * scale }
   if q.cap > MAX then return nil end
   return q
 end
@@ -329,9 +330,10 @@ if op == 'lease' and node == '' and min <= burst then
       if level >= cap and out == 0 then
         redis.call('DEL', unpack(KEYS, 1, mmin(#KEYS, 3)))
       else
-        local keep = ceil_div(ceil_div(cap - level, inc), 1000)
+        -- As below; a number of ms goes to redis.call as is (see int_str).
+        local keep = mceil((cap - level) / (inc * 1000))
         redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
-          burst, 0), 'PX', int_str(keep + SLACK_MS))
+          burst, 0), 'PX', keep + SLACK_MS)
       end
       if #KEYS < 4 then return { granted, floor_div(level, scale), retry, reset, 0 } end
       return { granted, floor_div(level, scale), retry, reset, 0, rate, period, burst, source }
@@ -749,10 +751,12 @@ end
 if level >= cap and out == 0 and latest == 0 then
   redis.call('DEL', unpack(KEYS, 1, mmin(#KEYS, 3)))
 else
-  -- Kept until it would be full: every lease expired, then the whole capacity refilled.
-  local keep = ceil_div(ceil_div(cap - level, inc), 1000)
-  if latest > 0 then keep = keep + ceil_div(mmax(0, latest - now), 1000) end
-  local ms = int_str(keep + SLACK_MS)
+  -- Kept until it would be full: every lease expired, then the whole capacity refilled (in
+  -- doubles, rounded up: a millisecond off at worst, within the slack). Three commands take
+  -- it: converted once (see int_str).
+  local keep = mceil((cap - level) / (inc * 1000))
+  if latest > 0 then keep = keep + mceil(mmax(0, latest - now) / 1000) end
+  local ms = (keep + SLACK_MS) .. ''
   local state
   if res == 0 then
     state = struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest)
