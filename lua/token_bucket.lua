@@ -147,12 +147,126 @@ end
 local CONFIG = KEYS[4]
 if config_op and #KEYS == 1 then CONFIG = KEYS[1] end
 
+-- The caller's quota and the call's arguments, parsed before anything else is defined: a
+-- pure-mode decision (below) needs no more, and every function a script defines is built
+-- anew on each call (a closure, with its upvalues found and closed), which for the six the
+-- general path defines before its bucket is loaded cost more than the decision's arithmetic.
+-- Config operations take no quota, time or node (their ARGV[2..4] are checked by init/set).
+local rate, period, burst, scale, inc, cap
+if op ~= 'config_get' and op ~= 'config_delete' then
+  rate = int_arg(2, 1, MAX)
+  if not rate then return bad('rate') end
+  period = int_arg(3, 1, MAX)
+  if not period then return bad('period_us') end
+  burst = int_arg(4, 1, MAX)
+  if not burst then return bad('burst') end
+  local g = gcd(rate, period)
+  scale, inc = period / g, rate / g
+  cap = burst * scale
+  if cap > MAX then return bad('burst') end
+end
+
+local want, min, now
+local node = ''
+local held, demand, horizon, ttl, seq, leaving, want_rate
+if not config_op then
+  if op == 'lease' then
+    want = int_arg(5, 1, MAX)
+    if not want then return bad('want') end
+    min = int_arg(6, 1, want)
+    if not min or min > burst then return bad('min') end
+  else
+    want = int_arg(5, 0, MAX)
+    if not want then return bad('tokens') end
+  end
+
+  now = now_arg(7, MAX_TIME)
+  if not now then return bad('now_us') end
+
+  node = ARGV[8] or ''
+  if #node > 128 then return bad('node') end
+  if #KEYS == 1 and node ~= '' then return bad('keys: a leaser sends 3 or 4') end
+  if node ~= '' then
+    if op == 'lease' then
+      held = int_arg(9, 0, MAX)
+      if not held then return bad('held') end
+      demand = int_arg(10, 0, MAX)
+      if not demand then return bad('demand') end
+      horizon = int_arg(11, 1, MAX)
+      if not horizon then return bad('horizon_us') end
+      ttl = int_arg(12, 1, MAX)
+      if not ttl then return bad('ttl_us') end
+      if ARGV[14] ~= nil and ARGV[14] ~= '' then
+        want_rate = int_arg(14, 0, MAX)
+        if not want_rate then return bad('rate_mtps') end
+      end
+    else
+      seq = int_arg(9, 0, MAX)
+      if not seq then return bad('seq') end
+      leaving = int_arg(10, 0, 1)
+      if not leaving then return bad('leaving') end
+    end
+  end
+end
+
+local STATE, STATE_LEN = '<Bddddddddd', 73
+-- The bucket while leasers hold rates: format 2, the same fields and R after them.
+local STATE2, STATE2_LEN = '<Bdddddddddd', 81
+
+-- A pure-mode decision: an anonymous lease under the caller's quota (no config key) on a bucket
+-- written under this very quota with no leaser on record. It is the one call a pure-mode
+-- limiter makes per request, so it runs here, before the general path's machinery is built
+-- (leasers, rescaling, old formats, rate leases and the closures below), which costs Redis
+-- about a third of the call. It does exactly what the general path does for such a call — the
+-- same operations in the same order (load, refill, take as `take_anonymous` does, store) — and
+-- the differential tests hold both to the Rust twin; anything else falls through to it.
+if op == 'lease' and node == '' and #KEYS < 4 then
+  local raw = redis.pcall('GET', KEYS[1])
+  if type(raw) == 'string' and #raw == STATE_LEN then
+    local f, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
+    if f == 1 and x == 0 and r == rate and p == period and b == burst and s == scale
+        and v >= 0 and v <= MAX and v % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0
+        and o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0 then
+      local out = mmin(o, burst)
+      local top = mmax(0, cap - out * scale)
+      local level = mmin(v, top)
+      if now > t then
+        local room = top - level
+        if room > 0 then
+          if now - t >= ceil_div(room, inc) then level = top else level = level + (now - t) * inc end
+        end
+        t = now
+      end
+      local granted, retry = 0, 0
+      local whole = floor_div(level, scale)
+      if whole >= min then
+        granted = mmin(whole, want)
+        level = level - granted * scale
+      end
+      -- No leaser holds a rate: the whole rate refills.
+      local need = min * scale - level
+      if need > 0 then retry = ceil_div(need, inc) end
+      local reset = ceil_div(top - level, inc)
+      if level >= cap and out == 0 then
+        redis.call('DEL', unpack(KEYS))
+      else
+        -- Kept until it would be full (in doubles, rounded up: a millisecond off at worst,
+        -- within the slack); a number of ms goes to redis.call as is (see int_str).
+        local keep = mceil((cap - level) / (inc * 1000))
+        redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
+          burst, 0), 'PX', keep + SLACK_MS)
+      end
+      return { granted, floor_div(level, scale), retry, reset, 0 }
+    end
+  end
+end
+
 -- A quota from three integers already in 1 ..= 2^52, or nil unless burst × scale ≤ 2^52.
 local function quota(r, p, b)
   local g = gcd(r, p)
-  local scale = p / g
+  local sc = p / g
   -- Every field in the constructor: one allocation, no rehash.
-  local q = { rate = r, period = p, burst = b, scale = scale, inc = r / g, cap = b * scale }
+  local q = { rate = r, period = p, burst = b, scale = sc, inc = r / g, cap = b * sc }
   if q.cap > MAX then return nil end
   return q
 end
@@ -180,14 +294,7 @@ if op == 'config_get' or op == 'config_delete' then
   return { c.rate, c.period, c.burst, 1 }
 end
 
-local rate = int_arg(2, 1, MAX)
-if not rate then return bad('rate') end
-local period = int_arg(3, 1, MAX)
-if not period then return bad('period_us') end
-local burst = int_arg(4, 1, MAX)
-if not burst then return bad('burst') end
-local caller = quota(rate, period, burst)
-if not caller then return bad('burst') end
+local caller = { rate = rate, period = period, burst = burst, scale = scale, inc = inc, cap = cap }
 
 if config_op then
   local c, present = stored_config()
@@ -201,46 +308,6 @@ if config_op then
   local flag = 0
   if op == 'config_init' or present then flag = 1 end
   return { rate, period, burst, flag }
-end
-
-local want, min
-if op == 'lease' then
-  want = int_arg(5, 1, MAX)
-  if not want then return bad('want') end
-  min = int_arg(6, 1, want)
-  if not min or min > burst then return bad('min') end
-else
-  want = int_arg(5, 0, MAX)
-  if not want then return bad('tokens') end
-end
-
-local now = now_arg(7, MAX_TIME)
-if not now then return bad('now_us') end
-
-local node = ARGV[8] or ''
-if #node > 128 then return bad('node') end
-if #KEYS == 1 and node ~= '' then return bad('keys: a leaser sends 3 or 4') end
-local held, demand, horizon, ttl, seq, leaving, want_rate
-if node ~= '' then
-  if op == 'lease' then
-    held = int_arg(9, 0, MAX)
-    if not held then return bad('held') end
-    demand = int_arg(10, 0, MAX)
-    if not demand then return bad('demand') end
-    horizon = int_arg(11, 1, MAX)
-    if not horizon then return bad('horizon_us') end
-    ttl = int_arg(12, 1, MAX)
-    if not ttl then return bad('ttl_us') end
-    if ARGV[14] ~= nil and ARGV[14] ~= '' then
-      want_rate = int_arg(14, 0, MAX)
-      if not want_rate then return bad('rate_mtps') end
-    end
-  else
-    seq = int_arg(9, 0, MAX)
-    if not seq then return bad('seq') end
-    leaving = int_arg(10, 0, 1)
-    if not leaving then return bad('leaving') end
-  end
 end
 
 -- The quota this call runs under: the stored config, else the caller's (or nothing at all).
@@ -259,16 +326,13 @@ if #KEYS == 4 then
 end
 rate, period, burst = q.rate, q.period, q.burst
 local scale, inc, cap = q.scale, q.inc, q.cap
-local STATE, STATE_LEN = '<Bddddddddd', 73
--- The bucket while leasers hold rates: format 2, the same fields and R after them.
-local STATE2, STATE2_LEN = '<Bdddddddddd', 81
 -- Longest a retry waits beyond the time at the whole rate while leasers hold part of it: rate
 -- leases may be renewed smaller any time, so a wait from the refill they leave now could sleep
 -- through that.
 local RESERVED_RETRY_US = 100000
 
 -- Rate held by leasers (rate leases), millitokens per second: the bucket refills at the rate
--- less this. Set when the bucket is loaded (never in the pure-mode short path: no leasers).
+-- less this. Set when the bucket is loaded (never on the pure-mode decision above: no leasers).
 local res = 0
 
 -- Units per µs left to a bucket under quota `p` while `res` is held by leasers (0 or less: none).
@@ -299,46 +363,6 @@ local function take_anonymous(level)
   local need = min * scale - level
   if need > 0 then retry = fill_time(q, need) end
   return granted, level, retry
-end
-
--- A pure-mode decision: an anonymous lease on a bucket written under this very quota with no
--- leaser on record. It is the one call a pure-mode limiter makes per request, so it runs here
--- without the general path's machinery (leasers, rescaling, old formats, the closures below),
--- which costs Redis about a quarter of the call. It does exactly what the general path does
--- for such a call — the same operations in the same order (load, refill, take, store) — and
--- the differential tests hold both to the Rust twin; anything else falls through to it.
-if op == 'lease' and node == '' and min <= burst then
-  local raw = redis.pcall('GET', KEYS[1])
-  if type(raw) == 'string' and #raw == STATE_LEN then
-    local f, v, s, t, o, d, r, p, b, x = struct.unpack(STATE, raw)
-    if f == 1 and x == 0 and r == rate and p == period and b == burst and s == scale
-        and v >= 0 and v <= MAX and v % 1 == 0 and t >= 0 and t <= MAX_TIME and t % 1 == 0
-        and o >= 0 and o <= MAX and o % 1 == 0 and d >= 0 and d <= MAX and d % 1 == 0 then
-      local out = mmin(o, burst)
-      local top = mmax(0, cap - out * scale)
-      local level = mmin(v, top)
-      if now > t then
-        local room = top - level
-        if room > 0 then
-          if now - t >= ceil_div(room, inc) then level = top else level = level + (now - t) * inc end
-        end
-        t = now
-      end
-      local granted, retry
-      granted, level, retry = take_anonymous(level)
-      local reset = ceil_div(top - level, inc)
-      if level >= cap and out == 0 then
-        redis.call('DEL', unpack(KEYS, 1, mmin(#KEYS, 3)))
-      else
-        -- As below; a number of ms goes to redis.call as is (see int_str).
-        local keep = mceil((cap - level) / (inc * 1000))
-        redis.call('SET', KEYS[1], struct.pack(STATE, 1, level, scale, t, out, d, rate, period,
-          burst, 0), 'PX', keep + SLACK_MS)
-      end
-      if #KEYS < 4 then return { granted, floor_div(level, scale), retry, reset, 0 } end
-      return { granted, floor_div(level, scale), retry, reset, 0, rate, period, burst, source }
-    end
-  end
 end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
