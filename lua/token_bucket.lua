@@ -213,12 +213,25 @@ local STATE, STATE_LEN = '<Bddddddddd', 73
 -- The bucket while leasers hold rates: format 2, the same fields and R after them.
 local STATE2, STATE2_LEN = '<Bdddddddddd', 81
 
+-- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
+-- Returns the tokens granted, the level left and the units a lease of `min` still lacks (0 or
+-- less: none), for the caller to turn into a wait at the refill it knows.
+local function take_anonymous(level)
+  local granted = 0
+  local whole = floor_div(level, scale)
+  if whole >= min then
+    granted = mmin(whole, want)
+    level = level - granted * scale
+  end
+  return granted, level, min * scale - level
+end
+
 -- A pure-mode decision: an anonymous lease under the caller's quota (no config key) on a bucket
 -- written under this very quota with no leaser on record. It is the one call a pure-mode
 -- limiter makes per request, so it runs here, before the general path's machinery is built
 -- (leasers, rescaling, old formats, rate leases and the closures below), which costs Redis
 -- about a third of the call. It does exactly what the general path does for such a call — the
--- same operations in the same order (load, refill, take as `take_anonymous` does, store) — and
+-- same operations in the same order (load, refill, take, store) — and
 -- the differential tests hold both to the Rust twin; anything else falls through to it.
 if op == 'lease' and node == '' and #KEYS < 4 then
   local raw = redis.pcall('GET', KEYS[1])
@@ -237,14 +250,10 @@ if op == 'lease' and node == '' and #KEYS < 4 then
         end
         t = now
       end
-      local granted, retry = 0, 0
-      local whole = floor_div(level, scale)
-      if whole >= min then
-        granted = mmin(whole, want)
-        level = level - granted * scale
-      end
+      local granted, need
+      granted, level, need = take_anonymous(level)
       -- No leaser holds a rate: the whole rate refills.
-      local need = min * scale - level
+      local retry = 0
       if need > 0 then retry = ceil_div(need, inc) end
       local reset = ceil_div(top - level, inc)
       if level >= cap and out == 0 then
@@ -324,8 +333,9 @@ if #KEYS == 4 then
     return bad('unconfigured')
   end
 end
+-- (Assigned, not declared again: `take_anonymous`, above, works in these units.)
 rate, period, burst = q.rate, q.period, q.burst
-local scale, inc, cap = q.scale, q.inc, q.cap
+scale, inc, cap = q.scale, q.inc, q.cap
 -- Longest a retry waits beyond the time at the whole rate while leasers hold part of it: rate
 -- leases may be renewed smaller any time, so a wait from the refill they leave now could sleep
 -- through that.
@@ -349,20 +359,6 @@ local function fill_time(p, units)
   local eff = unreserved(p)
   if eff <= 0 then return most end
   return mmin(mceil(units / eff), most)
-end
-
--- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
--- Returns the tokens granted, the level left and when a lease of `min` could succeed (µs).
-local function take_anonymous(level)
-  local granted, retry = 0, 0
-  local whole = floor_div(level, scale)
-  if whole >= min then
-    granted = mmin(whole, want)
-    level = level - granted * scale
-  end
-  local need = min * scale - level
-  if need > 0 then retry = fill_time(q, need) end
-  return granted, level, retry
 end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
@@ -606,7 +602,9 @@ local expiry = nil
 if op == 'lease' and min > burst then
   -- Above the effective burst (it shrank below the caller's): never grantable.
 elseif op == 'lease' and node == '' then
-  granted, level, retry = take_anonymous(level)
+  local need
+  granted, level, need = take_anonymous(level)
+  if need > 0 then retry = fill_time(q, need) end
 elseif op == 'lease' then
   -- Whether the bucket sits at its ceiling (its refill lost) before this call reports what the
   -- node spent: a rate lease may then take beyond the share (below).
