@@ -58,7 +58,7 @@ if changed then
     redis.call('DEL', KEYS[1])
   else
     redis.call('HSET', KEYS[1], 's', int_str(s), 'c', int_str(c))
-    redis.call('PEXPIRE', KEYS[1], ceil_div(reset, 1000) + SLACK_MS)
+    redis.call('PEXPIRE', KEYS[1], (ceil_div(reset, 1000) + SLACK_MS) .. '')
   end
 end
 if c == 0 then s = now end

@@ -58,12 +58,11 @@ local function int_arg(i, lo, hi)
 end
 
 -- An integer as a string with every digit. Lua's own conversion (tostring, ..) uses %.14g, which
--- rounds values above 1e14, such as a time in µs. (Redis passes a number given to redis.call on
--- with %.17g, exact below 2^53, but not every Redis-compatible server is known to.) A count of
--- ms is below 1e14, exact either way: it goes to redis.call as a number, or, for more than one
--- command, as `ms .. ''` (Lua's conversion, once) — a string.format less each. ('%d' would
--- cost less than half as much as '%.0f', but it formats a C long: 32 bits on 32-bit and Windows
--- builds of Redis-compatible servers.)
+-- rounds values above 1e14, such as a time in µs. A count of ms stays below 1e14, where %.14g
+-- writes every digit: it goes as `ms .. ''`, a string.format less. (Never as a Lua number:
+-- Redis 7.2.0-7.2.4 write a number given to redis.call such as 3e8 as "3e+08", which PX and
+-- PEXPIRE refuse. '%d' would cost less than half as much as '%.0f', but it formats a C long:
+-- 32 bits on 32-bit and Windows builds of Redis-compatible servers.)
 local function int_str(x)
   return string.format('%.0f', x + 0)
 end

@@ -70,7 +70,7 @@ if changed then
   else
     local whole = floor_div(b, inc)
     redis.call('HSET', KEYS[1], 't', int_str(now + whole), 'f', int_str(b - whole * inc))
-    redis.call('PEXPIRE', KEYS[1], ceil_div(reset, 1000) + SLACK_MS)
+    redis.call('PEXPIRE', KEYS[1], (ceil_div(reset, 1000) + SLACK_MS) .. '')
   end
 end
 return { granted, floor_div(cap - b, scale), retry, reset, now }

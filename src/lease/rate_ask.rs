@@ -27,8 +27,10 @@
 //! shares are far off: the first nodes to call hold shares of most of the rate. A rate granted
 //! then and held for half a ttl starves the nodes that lease tokens, whose refill is what the
 //! rates leave. So a rate is renewed after as long as the node's demand had been measured when
-//! it was granted ([`renew_after`]): at two horizons, then four, eight, … up to half the ttl —
-//! a few calls more per start, each bringing the rate nearer the share.
+//! it was granted ([`renew_after`]): after two horizons at least, then about twice as long each
+//! time, up to half the ttl — a few calls more per start, each bringing the rate nearer the
+//! share. The measure is the node's first demand since its limiter was built (a process start,
+//! a fleet start); a node whose demand stops and comes back renews at half the ttl, as before.
 
 use std::time::Duration;
 
