@@ -313,6 +313,9 @@ impl Task {
         if let Some(terms) = self.terms {
             if now >= self.idle_at(&terms) && s.local.available() > 0 {
                 self.give_back(s, true).await;
+                // Its estimate decays while idle and warms up again from its next demand; so
+                // do the shares a rate would be granted on (see `rate_ask::renew_after`).
+                self.demand.restart_warm_up();
             }
         }
     }

@@ -55,6 +55,9 @@ impl DemandEstimator {
     pub(crate) fn observe(&mut self, now: Instant, count: u64) -> f64 {
         if count != self.last_count {
             self.last_change = now;
+            if self.sampled && self.first_at.is_none() {
+                self.first_at = Some(now);
+            }
         }
         let dt = now.saturating_duration_since(self.last_at);
         if dt < MIN_SAMPLE {
@@ -72,6 +75,13 @@ impl DemandEstimator {
         self.last_at = now;
         self.last_count = count;
         self.rate
+    }
+
+    /// Starts timing the estimate's warm-up again from the next demand (see [`first_at`]).
+    ///
+    /// [`first_at`]: Self::first_at
+    pub(crate) fn restart_warm_up(&mut self) {
+        self.first_at = None;
     }
 
     /// The current estimate, tokens per second.
@@ -221,6 +231,27 @@ mod tests {
             "{before} -> {after}"
         );
         assert_eq!(e.last_change(), t0 + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn warm_up_is_timed_from_the_first_demand_and_again_after_a_restart() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut e = DemandEstimator::new(ms(300), t0);
+        // Looks without demand start nothing.
+        e.observe(t0 + ms(10), 0);
+        assert_eq!(e.first_at(), None);
+        e.observe(t0 + ms(20), 5);
+        assert_eq!(e.first_at(), Some(t0 + ms(20)));
+        e.observe(t0 + ms(40), 9);
+        assert_eq!(e.first_at(), Some(t0 + ms(20)));
+        // Restarted (the node gave its lease back for idleness): from the next demand on, not
+        // from a look that finds none.
+        e.restart_warm_up();
+        e.observe(t0 + ms(900), 9);
+        assert_eq!(e.first_at(), None);
+        e.observe(t0 + ms(950), 12);
+        assert_eq!(e.first_at(), Some(t0 + ms(950)));
     }
 
     #[test]

@@ -29,8 +29,9 @@
 //! rates leave. So a rate is renewed after as long as the node's demand had been measured when
 //! it was granted ([`renew_after`]): after two horizons at least, then about twice as long each
 //! time, up to half the ttl — a few calls more per start, each bringing the rate nearer the
-//! share. The measure is the node's first demand since its limiter was built (a process start,
-//! a fleet start); a node whose demand stops and comes back renews at half the ttl, as before.
+//! share. The measure runs from the node's first demand since its limiter was built, or since
+//! it last gave its lease back for idleness: its estimate warms up again from there (bursty,
+//! rate leases: Jain 0.9966 → 0.9991, min/max acceptance 0.848 → 0.904, 5 more calls in 60 s).
 
 use std::time::Duration;
 
