@@ -27,7 +27,7 @@ pub(crate) struct DemandEstimator {
     last_at: Instant,
     last_count: u64,
     last_change: Instant,
-    /// When the first sample with demand was taken (`None` before).
+    /// When demand was first seen (again, after a restart of the warm-up; `None` before).
     first_at: Option<Instant>,
 }
 
@@ -45,8 +45,10 @@ impl DemandEstimator {
         }
     }
 
-    /// When the first sample with demand was taken: the estimate has been warming up since
-    /// (`None` while nothing has been asked for).
+    /// When demand was first seen, or first seen again since [`restart_warm_up`]: the
+    /// estimate has been warming up since (`None` while nothing has been asked for since).
+    ///
+    /// [`restart_warm_up`]: Self::restart_warm_up
     pub(crate) fn first_at(&self) -> Option<Instant> {
         self.first_at
     }
