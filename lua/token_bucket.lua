@@ -288,11 +288,15 @@ local function quota_of(r, p, b)
   return quota(r, p, b)
 end
 
-local function stored_config()
+-- The stored config: a quota (nil if none or invalid) and whether one is stored. `caller`, if
+-- given, is returned as it is when the stored fields are the very strings the caller sent (as
+-- they are once a client follows the config): no parse, no new table.
+local function stored_config(caller)
   local c = redis.pcall('HMGET', CONFIG, 'rate', 'period_us', 'burst')
   -- Not a hash (a wrong key, say): an invalid config, never a runtime error.
   if c.err then return nil, true end
   if not c[1] and not c[2] and not c[3] then return nil, false end
+  if caller and c[1] == ARGV[2] and c[2] == ARGV[3] and c[3] == ARGV[4] then return caller, true end
   return quota_of(c[1], c[2], c[3]), true
 end
 
@@ -322,7 +326,7 @@ end
 -- The quota this call runs under: the stored config, else the caller's (or nothing at all).
 local q, source = caller, 0
 if #KEYS == 4 then
-  local c, present = stored_config()
+  local c, present = stored_config(caller)
   if present and not c then return redis.error_reply('RATELEASE invalid stored config') end
   if c then
     q, source = c, 1

@@ -5,6 +5,7 @@
 //!   has seen the change, which is after the store switched);
 //! - a capacity cut below what is outstanding keeps `level + outstanding` within bounds;
 //! - init does not overwrite; delete falls back to the builder's choice;
+//! - a lease runs under a stored config that differs from the caller's quota in any one field;
 //! - a config changed by another process reaches pure-mode calls within the store's config
 //!   refresh, one changed through the same store at once, and in between a pure call sends
 //!   the bucket's key alone (the config is not read);
@@ -245,6 +246,51 @@ async fn a_capacity_cut_below_outstanding_keeps_conservation() {
         r.granted
     );
     assert!(r.granted >= 4, "the bucket refilled up to the new capacity");
+}
+
+/// A node's lease runs under the stored config whenever any of its three fields differs from
+/// the caller's quota (the script skips parsing the config only when all three are the very
+/// strings the caller sent).
+#[tokio::test]
+async fn a_lease_runs_under_a_stored_config_that_differs_in_any_one_field() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let caller = Quota::with_parts(1_000, Duration::from_secs(1), 1_000).unwrap();
+    let node = NodeLease {
+        id: 7,
+        held: 0,
+        demand_mtps: 100_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(60),
+        rate_mtps: 0,
+    };
+    let stored = [
+        ("same", caller),
+        (
+            "rate",
+            Quota::with_parts(999, Duration::from_secs(1), 1_000).unwrap(),
+        ),
+        (
+            "period",
+            Quota::with_parts(1_000, Duration::from_secs(2), 1_000).unwrap(),
+        ),
+        (
+            "burst",
+            Quota::with_parts(1_000, Duration::from_secs(1), 40).unwrap(),
+        ),
+    ];
+    for (name, quota) in stored {
+        store.modify_config(name, &quota).await.unwrap();
+        let r = store
+            .lease(name, &caller, &LeaseRequest::new(1_000, 1).by(node))
+            .await
+            .unwrap();
+        assert_eq!((r.quota, r.source), (quota, QuotaSource::Stored), "{name}");
+        assert!(
+            r.granted >= 1 && r.granted <= quota.burst(),
+            "{name}: {r:?}"
+        );
+    }
 }
 
 #[tokio::test]
