@@ -20,7 +20,10 @@
 --   now_arg(i, hi)      the time in µs: the Redis server clock (TIME) if ARGV[i] is absent or
 --                       "", else int_arg(i, 0, hi) (nil if that is not valid)
 --   floor_div(a, b), ceil_div(a, b)  exact integer division, rounded down / up
---   gcd(a, b)           the greatest common divisor
+--   fixed_point(r, p, b)  a quota's units (rate r per period p µs, burst b; integers in
+--                       1 ..= 2^52): one token is `scale = p / gcd(r, p)` units, one µs adds
+--                       `inc = r / gcd` and the capacity is `cap = b × scale`; returns scale,
+--                       inc, cap, or nil if cap > 2^52
 --   bad(name)           the "RATELEASE invalid argument <name>" error reply
 -- Every value stays an exact integer in a Lua double (below 2^53).
 
@@ -91,9 +94,13 @@ local function ceil_div(a, b)
   return q
 end
 
-local function gcd(a, b)
-  while b ~= 0 do a, b = b, a % b end
-  return a
+local function fixed_point(r, p, b)
+  local g, x = r, p
+  while x ~= 0 do g, x = x, g % x end
+  local scale = p / g
+  local cap = b * scale
+  if cap > MAX then return nil end
+  return scale, r / g, cap
 end
 
 local function bad(name)

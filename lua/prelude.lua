@@ -44,10 +44,8 @@ local function read_args(nkeys, windowed)
   if not a.period then return nil, bad('period_us') end
   a.burst = int_arg(4, 1, MAX)
   if not a.burst or (windowed and a.burst ~= a.rate) then return nil, bad('burst') end
-  local g = gcd(a.rate, a.period)
-  a.scale, a.inc = a.period / g, a.rate / g
-  a.cap = a.burst * a.scale
-  if a.cap > MAX then return nil, bad('burst') end
+  a.scale, a.inc, a.cap = fixed_point(a.rate, a.period, a.burst)
+  if not a.scale then return nil, bad('burst') end
   if a.op == 'lease' then
     a.want = int_arg(5, 1, MAX)
     if not a.want then return nil, bad('want') end

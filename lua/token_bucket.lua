@@ -160,10 +160,8 @@ if op ~= 'config_get' and op ~= 'config_delete' then
   if not period then return bad('period_us') end
   burst = int_arg(4, 1, MAX)
   if not burst then return bad('burst') end
-  local g = gcd(rate, period)
-  scale, inc = period / g, rate / g
-  cap = burst * scale
-  if cap > MAX then return bad('burst') end
+  scale, inc, cap = fixed_point(rate, period, burst)
+  if not scale then return bad('burst') end
 end
 
 local want, min, now
@@ -270,22 +268,15 @@ if op == 'lease' and node == '' and #KEYS < 4 then
   end
 end
 
--- A quota from three integers already in 1 ..= 2^52, or nil unless burst × scale ≤ 2^52.
-local function quota(r, p, b)
-  local g = gcd(r, p)
-  local sc = p / g
-  -- Every field in the constructor: one allocation, no rehash.
-  local q = { rate = r, period = p, burst = b, scale = sc, inc = r / g, cap = b * sc }
-  if q.cap > MAX then return nil end
-  return q
-end
-
 -- A quota from three values of any kind (stored ones), or nil: each in 1 ..= 2^52, and
 -- burst × scale ≤ 2^52.
 local function quota_of(r, p, b)
   r, p, b = int_val(r, 1, MAX), int_val(p, 1, MAX), int_val(b, 1, MAX)
   if not (r and p and b) then return nil end
-  return quota(r, p, b)
+  local sc, i, c = fixed_point(r, p, b)
+  if not sc then return nil end
+  -- Every field in the constructor: one allocation, no rehash.
+  return { rate = r, period = p, burst = b, scale = sc, inc = i, cap = c }
 end
 
 -- The stored config: a quota (nil if none or invalid) and whether one is stored. `caller`, if

@@ -37,8 +37,8 @@ mod tests {
             ("sliding_window", SLIDING_WINDOW_LUA, true),
             ("leaky_bucket", LEAKY_BUCKET_LUA, true),
         ];
-        // `local MAX = …`, `local mfloor, mceil = …` and `local function gcd(a, b)` define
-        // `MAX`, `mfloor` and `mceil`, and `gcd`.
+        // `local MAX = …`, `local mfloor, mceil = …` and `local function bad(name)` define
+        // `MAX`, `mfloor` and `mceil`, and `bad`.
         let defines = |line: &str| -> Vec<String> {
             let Some(rest) = line.strip_prefix("local ") else {
                 return Vec::new();
