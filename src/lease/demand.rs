@@ -57,9 +57,7 @@ impl DemandEstimator {
     pub(crate) fn observe(&mut self, now: Instant, count: u64) -> f64 {
         if count != self.last_count {
             self.last_change = now;
-            if self.sampled && self.first_at.is_none() {
-                self.first_at = Some(now);
-            }
+            self.first_at.get_or_insert(now);
         }
         let dt = now.saturating_duration_since(self.last_at);
         if dt < MIN_SAMPLE {
@@ -72,7 +70,6 @@ impl DemandEstimator {
         } else if count > 0 {
             self.rate = sample;
             self.sampled = true;
-            self.first_at = Some(now);
         }
         self.last_at = now;
         self.last_count = count;
