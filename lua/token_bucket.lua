@@ -6,7 +6,8 @@
 --                              yet spent or returned, total demand of live leasers, the quota it
 --                              was written under, latest lease expiry; see "Load" below)
 -- KEYS[2]  the leasers hash  (field = node id, value = a packed record, see `parse` below;
---                              field "" = the pending claim, see `parse_claim`)
+--                              field "" = the leasers' bookkeeping and the pending claim,
+--                              see "The leasers' bookkeeping" below)
 -- KEYS[3]  the leasers zset  (member = node id, score = lease expiry in µs)
 -- KEYS[4]  optional: the config hash (rate, period_us, burst: the name's central quota).
 --          Without it the script runs the 3-key protocol: the caller's quota, a 5-entry reply.
@@ -218,7 +219,7 @@ local function take_anonymous(level)
   local granted = 0
   local whole = floor_div(level, scale)
   if whole >= min then
-    granted = mmin(whole, want)
+    granted = math.min(whole, want)
     level = level - granted * scale
   end
   return granted, level, min * scale - level
@@ -331,29 +332,29 @@ end
 -- (Assigned, not declared again: `take_anonymous`, above, works in these units.)
 rate, period, burst = q.rate, q.period, q.burst
 scale, inc, cap = q.scale, q.inc, q.cap
--- Longest a retry waits beyond the time at the whole rate while leasers hold part of it: rate
--- leases may be renewed smaller any time, so a wait from the refill they leave now could sleep
--- through that.
-local RESERVED_RETRY_US = 100000
-
 -- Rate held by leasers (rate leases), millitokens per second: the bucket refills at the rate
 -- less this. Set when the bucket is loaded (never on the pure-mode decision above: no leasers).
 local res = 0
 
--- Units per µs left to a bucket under quota `p` while `res` is held by leasers (0 or less: none).
-local function unreserved(p)
-  return p.inc - res * p.scale / 1e9
-end
-
 -- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
 -- never more than RESERVED_RETRY_US beyond the time at the whole rate.
+--
+-- (This function and `refill` write their constants and the units per µs the leasers leave,
+-- `eff`, in place, and call `math.min` rather than `mmin`, as do the others that run once or
+-- twice a call: a value a function takes from outside is an upvalue, which costs every call of
+-- the script an allocation and a search of the open upvalues as the function is built — more
+-- than a function that runs once saves by it.)
 local function fill_time(p, units)
   if res == 0 then return ceil_div(units, p.inc) end
   if units == 0 then return 0 end
+  -- Longest a retry waits beyond the time at the whole rate while leasers hold part of it:
+  -- rate leases may be renewed smaller any time, so a wait from the refill they leave now
+  -- could sleep through that.
+  local RESERVED_RETRY_US = 100000
   local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
-  local eff = unreserved(p)
+  local eff = p.inc - res * p.scale / 1e9
   if eff <= 0 then return most end
-  return mmin(mceil(units / eff), most)
+  return math.min(math.ceil(units / eff), most)
 end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
@@ -366,8 +367,8 @@ end
 local function rescale(v, from, to, b)
   if from == to then return v end
   local whole = floor_div(v, from)
-  local frac = mmin(mfloor((v - whole * from) * to / from), to - 1)
-  return mmin(whole, b) * to + frac
+  local frac = math.min(math.floor((v - whole * from) * to / from), to - 1)
+  return math.min(whole, b) * to + frac
 end
 
 -- Load; a bucket that is not valid reads as full with nothing outstanding. A bucket written
@@ -453,19 +454,19 @@ local leasers = latest ~= 0 or node ~= ''
 -- else the reserved units rounded up and the gain down.
 local function refill(p, to)
   if to > ts then
-    local room = ceiling(p, out) - level
+    local room = math.max(0, p.cap - out * p.scale) - level
     if room > 0 then
       local dt = to - ts
       if res == 0 then
         if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
       else
-        local eff = unreserved(p)
+        local eff = p.inc - res * p.scale / 1e9
         if eff > 0 then
-          if dt >= mceil(room / eff) then
+          if dt >= math.ceil(room / eff) then
             level = level + room
           else
-            level = level + mmax(0, mmin(room,
-              mfloor(dt * p.inc - mceil(dt * res * p.scale / 1e9))))
+            level = level + math.max(0, math.min(room,
+              math.floor(dt * p.inc - math.ceil(dt * res * p.scale / 1e9))))
           end
         end
       end
@@ -478,17 +479,17 @@ end
 -- packed like the bucket (a format byte 1, six little-endian doubles); while it holds a rate,
 -- format 2 with its rate (mtps) after them. A record written as text ("o d c tc exp rseq", as
 -- earlier versions did) is still read, so its tokens stay counted.
-local RECORD, RECORD_LEN = '<Bdddddd', 49
-local RECORD2, RECORD2_LEN = '<Bddddddd', 57
+-- (The formats are written where they are used, '<Bdddddd' of 49 bytes and '<Bddddddd' of 57:
+-- see `fill_time` on upvalues.)
 local function parse(raw)
   if type(raw) ~= 'string' then return nil end
-  if #raw == RECORD_LEN or #raw == RECORD2_LEN then
+  if #raw == 49 or #raw == 57 then
     local fmt, o, d, c, tc, exp, rseq, rt
-    if #raw == RECORD_LEN then
-      fmt, o, d, c, tc, exp, rseq = struct.unpack(RECORD, raw)
+    if #raw == 49 then
+      fmt, o, d, c, tc, exp, rseq = struct.unpack('<Bdddddd', raw)
       rt = 0
     else
-      fmt, o, d, c, tc, exp, rseq, rt = struct.unpack(RECORD2, raw)
+      fmt, o, d, c, tc, exp, rseq, rt = struct.unpack('<Bddddddd', raw)
       if fmt == 2 then fmt = 1 else fmt = 0 end
     end
     if fmt == 1 then
@@ -514,66 +515,109 @@ local function parse(raw)
 end
 
 local function encode(r)
-  if r.rt == 0 then return struct.pack(RECORD, 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq) end
-  return struct.pack(RECORD2, 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt)
+  if r.rt == 0 then return struct.pack('<Bdddddd', 1, r.o, r.d, r.c, r.tc, r.exp, r.rseq) end
+  return struct.pack('<Bddddddd', 2, r.o, r.d, r.c, r.tc, r.exp, r.rseq, r.rt)
 end
 
--- The pending claim (see "Claims" above), in the leasers hash under the empty field name, which
--- no node id can be (scripts that predate claims never read it): a format byte (1), the units
--- held back and when the claim lapses (µs), as little-endian doubles, then the claimant's id.
--- Read for a node's lease only — with its own record, in one command — and only while it has
--- not lapsed: claims order leasers, an anonymous take (a per-request decision) is exact and
--- never held back. A release never needs it, but dropping a leaser drops it.
-local CLAIM, CLAIM_LEN = '<Bdd', 17
-local function parse_claim(raw)
-  if type(raw) ~= 'string' or #raw <= CLAIM_LEN or #raw > CLAIM_LEN + 128 then return nil end
-  local fmt, units, untl = struct.unpack(CLAIM, raw)
-  if fmt == 1 and units >= 1 and units <= MAX and units % 1 == 0 and untl > now
-      and untl <= MAX_TIME and untl % 1 == 0 then
-    return { node = string.sub(raw, CLAIM_LEN + 1), units = units, untl = untl }
-  end
-  return nil
-end
-local claim, claim_dirty = nil, false
-
--- Leasers on record (members of the expiry set), or nil if the server refuses to count them
--- (an ACL written before the script used ZCARD): a refusal must not fail a call after it has
--- written, so it is caught and read as "not known".
-local function count_leasers()
-  local n = redis.pcall('ZCARD', KEYS[3])
-  if type(n) == 'number' then return n end
-  return nil
-end
--- The calling node's record as read with the claim (nil once its lease is found expired).
+-- The leasers' bookkeeping, in the leasers hash under the empty field name, which no node id
+-- can be: a format byte (2), then as little-endian doubles the number of leasers on record (-1:
+-- not known), a time before which no lease on record expires (µs), a time until which the
+-- leasers' keys live at least (µs on the server's clock; 0: not known) and the pending claim
+-- (see "Claims" above): its units and when it lapses (µs; 0 0: none), then the claimant's id.
+-- It spares most calls three commands: the search for expired leases (none is due before that
+-- time), the count of leasers (ZADD and ZREM tell how it changes) and the PEXPIREs of the
+-- leasers' keys (they already outlive the bucket's new expiry). A node's call reads it with
+-- its own record, in one command. A field of format 1 is a claim alone, as earlier versions
+-- wrote it: then the search runs, the leasers are counted, the keys' expiries are set and the
+-- field is written anew. Earlier versions read format 2 as "no claim" and delete the field
+-- when they drop a leaser, which costs the next call those three commands, nothing else.
+-- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
+-- an anonymous take (a per-request decision) is exact and never held back.
+local META, META_LEN, CLAIM, CLAIM_LEN = '<Bddddd', 41, '<Bdd', 17
+local count, earliest, keys_until, claim = nil, nil, 0, nil
+local meta_raw, meta_dirty = nil, false
+-- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
 local own_raw = nil
-if op == 'lease' and node ~= '' then
-  local got = redis.call('HMGET', KEYS[2], node, '')
-  own_raw, claim = got[1], parse_claim(got[2])
+if leasers then
+  if node ~= '' then
+    local got = redis.call('HMGET', KEYS[2], node, '')
+    own_raw, meta_raw = got[1], got[2]
+  else
+    meta_raw = redis.call('HGET', KEYS[2], '')
+  end
+  -- Read in place, not by a function: every function is a closure built anew on each call.
+  local fmt, n, e, kx, units, untl, id
+  if type(meta_raw) == 'string' then fmt = string.byte(meta_raw) end
+  if fmt == 2 and #meta_raw >= META_LEN and #meta_raw <= META_LEN + 128 then
+    fmt, n, e, kx, units, untl = struct.unpack(META, meta_raw)
+    if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0
+        and kx >= 0 and kx <= MAX_TIME and kx % 1 == 0 then
+      if n >= 0 then count = n end
+      earliest, keys_until = e, kx
+      id = string.sub(meta_raw, META_LEN + 1)
+    end
+  elseif fmt == 1 and #meta_raw > CLAIM_LEN and #meta_raw <= CLAIM_LEN + 128 then
+    fmt, units, untl = struct.unpack(CLAIM, meta_raw)
+    id = string.sub(meta_raw, CLAIM_LEN + 1)
+  end
+  if id and id ~= '' and units >= 1 and units <= MAX and units % 1 == 0 and untl > now
+      and untl <= MAX_TIME and untl % 1 == 0 then
+    claim = { node = id, units = units, untl = untl }
+  end
+end
+
+-- Leasers on record (members of the expiry set): as the bookkeeping counts them, else counted,
+-- or nil if the server refuses to count them (an ACL written before the script used ZCARD): a
+-- refusal must not fail a call after it has written, so it is caught and read as "not known".
+local function count_leasers()
+  if count then return count end
+  local n = redis.pcall('ZCARD', KEYS[3])
+  if type(n) == 'number' then count = n end
+  return count
 end
 
 -- Drop a leaser: what it still had outstanding is gone (spent, or lost with a crashed node).
--- The claim goes with it (its claimant may be the one gone; a due node claims again).
+-- The claim goes with it (its claimant may be the one gone; a due node claims again). Built
+-- only by a call that may drop one — that looks for expired leases, or a node's release as it
+-- leaves — as it takes eight values from outside (see `fill_time` on upvalues).
 local forgot = false
-local function forget(id, r)
-  forgot = true
-  if r then
-    out = mmax(0, out - r.o)
-    dsum = mmax(0, dsum - r.d)
-    res = mmax(0, res - r.rt)
+local search = leasers and (earliest == nil or now >= earliest)
+local forget
+if search or leaving == 1 then
+  forget = function(id, r)
+    forgot = true
+    if r then
+      out = math.max(0, out - r.o)
+      dsum = math.max(0, dsum - r.d)
+      res = math.max(0, res - r.rt)
+    end
+    if id == node then own_raw = nil end
+    -- (The bookkeeping is written anew at the end of a call that forgot a leaser.)
+    claim = nil
+    redis.call('HDEL', KEYS[2], id)
+    local gone = redis.call('ZREM', KEYS[3], id)
+    if count then count = count - gone end
   end
-  if id == node then own_raw = nil end
-  claim = nil
-  redis.call('HDEL', KEYS[2], id, '')
-  redis.call('ZREM', KEYS[3], id)
 end
 
--- Expired leases, in expiry order, each freeing room at its own expiry time.
-if leasers then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
-  for i = 1, #due, 2 do
-    local id = due[i]
-    refill(first, tonumber(due[i + 1]))
-    forget(id, parse(redis.call('HGET', KEYS[2], id)))
+-- Expired leases, in expiry order, each freeing room at its own expiry time, eight at a time;
+-- the first one still live tells when the next can be due. Not looked for before then.
+if search then
+  earliest = MAX_TIME
+  meta_dirty = true
+  local more = true
+  while more do
+    local first8 = redis.call('ZRANGE', KEYS[3], 0, 7, 'WITHSCORES')
+    more = #first8 == 16
+    for i = 1, #first8, 2 do
+      local at = tonumber(first8[i + 1])
+      if at > now then
+        earliest, more = at, false
+        break
+      end
+      refill(first, at)
+      forget(first8[i], parse(redis.call('HGET', KEYS[2], first8[i])))
+    end
   end
 end
 refill(first, now)
@@ -587,13 +631,16 @@ if first ~= q then
     level = mmin(rescale(level, first.scale, scale, burst), ceiling(q, out))
   end
   -- A claim is in the old quota's units.
-  claim = nil
-  if leasers then claim_dirty = true end
+  if claim then
+    claim = nil
+    meta_dirty = true
+  end
 end
 
 local granted, retry, share, held_rate = 0, 0, 0, 0
--- The expiry this call gave a lease, if any.
-local expiry = nil
+-- The expiry this call gave a lease, if any; the node's record to write, if any; whether the
+-- node is new to the expiry set.
+local expiry, record, added = nil, nil, 0
 if op == 'lease' and min > burst then
   -- Above the effective burst (it shrank below the caller's): never grantable.
 elseif op == 'lease' and node == '' then
@@ -721,23 +768,22 @@ elseif op == 'lease' then
       and step_units <= ceiling(q, out) then
     claim = { node = node, units = step_units,
       untl = mmin(now + retry + floor_div(horizon, 4), r.exp) }
-    claim_dirty = true
+    meta_dirty = true
   elseif mine then
     claim = nil
-    claim_dirty = true
+    meta_dirty = true
   end
-  if claim_dirty and claim then
-    redis.call('HSET', KEYS[2], node, encode(r), '',
-      struct.pack(CLAIM, 1, claim.units, claim.untl) .. claim.node)
-    claim_dirty = false
-  else
-    redis.call('HSET', KEYS[2], node, encode(r))
+  record = encode(r)
+  added = redis.call('ZADD', KEYS[3], int_str(r.exp), node)
+  if count then count = count + added end
+  if r.exp < earliest then
+    earliest = r.exp
+    meta_dirty = true
   end
-  redis.call('ZADD', KEYS[3], int_str(r.exp), node)
 elseif node == '' then
   level = mmin(level + mmin(want, burst) * scale, ceiling(q, out))
 else
-  local r = parse(redis.call('HGET', KEYS[2], node))
+  local r = parse(own_raw)
   if r and seq > r.rseq then
     local give = mmin(want, r.o)
     r.o = r.o - give
@@ -747,13 +793,11 @@ else
     if leaving == 1 then
       forget(node, r)
     else
-      redis.call('HSET', KEYS[2], node, encode(r))
+      record = encode(r)
     end
   end
 end
 
--- A claim that ended (collected, lapsed for good, or in a quota's old units) is removed.
-if claim_dirty then redis.call('HDEL', KEYS[2], '') end
 local reset = fill_time(q, ceiling(q, out) - level)
 -- The latest lease expiry on record (0 if none): read back if a record may have gone.
 if latest == nil or forgot then
@@ -773,21 +817,53 @@ else
   -- conversion (see int_str).
   local keep = mceil((cap - level) / (inc * 1000))
   if latest > 0 then keep = keep + mceil(mmax(0, latest - now) / 1000) end
-  local ms = (keep + SLACK_MS) .. ''
+  local keep_ms = keep + SLACK_MS
   local state
   if res == 0 then
     state = struct.pack(STATE, 1, level, scale, ts, out, dsum, rate, period, burst, latest)
   else
     state = struct.pack(STATE2, 2, level, scale, ts, out, dsum, rate, period, burst, latest, res)
   end
-  redis.call('SET', KEYS[1], state, 'PX', ms)
+  redis.call('SET', KEYS[1], state, 'PX', keep_ms .. '')
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
-  -- expired away would count their tokens as outstanding for good. Set after the bucket's, as
-  -- each expiry counts from the server's clock when its command runs, which may tick between
-  -- the two (Redis 7.0).
-  if leasers then
-    redis.call('PEXPIRE', KEYS[2], ms)
-    redis.call('PEXPIRE', KEYS[3], ms)
+  -- expired away would count their tokens as outstanding for good. Their expiry is set only
+  -- when the bookkeeping cannot tell that they outlive the bucket by a second (or the call
+  -- runs at an explicit time, not the server's), then to the slack beyond the bucket's, so
+  -- that a busy bucket sets it about once per slack, not on every call. A key may be new (a
+  -- record or the expiry set created anew) only where a leaser was added or dropped. Set after
+  -- the bucket's, as each expiry counts from the server's clock when its command runs, which
+  -- may tick between the two (Redis 7.0); `now` is from before either, so the bookkeeping
+  -- never says more than the truth.
+  if latest > 0 then
+    local server_clock = (ARGV[7] or '') == ''
+    local renew = forgot or added > 0 or not server_clock
+      or keys_until < now + (keep_ms + 1000) * 1000
+    if renew then
+      keys_until = 0
+      if server_clock then keys_until = mmin(now + (keep_ms + SLACK_MS) * 1000, MAX_TIME) end
+      meta_dirty = true
+    end
+    if meta_dirty then
+      count_leasers()
+      local units, untl, id = 0, 0, ''
+      if claim then units, untl, id = claim.units, claim.untl, claim.node end
+      local meta = struct.pack(META, 2, count or -1, earliest or 0, keys_until, units, untl) .. id
+      if record then
+        redis.call('HSET', KEYS[2], node, record, '', meta)
+      else
+        redis.call('HSET', KEYS[2], '', meta)
+      end
+    elseif record then
+      redis.call('HSET', KEYS[2], node, record)
+    end
+    if renew then
+      local ms = (keep_ms + SLACK_MS) .. ''
+      redis.call('PEXPIRE', KEYS[2], ms)
+      redis.call('PEXPIRE', KEYS[3], ms)
+    end
+  elseif meta_raw then
+    -- The last leaser is gone: so is the bookkeeping.
+    redis.call('HDEL', KEYS[2], '')
   end
 end
 local left = floor_div(level, scale)

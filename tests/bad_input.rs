@@ -127,13 +127,18 @@ fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
 /// The bucket's stored state is absent, or a packed bucket whose numbers are integers in
 /// range (level, scale, time, outstanding, demand, a valid quota, latest expiry, rate held);
 /// each leaser record is a packed record of six (seven with a rate) integers in range, with an
-/// expiry entry for every record. Given a fourth key, the name's config is absent or a valid
-/// quota.
+/// expiry entry for every record; the leasers' bookkeeping counts them, is no later than the
+/// earliest expiry, and the leasers' keys outlive the bucket. Given a fourth key, the name's
+/// config is absent or a valid quota.
 const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
     read: |keys, pipe| {
         pipe.cmd("GET").arg(&keys[0]);
         pipe.cmd("HGETALL").arg(&keys[1]);
-        pipe.cmd("ZRANGE").arg(&keys[2]).arg(0).arg(-1);
+        pipe.cmd("ZRANGE")
+            .arg(&keys[2])
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
         if let Some(config) = keys.get(3) {
             pipe.cmd("HGETALL").arg(config);
         }
@@ -153,10 +158,12 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         let raw: Option<Vec<u8>> = redis::from_redis_value(replies[0].clone()).unwrap();
         let mut leasers: HashMap<String, Vec<u8>> =
             redis::from_redis_value(replies[1].clone()).unwrap();
-        // The pending claim, under the empty field name: a format byte (1), its units and
-        // when it lapses (little-endian doubles), then the id of a node on record.
-        let claim = leasers.remove("");
-        let expiry: Vec<String> = redis::from_redis_value(replies[2].clone()).unwrap();
+        // The bookkeeping, under the empty field name: a format byte (2), then as
+        // little-endian doubles the leasers on record (-1: not known), a time no lease
+        // expires before, a time the leasers' keys live until at least, and the pending claim's
+        // units and when it lapses (0 0: none), then the claimant's id (a node on record).
+        let meta = leasers.remove("");
+        let expiry: Vec<(String, f64)> = redis::from_redis_value(replies[2].clone()).unwrap();
         const M: f64 = (1u64 << 52) as f64;
         let int = |x: f64, lo: f64, hi: f64| x.fract() == 0.0 && (lo..=hi).contains(&x);
         let bucket_ok = match raw.as_deref().map(BucketState::decode) {
@@ -180,19 +187,37 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             decode_leaser_record(r).is_some_and(|f| f.iter().all(|&x| int(x, 0.0, 2.0 * M)))
         });
         let index_ok =
-            expiry.len() == leasers.len() && expiry.iter().all(|m| leasers.contains_key(m));
-        let claim_ok = claim.as_deref().is_none_or(|c| {
+            expiry.len() == leasers.len() && expiry.iter().all(|(m, _)| leasers.contains_key(m));
+        let first_expiry = expiry
+            .iter()
+            .map(|&(_, at)| at)
+            .fold(f64::INFINITY, f64::min);
+        let meta_ok = meta.as_deref().is_none_or(|c| {
             let double = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
-            c.len() > 17
-                && c.len() <= 17 + 128
-                && c[0] == 1
-                && int(double(1), 1.0, M)
-                && int(double(9), 0.0, 2.0 * M)
-                && std::str::from_utf8(&c[17..]).is_ok_and(|id| leasers.contains_key(id))
+            let id = &c[41.min(c.len())..];
+            let (count, earliest, units, untl) = (double(1), double(9), double(25), double(33));
+            c.len() >= 41
+                && c.len() <= 41 + 128
+                && c[0] == 2
+                && (count == -1.0 || count == leasers.len() as f64)
+                && int(earliest, 0.0, 2.0 * M)
+                && earliest <= first_expiry
+                && int(double(17), 0.0, 2.0 * M)
+                && if id.is_empty() {
+                    units == 0.0 && untl == 0.0
+                } else {
+                    int(units, 1.0, M)
+                        && int(untl, 0.0, 2.0 * M)
+                        && std::str::from_utf8(id).is_ok_and(|id| leasers.contains_key(id))
+                }
         });
-        if !(records_ok && index_ok && claim_ok) {
+        // With leasers on record the bookkeeping is there, and their keys outlive the bucket.
+        let ttl = |i: usize| redis::from_redis_value::<i64>(ttls[i].clone()).unwrap();
+        let outlive =
+            leasers.is_empty() || (meta.is_some() && ttl(1) >= ttl(0) && ttl(2) >= ttl(0));
+        if !(records_ok && index_ok && meta_ok && outlive) {
             return Err(format!(
-                "leasers {leasers:?}, claim {claim:?}, expiry {expiry:?}"
+                "leasers {leasers:?}, bookkeeping {meta:?}, expiry {expiry:?}, ttls {ttls:?}"
             ));
         }
         if keys.len() > 3 {
