@@ -521,20 +521,20 @@ end
 
 -- The leasers' bookkeeping, in the leasers hash under the empty field name, which no node id
 -- can be: a format byte (2), then as little-endian doubles the number of leasers on record (-1:
--- not known), a time before which no lease on record expires (µs), a time until which the
--- leasers' keys live at least (µs on the server's clock; 0: not known) and the pending claim
--- (see "Claims" above): its units and when it lapses (µs; 0 0: none), then the claimant's id.
--- It spares most calls three commands: the search for expired leases (none is due before that
--- time), the count of leasers (ZADD and ZREM tell how it changes) and the PEXPIREs of the
--- leasers' keys (they already outlive the bucket's new expiry). A node's call reads it with
--- its own record, in one command. A field of format 1 is a claim alone, as earlier versions
--- wrote it: then the search runs, the leasers are counted, the keys' expiries are set and the
--- field is written anew. Earlier versions read format 2 as "no claim" and delete the field
--- when they drop a leaser, which costs the next call those three commands, nothing else.
+-- not known), a time before which no lease on record expires (µs) and the pending claim (see
+-- "Claims" above): its units and when it lapses (µs; 0 0: none), then the claimant's id. It
+-- spares most calls two commands: the search for expired leases (none is due before that time)
+-- and the count of leasers (ZADD and ZREM tell how it changes). A node's call reads it with its
+-- own record, in one command. A field of format 1 is a claim alone, as earlier versions wrote
+-- it: then the search runs and the leasers are counted. Earlier versions read format 2 as "no
+-- claim", delete it when they drop a leaser, and add leasers without counting them or
+-- lowering that time; so whenever a call renews the leasers' keys' expiry for time (below,
+-- about once per slack on a busy bucket) it counts the leasers again and leaves the next call
+-- to search, which bounds what a rolling upgrade can put out of step to about ten seconds.
 -- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
 -- an anonymous take (a per-request decision) is exact and never held back.
-local META, META_LEN, CLAIM, CLAIM_LEN = '<Bddddd', 41, '<Bdd', 17
-local count, earliest, keys_until, claim = nil, nil, 0, nil
+local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
+local count, earliest, claim = nil, nil, nil
 local meta_raw, meta_dirty = nil, false
 -- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
 local own_raw = nil
@@ -546,14 +546,13 @@ if leasers then
     meta_raw = redis.call('HGET', KEYS[2], '')
   end
   -- Read in place, not by a function: every function is a closure built anew on each call.
-  local fmt, n, e, kx, units, untl, id
+  local fmt, n, e, units, untl, id
   if type(meta_raw) == 'string' then fmt = string.byte(meta_raw) end
   if fmt == 2 and #meta_raw >= META_LEN and #meta_raw <= META_LEN + 128 then
-    fmt, n, e, kx, units, untl = struct.unpack(META, meta_raw)
-    if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0
-        and kx >= 0 and kx <= MAX_TIME and kx % 1 == 0 then
+    fmt, n, e, units, untl = struct.unpack(META, meta_raw)
+    if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0 then
       if n >= 0 then count = n end
-      earliest, keys_until = e, kx
+      earliest = e
       id = string.sub(meta_raw, META_LEN + 1)
     end
   elseif fmt == 1 and #meta_raw > CLAIM_LEN and #meta_raw <= CLAIM_LEN + 128 then
@@ -826,28 +825,32 @@ else
   end
   redis.call('SET', KEYS[1], state, 'PX', keep_ms .. '')
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
-  -- expired away would count their tokens as outstanding for good. Their expiry is set only
-  -- when the bookkeeping cannot tell that they outlive the bucket by a second (or the call
-  -- runs at an explicit time, not the server's), then to the slack beyond the bucket's, so
-  -- that a busy bucket sets it about once per slack, not on every call. A key may be new (a
-  -- record or the expiry set created anew) only where a leaser was added or dropped. Set after
-  -- the bucket's, as each expiry counts from the server's clock when its command runs, which
-  -- may tick between the two (Redis 7.0); `now` is from before either, so the bookkeeping
-  -- never says more than the truth.
+  -- expired away would count their tokens as outstanding for good. Their expiry is set, to
+  -- the slack beyond the bucket's, where a key may be new (a leaser added or dropped), at an
+  -- explicit time (not the server's), and when the hash's own (PTTL: one read, where two
+  -- PEXPIREs are two writes; the expiry set's is always set with it) is within a second of
+  -- the bucket's new one: about once per slack on a busy bucket. Set after the bucket's, as
+  -- each expiry counts from the server's clock when its command runs, which may tick between
+  -- the two (Redis 7.0).
   if latest > 0 then
-    local server_clock = (ARGV[7] or '') == ''
-    local renew = forgot or added > 0 or not server_clock
-      or keys_until < now + (keep_ms + 1000) * 1000
-    if renew then
-      keys_until = 0
-      if server_clock then keys_until = mmin(now + (keep_ms + SLACK_MS) * 1000, MAX_TIME) end
-      meta_dirty = true
+    -- A leaser added or dropped: a key may be new, and the count changed.
+    local changed = forgot or added > 0
+    if changed then meta_dirty = true end
+    local renew = changed or (ARGV[7] or '') ~= ''
+    if not renew then
+      -- (An error, such as an ACL without PTTL, reads as "renew".)
+      local left = redis.pcall('PTTL', KEYS[2])
+      if type(left) ~= 'number' or left < keep_ms + 1000 then
+        renew = true
+        -- The bookkeeping mended, in case scripts of earlier versions ran (above).
+        count, earliest, meta_dirty = nil, now, true
+      end
     end
     if meta_dirty then
       count_leasers()
       local units, untl, id = 0, 0, ''
       if claim then units, untl, id = claim.units, claim.untl, claim.node end
-      local meta = struct.pack(META, 2, count or -1, earliest or 0, keys_until, units, untl) .. id
+      local meta = struct.pack(META, 2, count or -1, earliest or 0, units, untl) .. id
       if record then
         redis.call('HSET', KEYS[2], node, record, '', meta)
       else

@@ -160,8 +160,8 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             redis::from_redis_value(replies[1].clone()).unwrap();
         // The bookkeeping, under the empty field name: a format byte (2), then as
         // little-endian doubles the leasers on record (-1: not known), a time no lease
-        // expires before, a time the leasers' keys live until at least, and the pending claim's
-        // units and when it lapses (0 0: none), then the claimant's id (a node on record).
+        // expires before, and the pending claim's units and when it lapses (0 0: none), then
+        // the claimant's id (a node on record).
         let meta = leasers.remove("");
         let expiry: Vec<(String, f64)> = redis::from_redis_value(replies[2].clone()).unwrap();
         const M: f64 = (1u64 << 52) as f64;
@@ -194,15 +194,14 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             .fold(f64::INFINITY, f64::min);
         let meta_ok = meta.as_deref().is_none_or(|c| {
             let double = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
-            let id = &c[41.min(c.len())..];
-            let (count, earliest, units, untl) = (double(1), double(9), double(25), double(33));
-            c.len() >= 41
-                && c.len() <= 41 + 128
+            let id = &c[33.min(c.len())..];
+            let (count, earliest, units, untl) = (double(1), double(9), double(17), double(25));
+            c.len() >= 33
+                && c.len() <= 33 + 128
                 && c[0] == 2
                 && (count == -1.0 || count == leasers.len() as f64)
                 && int(earliest, 0.0, 2.0 * M)
                 && earliest <= first_expiry
-                && int(double(17), 0.0, 2.0 * M)
                 && if id.is_empty() {
                     units == 0.0 && untl == 0.0
                 } else {
