@@ -702,11 +702,7 @@ async fn every_algorithm_reports_its_budget_and_keeps_keys_of_its_own() {
 #[tokio::test]
 async fn releases_go_back_only_to_where_their_lease_was_counted_on_the_server_clock() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
+    let store = server.store().await;
     let q = Quota::per_minute(10).unwrap();
     for algorithm in NEW {
         let name = algorithm.name();

@@ -276,11 +276,7 @@ async fn script_state_is_exact_and_expires_after_time_to_full() {
 #[tokio::test]
 async fn noscript_after_script_flush_is_recovered() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
+    let store = server.store().await;
     let q = Quota::per_second(100).unwrap();
     store
         .lease("flush", &q, &LeaseRequest::exact(1))
@@ -396,11 +392,7 @@ async fn the_bucket_never_outlives_its_leasers_keys() {
 #[tokio::test]
 async fn a_busy_bucket_skips_the_leasers_upkeep_and_its_keys_still_outlive_it() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .response_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
+    let store = server.store().await;
     let q = Quota::per_second(1_000).unwrap();
     let key = store.key("busy");
     let at = |k: &str| -> i64 { server.cmd(&["PEXPIRETIME", k]) };

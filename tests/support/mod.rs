@@ -206,6 +206,16 @@ impl RedisServer {
         }
     }
 
+    /// A store on this server, on the server's clock, with a response timeout of 5 s (a slow
+    /// CI machine is no failure).
+    pub async fn store(&self) -> ratelease::RedisStore {
+        ratelease::RedisStore::builder(self.url())
+            .response_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap()
+    }
+
     /// The TCP port, or `None` for the unix socket variant.
     pub fn port(&self) -> Option<u16> {
         match self.addr {
