@@ -434,3 +434,67 @@ async fn a_busy_bucket_skips_the_leasers_upkeep_and_its_keys_still_outlive_it() 
         "PEXPIRE, PTTL, ZCARD and ZRANGE calls in 100 leases"
     );
 }
+
+/// A claim written by a script of an earlier version (format 1: a byte, units and when it
+/// lapses, then the claimant's id; no bookkeeping) is still honoured — another node's lease
+/// sees the level less it — and the field is written anew in format 2, with the bookkeeping
+/// and the same claim.
+#[tokio::test]
+async fn a_claim_of_an_earlier_version_is_honoured_and_rewritten_with_the_bookkeeping() {
+    let server = RedisServer::start();
+    let (store, _clock) = store_at_1000_s(&server).await;
+    let q = Quota::per_second(100).unwrap();
+    let node = |id: u64, want: u64| {
+        LeaseRequest::new(want, 1).by(NodeLease {
+            id,
+            held: 0,
+            demand_mtps: 100_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(10),
+            rate_mtps: 0,
+        })
+    };
+    // The same two first leases of 10 on two names, then node 2's lease of up to 100: on
+    // "old", with node 1's claim of 50 tokens (500 000 units of 1/10 000 token) pending.
+    let mut granted = Vec::new();
+    for name in ["plain", "old"] {
+        store.lease(name, &q, &node(1, 10)).await.unwrap();
+        store.lease(name, &q, &node(2, 10)).await.unwrap();
+    }
+    let field = format!("{}:leasers", store.key("old"));
+    let mut claim = vec![1u8];
+    claim.extend(500_000f64.to_le_bytes());
+    claim.extend(2_000_000_000f64.to_le_bytes());
+    claim.extend(b"0000000000000001");
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&field)
+        .arg("")
+        .arg(&claim)
+        .query(&mut con)
+        .unwrap();
+    for name in ["plain", "old"] {
+        granted.push(store.lease(name, &q, &node(2, 100)).await.unwrap().granted);
+    }
+    // Exactly the claim's 50 tokens held back from node 2 (80 without it).
+    assert_eq!(
+        granted[0] - granted[1],
+        50,
+        "node 2 got {} beside the claim, {} without it",
+        granted[1],
+        granted[0]
+    );
+    let raw: Vec<u8> = redis::cmd("HGET")
+        .arg(&field)
+        .arg("")
+        .query(&mut con)
+        .unwrap();
+    let double = |i: usize| f64::from_le_bytes(raw[i..i + 8].try_into().unwrap());
+    assert_eq!(raw[0], 2, "{raw:?}");
+    assert_eq!(double(1), 2.0, "two leasers counted");
+    assert_eq!((double(17), double(25)), (500_000.0, 2_000_000_000.0));
+    assert_eq!(&raw[33..], b"0000000000000001");
+}
