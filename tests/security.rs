@@ -26,8 +26,8 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+evalsha",
     "+eval",
     "+script|load",
-    // lua/token_bucket.lua (lua/concurrency.lua needs a subset: TIME HGET HSET HDEL ZADD ZREM
-    // ZRANGE ZRANGEBYSCORE DEL PEXPIRE)
+    // lua/token_bucket.lua (+ PTTL, below; lua/concurrency.lua needs: TIME HGET HSET HDEL ZADD
+    // ZREM ZRANGE ZRANGEBYSCORE DEL PEXPIRE)
     "+time",
     "+get",
     "+set",
@@ -40,6 +40,7 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+zrange",
     "+zrangebyscore",
     "+zcard",
+    "+pttl",
     "+del",
     "+pexpire",
     // lua/sliding_window.lua (+ the above; fixed_window.lua and leaky_bucket.lua use only
@@ -50,7 +51,6 @@ const LEAST_PRIVILEGE: &[&str] = &[
     "+hexists",
     "+hincrby",
     "+incr",
-    "+pttl",
     "+publish",
     // RedisLock waiters
     "+subscribe",
@@ -115,6 +115,49 @@ async fn an_acl_without_zcard_still_leases_and_reports_no_leaser_count() {
         .await
         .unwrap();
     assert_eq!((reply.granted, reply.leasers), (10, 3), "{reply:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_pttl_still_leases_and_the_leasers_keys_still_outlive_the_bucket() {
+    // The ACL documented before the script read the leasers' hash's PTTL: the read is refused
+    // and taken as "renew their expiry", on every call.
+    let server = RedisServer::start();
+    let rules: Vec<&str> = LEAST_PRIVILEGE
+        .iter()
+        .copied()
+        .filter(|r| *r != "+pttl")
+        .collect();
+    assert_eq!(rules.len() + 1, LEAST_PRIVILEGE.len());
+    create_user(&server, "no-pttl", &rules);
+    let quota = Quota::per_second(100).unwrap();
+    let store = store(&server, "no-pttl").await;
+    let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+    for i in 0..6u64 {
+        let lease = LeaseRequest::new(5, 1).by(NodeLease {
+            id: i % 2,
+            held: 0,
+            demand_mtps: 10_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(10),
+            rate_mtps: 0,
+        });
+        let reply = store.lease("no-pttl", &quota, &lease).await.unwrap();
+        assert_eq!(reply.granted, 5, "{reply:?}");
+    }
+    let key = store.key("no-pttl");
+    let at = |k: &str| -> i64 { server.cmd(&["PEXPIRETIME", k]) };
+    let bucket = at(&key);
+    for k in [format!("{key}:leasers"), format!("{key}:expiry")] {
+        assert!(bucket > 0 && at(&k) >= bucket, "{k}: {} < {bucket}", at(&k));
+    }
+    // Every call renewed both keys' expiry: 6 calls, 12 PEXPIREs.
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    let pexpires = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_pexpire:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap();
+    assert_eq!(pexpires, "12", "{info}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
