@@ -443,7 +443,9 @@ if v and s and t and o and d then
   latest = x
 end
 if #KEYS == 1 then
-  -- A bucket that does not exist has no leasers (their keys expire with it, never after).
+  -- A bucket that does not exist has no live leasers: their keys outlive it by at most the
+  -- slack, holding leases that expired before it did (the bucket is kept past the latest
+  -- expiry on record), which the next leaser's call drops.
   if raw == false then latest = 0 end
   if latest ~= 0 then return { 0 } end
 end
