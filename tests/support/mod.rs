@@ -216,6 +216,16 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// How many times `command` (lower case, as `INFO commandstats` names it: `pexpire`) ran
+    /// since the server started or its statistics were reset (`CONFIG RESETSTAT`).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
+
     /// The TCP port, or `None` for the unix socket variant.
     pub fn port(&self) -> Option<u16> {
         match self.addr {
