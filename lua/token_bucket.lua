@@ -66,7 +66,8 @@
 --   its source (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0);
 --   a node's lease (and only it) gets both last entries: the rate it holds (0 if it asked for
 --   none), and `leasers`, the number of nodes holding a lease on the bucket after the call (0
---   if the server does not let the script count them: an ACL without ZCARD).
+--   if the server does not let the script count them: an ACL without ZCARD; while scripts of
+--   an earlier version run beside this one, it may be off until the next recount, below).
 --
 -- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
 -- one-key client reads it; ARGV[2..4] the quota for init/set, ignored otherwise;
@@ -443,9 +444,9 @@ if v and s and t and o and d then
   latest = x
 end
 if #KEYS == 1 then
-  -- A bucket that does not exist has no live leasers: their keys outlive it by at most the
-  -- slack, holding leases that expired before it did (the bucket is kept past the latest
-  -- expiry on record), which the next leaser's call drops.
+  -- A bucket that does not exist has no live leasers: it is kept past the latest lease
+  -- expiry on record, so whatever records its leasers' keys still hold (they may outlive it)
+  -- are of expired leases, which the next leaser's call drops.
   if raw == false then latest = 0 end
   if latest ~= 0 then return { 0 } end
 end
@@ -530,9 +531,10 @@ end
 -- own record, in one command. A field of format 1 is a claim alone, as earlier versions wrote
 -- it: then the search runs and the leasers are counted. Earlier versions read format 2 as "no
 -- claim", delete it when they drop a leaser, and add leasers without counting them or
--- lowering that time; so whenever a call renews the leasers' keys' expiry for time (below,
--- about once per slack on a busy bucket) it counts the leasers again and leaves the next call
--- to search, which bounds what a rolling upgrade can put out of step to about ten seconds.
+-- lowering that time; so whenever a call renews the leasers' keys' expiry (below: when a
+-- leaser is added or dropped, and about once per slack on a busy bucket) it counts the
+-- leasers again and leaves the next call to search, and a count that would fall below zero
+-- reads as not known. What a rolling upgrade puts out of step lasts until the next renewal.
 -- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
 -- an anonymous take (a per-request decision) is exact and never held back.
 local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
@@ -597,7 +599,10 @@ if search or leaving == 1 then
     claim = nil
     redis.call('HDEL', KEYS[2], id)
     local gone = redis.call('ZREM', KEYS[3], id)
-    if count then count = count - gone end
+    if count then
+      count = count - gone
+      if count < 0 then count = nil end
+    end
   end
 end
 
@@ -835,18 +840,18 @@ else
   -- each expiry counts from the server's clock when its command runs, which may tick between
   -- the two (Redis 7.0).
   if latest > 0 then
-    -- A leaser added or dropped: a key may be new, and the count changed.
-    local changed = forgot or added > 0
-    if changed then meta_dirty = true end
-    local renew = changed or (ARGV[7] or '') ~= ''
+    -- A leaser added or dropped (a key may be new), or an explicit time: renewed.
+    local renew = forgot or added > 0 or (ARGV[7] or '') ~= ''
     if not renew then
       -- (An error, such as an ACL without PTTL, reads as "renew".)
       local left = redis.pcall('PTTL', KEYS[2])
-      if type(left) ~= 'number' or left < keep_ms + 1000 then
-        renew = true
-        -- The bookkeeping mended, in case scripts of earlier versions ran (above).
-        count, earliest, meta_dirty = nil, now, true
-      end
+      renew = type(left) ~= 'number' or left < keep_ms + 1000
+    end
+    if renew then
+      -- The bookkeeping mended, in case scripts of earlier versions ran (above): the leasers
+      -- counted again, and the next call searches for expired leases (every lease on record
+      -- expires after `now`: the search has run, or none was due before a later time).
+      count, earliest, meta_dirty = nil, now, true
     end
     if meta_dirty then
       count_leasers()

@@ -418,13 +418,13 @@ async fn a_busy_bucket_skips_the_leasers_upkeep_and_its_keys_still_outlive_it() 
     }
     // Without the bookkeeping: 200 PEXPIREs, 100 ZCARDs and 100 searches. With it, the first
     // lease of each of the three nodes adds it to the expiry set, and so sets both keys'
-    // expiry; the 97 others read the hash's PTTL instead. The first call (no bookkeeping yet)
-    // counts the leasers, searches the expiry set and reads back its latest entry; nothing
-    // else. (No lease expires within the test, and the keys' expiry is renewed only some 9 s
-    // after it was set.)
+    // expiry, counts the leasers and leaves the next call to search; the first call also
+    // reads back the expiry set's latest entry (no bucket yet). The 97 others read the hash's
+    // PTTL and do nothing more. (No lease expires within the test, and the keys' expiry is
+    // renewed for time only some 9 s after it was set.)
     assert_eq!(
         ["pexpire", "pttl", "zcard", "zrange"].map(|c| server.command_calls(c)),
-        [6, 97, 1, 2],
+        [6, 97, 3, 5],
         "PEXPIRE, PTTL, ZCARD and ZRANGE calls in 100 leases"
     );
 }
@@ -491,4 +491,58 @@ async fn a_claim_of_an_earlier_version_is_honoured_and_rewritten_with_the_bookke
     assert_eq!(double(1), 2.0, "two leasers counted");
     assert_eq!((double(17), double(25)), (500_000.0, 2_000_000_000.0));
     assert_eq!(&raw[33..], b"0000000000000001");
+}
+
+/// A leaser added by a script of an earlier version (a record and an expiry entry, the
+/// bookkeeping untouched) is missing from the count until the next renewal of the leasers'
+/// keys — here the next new leaser's lease — which counts them all again.
+#[tokio::test]
+async fn a_leaser_the_bookkeeping_missed_is_counted_at_the_next_renewal() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let q = Quota::per_second(1_000).unwrap();
+    let lease = |id: u64| {
+        LeaseRequest::new(5, 1).by(NodeLease {
+            id,
+            held: 0,
+            demand_mtps: 100_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(60),
+            rate_mtps: 0,
+        })
+    };
+    for id in [1, 2] {
+        store.lease("mixed", &q, &lease(id)).await.unwrap();
+    }
+    // What an earlier version's lease of node 0xff writes beside the bucket: a packed record
+    // (format 1: outstanding, demand, credit, credit time, expiry, release seq) and its entry.
+    let key = store.key("mixed");
+    let expiry = 9_007_199_254_740_992f64; // 2^53: never expires within the test
+    let mut record = vec![1u8];
+    for x in [0.0, 0.0, 0.0, 0.0, expiry, 0.0] {
+        record.extend(f64::to_le_bytes(x));
+    }
+    let id = format!("{:016x}", 0xff);
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{key}:leasers"))
+        .arg(&id)
+        .arg(&record)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{key}:expiry"))
+        .arg(expiry)
+        .arg(&id)
+        .query(&mut con)
+        .unwrap();
+    // A lease of a node on record renews nothing: the count is the bookkeeping's.
+    let stale = store.lease("mixed", &q, &lease(1)).await.unwrap();
+    assert_eq!(stale.leasers, 2, "{stale:?}");
+    // A new node renews the keys' expiry, and with it the count: 1, 2, 0xff and 3.
+    let fresh = store.lease("mixed", &q, &lease(3)).await.unwrap();
+    assert_eq!(fresh.leasers, 4, "{fresh:?}");
 }
