@@ -606,25 +606,23 @@ if search or leaving == 1 then
   end
 end
 
--- Expired leases, in expiry order, each freeing room at its own expiry time, eight at a time;
--- the first one still live tells when the next can be due. Not looked for before then.
+-- Expired leases, in expiry order, each freeing room at its own expiry time; the first one
+-- left tells when the next can be due. Not looked for before then. The earliest entry is read
+-- first: most searches find none due (one command), and when some are, all go in one more
+-- (however many a stopped fleet left) before the next earliest is read.
 if search then
   earliest = MAX_TIME
   meta_dirty = true
-  local more = true
-  while more do
-    local first8 = redis.call('ZRANGE', KEYS[3], 0, 7, 'WITHSCORES')
-    more = #first8 == 16
-    for i = 1, #first8, 2 do
-      local at = tonumber(first8[i + 1])
-      if at > now then
-        earliest, more = at, false
-        break
-      end
-      refill(first, at)
-      forget(first8[i], parse(redis.call('HGET', KEYS[2], first8[i])))
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if #head > 0 and tonumber(head[2]) <= now then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int_str(now), 'WITHSCORES')
+    for i = 1, #due, 2 do
+      refill(first, tonumber(due[i + 1]))
+      forget(due[i], parse(redis.call('HGET', KEYS[2], due[i])))
     end
+    head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   end
+  if #head > 0 then earliest = tonumber(head[2]) end
 end
 refill(first, now)
 if first ~= q then

@@ -546,3 +546,38 @@ async fn a_leaser_the_bookkeeping_missed_is_counted_at_the_next_renewal() {
     let fresh = store.lease("mixed", &q, &lease(3)).await.unwrap();
     assert_eq!(fresh.leasers, 4, "{fresh:?}");
 }
+
+/// Fifty leases that expired together (a fleet stopped) are dropped by the next lease in one
+/// search: the earliest entry, every due one at once, then the next earliest — not a command
+/// per batch of them.
+#[tokio::test]
+async fn leases_that_expired_together_are_dropped_in_one_search() {
+    let server = RedisServer::start();
+    let (store, clock) = store_at_1000_s(&server).await;
+    let q = Quota::per_second(1_000).unwrap();
+    let lease = |id: u64| {
+        LeaseRequest::new(5, 1).by(NodeLease {
+            id,
+            held: 0,
+            demand_mtps: 100_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(1),
+            rate_mtps: 0,
+        })
+    };
+    for id in 0..50 {
+        store.lease("stopped", &q, &lease(id)).await.unwrap();
+    }
+    clock.advance(Duration::from_secs(2));
+    let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+    let reply = store.lease("stopped", &q, &lease(99)).await.unwrap();
+    assert_eq!(reply.leasers, 1, "{reply:?}");
+    // The search: ZRANGE of the earliest, one ZRANGEBYSCORE of the 50 due, ZRANGE again; the
+    // latest expiry is read back too, as leasers were dropped.
+    assert_eq!(
+        ["zrangebyscore", "zrange", "zrem"].map(|c| server.command_calls(c)),
+        [1, 3, 50]
+    );
+    // Their tokens no longer hold the refill back: a full bucket less the new lease's 5.
+    assert_eq!(reply.remaining, 995, "{reply:?}");
+}
