@@ -236,6 +236,19 @@ async fn store_at_1000_s(server: &RedisServer) -> (RedisStore, FakeClock) {
     (store, clock)
 }
 
+/// A node's lease of up to `want` tokens (at least 1) with a demand of 100/s, a 100 ms horizon
+/// and a lease valid for `ttl`.
+fn node_lease(id: u64, want: u64, ttl: Duration) -> LeaseRequest {
+    LeaseRequest::new(want, 1).by(NodeLease {
+        id,
+        held: 0,
+        demand_mtps: 100_000,
+        horizon: Duration::from_millis(100),
+        ttl,
+        rate_mtps: 0,
+    })
+}
+
 #[tokio::test]
 async fn script_state_is_exact_and_expires_after_time_to_full() {
     let server = RedisServer::start();
@@ -398,14 +411,7 @@ async fn a_busy_bucket_skips_the_leasers_upkeep_and_its_keys_still_outlive_it() 
     let at = |k: &str| -> i64 { server.cmd(&["PEXPIRETIME", k]) };
     let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
     for i in 0..100u64 {
-        let lease = LeaseRequest::new(5, 1).by(NodeLease {
-            id: i % 3,
-            held: 0,
-            demand_mtps: 100_000,
-            horizon: Duration::from_millis(100),
-            ttl: Duration::from_secs(60),
-            rate_mtps: 0,
-        });
+        let lease = node_lease(i % 3, 5, Duration::from_secs(60));
         store.lease("busy", &q, &lease).await.unwrap();
         let bucket_at = at(&key);
         for k in [format!("{key}:leasers"), format!("{key}:expiry")] {
@@ -438,16 +444,7 @@ async fn a_claim_of_an_earlier_version_is_honoured_and_rewritten_with_the_bookke
     let server = RedisServer::start();
     let (store, _clock) = store_at_1000_s(&server).await;
     let q = Quota::per_second(100).unwrap();
-    let node = |id: u64, want: u64| {
-        LeaseRequest::new(want, 1).by(NodeLease {
-            id,
-            held: 0,
-            demand_mtps: 100_000,
-            horizon: Duration::from_millis(100),
-            ttl: Duration::from_secs(10),
-            rate_mtps: 0,
-        })
-    };
+    let node = |id: u64, want: u64| node_lease(id, want, Duration::from_secs(10));
     // The same two first leases of 10 on two names, then node 2's lease of up to 100: on
     // "old", with node 1's claim of 50 tokens (500 000 units of 1/10 000 token) pending.
     let mut granted = Vec::new();
@@ -501,16 +498,7 @@ async fn a_leaser_the_bookkeeping_missed_is_counted_at_the_next_renewal() {
     let server = RedisServer::start();
     let store = server.store().await;
     let q = Quota::per_second(1_000).unwrap();
-    let lease = |id: u64| {
-        LeaseRequest::new(5, 1).by(NodeLease {
-            id,
-            held: 0,
-            demand_mtps: 100_000,
-            horizon: Duration::from_millis(100),
-            ttl: Duration::from_secs(60),
-            rate_mtps: 0,
-        })
-    };
+    let lease = |id: u64| node_lease(id, 5, Duration::from_secs(60));
     for id in [1, 2] {
         store.lease("mixed", &q, &lease(id)).await.unwrap();
     }
@@ -555,16 +543,7 @@ async fn leases_that_expired_together_are_dropped_in_one_search() {
     let server = RedisServer::start();
     let (store, clock) = store_at_1000_s(&server).await;
     let q = Quota::per_second(1_000).unwrap();
-    let lease = |id: u64| {
-        LeaseRequest::new(5, 1).by(NodeLease {
-            id,
-            held: 0,
-            demand_mtps: 100_000,
-            horizon: Duration::from_millis(100),
-            ttl: Duration::from_secs(1),
-            rate_mtps: 0,
-        })
-    };
+    let lease = |id: u64| node_lease(id, 5, Duration::from_secs(1));
     for id in 0..50 {
         store.lease("stopped", &q, &lease(id)).await.unwrap();
     }
