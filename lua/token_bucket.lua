@@ -530,16 +530,18 @@ end
 -- and the count of leasers (ZADD and ZREM tell how it changes). A node's call reads it with its
 -- own record, in one command. A field of format 1 is a claim alone, as earlier versions wrote
 -- it: then the search runs and the leasers are counted. Earlier versions read format 2 as "no
--- claim", delete it when they drop a leaser, and add leasers without counting them or
--- lowering that time; so whenever a call renews the leasers' keys' expiry (below: when a
--- leaser is added or dropped, and about once per slack on a busy bucket) it counts the
--- leasers again and leaves the next call to search, and a count that would fall below zero
--- reads as not known. What a rolling upgrade puts out of step lasts until the next renewal.
+-- claim", delete it when they drop a leaser, add leasers without counting them or lowering
+-- that time, and set the leasers' keys' expiry to their bucket's on every call; so whenever
+-- a call renews the keys' expiry (below: about once per slack on a busy bucket, and at once
+-- after an earlier version shortened it) it counts the leasers again and leaves the next call
+-- to search, and a count that would fall below zero reads as not known. What a rolling
+-- upgrade puts out of step lasts until the next renewal.
 -- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
 -- an anonymous take (a per-request decision) is exact and never held back.
 local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
 local count, earliest, claim = nil, nil, nil
-local meta_raw, meta_dirty = nil, false
+-- `known`: the field was of format 2 (else the keys' expiry is set and the leasers counted).
+local meta_raw, meta_dirty, known = nil, false, false
 -- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
 local own_raw = nil
 if leasers then
@@ -556,7 +558,7 @@ if leasers then
     fmt, n, e, units, untl = struct.unpack(META, meta_raw)
     if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0 then
       if n >= 0 then count = n end
-      earliest = e
+      earliest, known = e, true
       id = string.sub(meta_raw, META_LEN + 1)
     end
   elseif fmt == 1 and #meta_raw > CLAIM_LEN and #meta_raw <= CLAIM_LEN + 128 then
@@ -831,18 +833,20 @@ else
   redis.call('SET', KEYS[1], state, 'PX', keep_ms .. '')
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
   -- expired away would count their tokens as outstanding for good. Their expiry is set, to
-  -- the slack beyond the bucket's, where a key may be new (a leaser added or dropped), at an
-  -- explicit time (not the server's), and when the hash's own (PTTL: one read, where two
-  -- PEXPIREs are two writes; the expiry set's is always set with it) is within a second of
-  -- the bucket's new one: about once per slack on a busy bucket. Set after the bucket's, as
-  -- each expiry counts from the server's clock when its command runs, which may tick between
-  -- the two (Redis 7.0).
+  -- the slack beyond the bucket's, when the call found no bookkeeping of format 2 (the hash
+  -- may be new), at an explicit time (not the server's), and when the expiry set's own expiry
+  -- (PTTL: one read, where two PEXPIREs are two writes) is within a second of the bucket's new
+  -- one: about once per slack on a busy bucket. The expiry set is the key a call may create
+  -- (its first member, by ZADD: no expiry, PTTL -1); both keys' expiries are always set
+  -- together. Set after the bucket's, as each expiry counts from the server's clock when its
+  -- command runs, which may tick between the two (Redis 7.0).
   if latest > 0 then
-    -- A leaser added or dropped (a key may be new), or an explicit time: renewed.
-    local renew = forgot or added > 0 or (ARGV[7] or '') ~= ''
+    -- A leaser added or dropped: the count changed.
+    if forgot or added > 0 then meta_dirty = true end
+    local renew = not known or (ARGV[7] or '') ~= ''
     if not renew then
       -- (An error, such as an ACL without PTTL, reads as "renew".)
-      local left = redis.pcall('PTTL', KEYS[2])
+      local left = redis.pcall('PTTL', KEYS[3])
       renew = type(left) ~= 'number' or left < keep_ms + 1000
     end
     if renew then

@@ -119,7 +119,7 @@ async fn an_acl_without_zcard_still_leases_and_reports_no_leaser_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_without_pttl_still_leases_and_the_leasers_keys_still_outlive_the_bucket() {
-    // The ACL documented before the script read the leasers' hash's PTTL: the read is refused
+    // The ACL documented before the script read the expiry set's PTTL: the read is refused
     // and taken as "renew their expiry", on every call.
     let server = RedisServer::start();
     let rules: Vec<&str> = LEAST_PRIVILEGE
