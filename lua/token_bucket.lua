@@ -337,14 +337,18 @@ scale, inc, cap = q.scale, q.inc, q.cap
 -- less this. Set when the bucket is loaded (never on the pure-mode decision above: no leasers).
 local res = 0
 
+-- Units per µs left to a bucket under quota `p` while `res` is held by leasers (0 or less: none).
+local function unreserved(p)
+  return p.inc - res * p.scale / 1e9
+end
+
 -- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
 -- never more than RESERVED_RETRY_US beyond the time at the whole rate.
 --
--- (This function and `refill` write their constants and the units per µs the leasers leave,
--- `eff`, in place, and call `math.min` rather than `mmin`, as do the others that run once or
--- twice a call: a value a function takes from outside is an upvalue, which costs every call of
--- the script an allocation and a search of the open upvalues as the function is built — more
--- than a function that runs once saves by it.)
+-- (This function writes its constant in place and calls `math.min` rather than `mmin`, as do
+-- the others that run once or twice a call: a value a function takes from outside is an
+-- upvalue, which costs every call of the script an allocation and a search of the open
+-- upvalues as the function is built — more than a function that runs once saves by it.)
 local function fill_time(p, units)
   if res == 0 then return ceil_div(units, p.inc) end
   if units == 0 then return 0 end
@@ -353,7 +357,7 @@ local function fill_time(p, units)
   -- could sleep through that.
   local RESERVED_RETRY_US = 100000
   local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
-  local eff = p.inc - res * p.scale / 1e9
+  local eff = unreserved(p)
   if eff <= 0 then return most end
   return math.min(math.ceil(units / eff), most)
 end
@@ -457,13 +461,13 @@ local leasers = latest ~= 0 or node ~= ''
 -- else the reserved units rounded up and the gain down.
 local function refill(p, to)
   if to > ts then
-    local room = math.max(0, p.cap - out * p.scale) - level
+    local room = ceiling(p, out) - level
     if room > 0 then
       local dt = to - ts
       if res == 0 then
         if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
       else
-        local eff = p.inc - res * p.scale / 1e9
+        local eff = unreserved(p)
         if eff > 0 then
           if dt >= math.ceil(room / eff) then
             level = level + room
