@@ -675,12 +675,12 @@ elseif op == 'lease' then
   dsum = mmin(mmax(0, dsum - r.d) + demand, MAX)
   r.d = demand
   -- Its share of the rate, in units per µs, and its credit.
-  local rho = 0
-  if demand > 0 then rho = inc * demand / dsum end
-  share = mmin(mfloor(rho * 1e9 / scale), MAX)
+  local whole_share = 0
+  if demand > 0 then whole_share = inc * demand / dsum end
+  share = mmin(mfloor(whole_share * 1e9 / scale), MAX)
   -- What a rate lease brought it is its share already: credit, and the size a grant must
   -- reach, go by the rest of its share.
-  rho = mmax(0, rho - old_rate * scale / 1e9)
+  local rho = mmax(0, whole_share - old_rate * scale / 1e9)
   -- At least `min`, so a request larger than a horizon of share waits longer, not forever.
   local ccap = mmin(mmax(mfloor(rho * horizon), min * scale), cap)
   if fresh then
@@ -751,10 +751,13 @@ elseif op == 'lease' then
   if free < need then
     local credit_short = (need - free) * scale - r.c
     if credit_short > 0 then
+      -- From here its credit accrues at its share less the rate it holds after this call, not
+      -- the one it held before (a node that gave its rate up accrues at its whole share).
+      local next_rho = mmax(0, whole_share - held_rate * scale / 1e9)
       local wait = horizon
-      if rho > 0 then
-        wait = mceil(credit_short / rho)
-      elseif old_rate > 0 then
+      if next_rho > 0 then
+        wait = mceil(credit_short / next_rho)
+      elseif held_rate > 0 then
         -- Its rate is all its share: only tokens above the reserve are for it.
         wait = mmax(horizon, fill_time(q, mmax(0, (reserve + need) * scale + hold - level)))
       end

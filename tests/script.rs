@@ -566,3 +566,47 @@ async fn leases_that_expired_together_are_dropped_in_one_search() {
     // Their tokens no longer hold the refill back: a full bucket less the new lease's 5.
     assert_eq!(reply.remaining, 995, "{reply:?}");
 }
+
+/// The script's side of the algorithm's unit test of the same name: a node that gives its
+/// rate up is paced by its whole share, in Redis as in its twin.
+#[tokio::test]
+async fn a_node_that_gives_its_rate_up_waits_for_credit_at_its_whole_share() {
+    let server = RedisServer::start();
+    let (store, clock) = store_at_1000_s(&server).await;
+    let memory = MemoryStore::with_clock(clock.clone());
+    let q = Quota::per_second(1_000).unwrap();
+    let lease = |id, want, held, demand_mtps, rate_mtps| {
+        LeaseRequest::new(want, 1).by(NodeLease {
+            id,
+            held,
+            demand_mtps,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(1),
+            rate_mtps,
+        })
+    };
+    // `a` (1) holds its share of 500/s as a rate; `b` (2) drains the bucket and spends it.
+    let steps = [
+        (0, lease(2, 1, 0, 1_000_000, 0)),
+        (0, lease(1, 100, 0, 1_000_000, 500_000)),
+        (0, lease(2, 1_000, 1, 1_000_000, 0)),
+        (0, lease(2, 1, 0, 1_000_000, 0)),
+        // 10 ms on, `a` has spent its tokens and asks for tokens alone, its share now
+        // 500.25/s: the old rate left it a quarter of a token a second.
+        (10, lease(1, 50, 0, 1_001_000, 0)),
+    ];
+    let mut last = None;
+    for (ms, req) in &steps {
+        clock.advance(Duration::from_millis(*ms));
+        let (m, r) = (
+            memory.lease("give-up", &q, req).await.unwrap(),
+            store.lease("give-up", &q, req).await.unwrap(),
+        );
+        assert_eq!(m, r, "{req:?}");
+        last = Some(r);
+    }
+    let a = last.unwrap();
+    assert_eq!((a.granted, a.rate_mtps), (1, 0), "{a:?}");
+    // Its credit accrues at 500.25/s from here: the next token 2 ms away, not 4 s.
+    assert_eq!(a.retry_after, Duration::from_millis(2), "{a:?}");
+}

@@ -514,15 +514,15 @@ pub fn step_with(
             let old_rate = std::mem::take(&mut r.rate_mtps);
             dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
             r.demand = n.demand_mtps;
-            let rho = if n.demand_mtps > 0 {
+            let whole_share = if n.demand_mtps > 0 {
                 inc as f64 * n.demand_mtps as f64 / dsum as f64
             } else {
                 0.0
             };
-            share = (rho * 1e9 / scale as f64).floor().min(max as f64) as u64;
+            share = (whole_share * 1e9 / scale as f64).floor().min(max as f64) as u64;
             // What a rate lease brought it is its share already: credit, and the size a grant
             // must reach, go by the rest of its share.
-            let rho = (rho - old_rate as f64 * scale as f64 / 1e9).max(0.0);
+            let rho = (whole_share - old_rate as f64 * scale as f64 / 1e9).max(0.0);
             let horizon = n.horizon_us as f64;
             // At least `min`, so a request larger than a horizon of share waits, not forever.
             let ccap = (rho * horizon)
@@ -616,9 +616,14 @@ pub fn step_with(
                 let credit_need = (need - free) * scale;
                 if credit_need > r.credit {
                     let credit_short = credit_need - r.credit;
-                    let wait = if rho > 0.0 {
-                        (credit_short as f64 / rho).ceil()
-                    } else if old_rate > 0 {
+                    // From here its credit accrues at its share less the rate it holds
+                    // after this call, not the one it held before: a node that gave its rate
+                    // up (its counted tokens ran out) was told to wait for its credit at the
+                    // sliver of share the old rate had left, 23 s at 1 000 nodes.
+                    let next = (whole_share - held_rate as f64 * scale as f64 / 1e9).max(0.0);
+                    let wait = if next > 0.0 {
+                        (credit_short as f64 / next).ceil()
+                    } else if held_rate > 0 {
                         // Its rate is all its share: only tokens above the reserve are for it.
                         let above = (reserve + need) * scale + hold;
                         horizon.max(fill_time(&quota, res, above.saturating_sub(level)) as f64)
@@ -1213,6 +1218,30 @@ mod tests {
         // The rate may be renewed smaller any time: `b` looks again within 100 ms beyond the
         // 50 ms the whole rate would take, not after the second the refill left would.
         assert!((100_000..=150_000).contains(&b.retry_after_us), "{b:?}");
+    }
+
+    #[test]
+    fn a_node_that_gives_its_rate_up_waits_for_credit_at_its_whole_share() {
+        // 1 000/s; `a` and `b` report the same demand: 500/s each. `a` holds its share as a
+        // rate, then `b` drains the bucket.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
+        let a = rated_lease(&mut st, &q, "a", 100, 0, 1_000_000, 500_000, 0);
+        assert_eq!((a.granted, a.rate_mtps), (100, 500_000), "{a:?}");
+        let b = node_lease(&mut st, &q, "b", 1_000, 1, 1_000_000, 0);
+        assert!(b.granted > 800, "{b:?}");
+        // `b` spends them (the bucket may refill again: 5 tokens in the next 10 ms).
+        node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
+        // 10 ms on, `a` has spent its tokens and asks for tokens alone (its counted tokens no
+        // longer carry a rate); its demand rose a little, so its share is 500.25/s and the
+        // old rate left it a quarter of a token a second. Its credit, capped by that, buys
+        // it one token of the reserve.
+        let a = rated_lease(&mut st, &q, "a", 50, 0, 1_001_000, 0, 10_000);
+        assert_eq!((a.granted, a.rate_mtps), (1, 0), "{a:?}");
+        // From here its credit accrues at its whole share: a token is 2 ms of it, a horizon
+        // at most (at the quarter token a second it was told 4 s, and slept through its lease).
+        assert!(a.retry_after_us <= 100_000, "{a:?}");
     }
 
     #[test]
