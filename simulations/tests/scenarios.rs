@@ -39,6 +39,7 @@ fn every_shipped_scenario_parses() {
             "skewed-small-burst",
             "store-outage",
             "tight-burst",
+            "tight-burst-fleet",
             "uniform"
         ]
     );

@@ -92,7 +92,7 @@ fn hybrid_never_overshoots_in_any_shipped_scenario() {
         assert!(m.admitted > 0, "{}: {m:?}", sc.name);
         checked += 1;
     }
-    assert!(checked >= 16, "only {checked} scenarios found");
+    assert!(checked >= 17, "only {checked} scenarios found");
 }
 
 /// A fleet of 100 that starts at once, cold, under Zipf traffic at twice the limit: it fills
