@@ -686,7 +686,9 @@ elseif op == 'lease' then
   if fresh then
     r.c = ccap
   elseif now > r.tc then
-    r.c = mmin(r.c + mfloor(rho * mmin(now - r.tc, horizon)), ccap)
+    -- For the whole time since its last call: a share whose horizon holds less than `min`
+    -- would otherwise gain under a token a call, and need several calls for one.
+    r.c = mmin(r.c + mfloor(rho * (now - r.tc)), ccap)
   else
     r.c = mmin(r.c, ccap)
   end

@@ -532,7 +532,10 @@ pub fn step_with(
             r.credit = if fresh {
                 ccap as u64
             } else if now > r.credit_ts {
-                let dt = (now - r.credit_ts).min(n.horizon_us) as f64;
+                // For the whole time since its last call: a share whose horizon holds less
+                // than `min` would otherwise gain under a token a call, and need several
+                // calls for one.
+                let dt = (now - r.credit_ts) as f64;
                 (r.credit as f64 + (rho * dt).floor()).min(ccap) as u64
             } else {
                 (r.credit as f64).min(ccap) as u64
@@ -1242,6 +1245,28 @@ mod tests {
         // From here its credit accrues at its whole share: a token is 2 ms of it, a horizon
         // at most (at the quarter token a second it was told 4 s, and slept through its lease).
         assert!(a.retry_after_us <= 100_000, "{a:?}");
+    }
+
+    #[test]
+    fn a_share_below_a_token_a_horizon_earns_its_token_in_one_call() {
+        // 1 000/s; `b` reports 995/s of demand and holds 995 tokens, so the bucket never
+        // rises above 5 (capacity less what is held), inside the reserve of 50: `a`, at 5/s,
+        // is served only against credit. Its horizon (100 ms) holds half a token.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        let b = node_lease(&mut st, &q, "b", 995, 0, 995_000, 0);
+        assert_eq!(b.granted, 995, "{b:?}");
+        let a = node_lease(&mut st, &q, "a", 1, 0, 5_000, 0);
+        assert_eq!(
+            (a.granted, a.share_mtps),
+            (1, 5_000),
+            "its first token: {a:?}"
+        );
+        // 250 ms on, a token and a quarter of share later, it has spent it and asks again.
+        let a = node_lease(&mut st, &q, "a", 1, 0, 5_000, 250_000);
+        // Credit accrued over the whole 250 ms (capped at the token it may hold), not over one
+        // horizon: half a token, refused, and another call 100 ms later for the rest.
+        assert_eq!(a.granted, 1, "{a:?}");
     }
 
     #[test]
