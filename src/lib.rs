@@ -20,7 +20,8 @@
 //! | a limit per user, API key or IP | [`KeyedHybridLimiter`], [`KeyedRedisLimiter`] |
 //! | at most N things in flight across the fleet | [`ConcurrencyLimiter`]; mutual exclusion: [`RedisLock`] |
 //! | limiters defined in a file (feature `toml`) | `LimitersConfig` |
-//! | tower / HTTP middleware (feature `tower`) | `middleware` |
+//! | to limit an HTTP server: axum, hyper, any tower HTTP stack (feature `http`) | `http::LimitLayer`: per key (client address, API key …) or global; sheds with `429`, `Retry-After` and `RateLimit` headers |
+//! | to limit any other tower service (feature `tower`) | `middleware`: back-pressure in `poll_ready`, or shedding with a `Limited` error; no HTTP responses |
 //! | to choose what happens when Redis fails | [`FailurePolicy`] |
 //! | to change a limit at run time, fleet-wide | [`ConfigStore`] |
 //! | metrics and traces | [`telemetry`] |
