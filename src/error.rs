@@ -46,8 +46,8 @@ pub enum BuildError {
     /// lease or concurrency settings out of range.
     #[error(fmt = text::config)]
     Config(String),
-    /// A limiter that runs a background task was built outside a tokio runtime, and no
-    /// runtime handle was given.
+    /// A limiter that runs a background task (hybrid, keyed hybrid, concurrency) was built
+    /// outside a tokio runtime, and no runtime handle was given to its builder's `runtime`.
     #[error(fmt = text::no_runtime)]
     NoRuntime,
     /// Connecting the store failed (never with `lazy_connect`).
@@ -90,7 +90,9 @@ pub enum AcquireError {
     #[error(fmt = text::config)]
     Config(String),
     /// The name has no quota stored centrally and the limiter was built to refuse such names
-    /// ([`Unconfigured::Error`](crate::Unconfigured::Error)).
+    /// ([`Unconfigured::Error`](crate::Unconfigured::Error)). Store one with
+    /// [`ConfigStore::init_config`](crate::ConfigStore::init_config), or build the limiter
+    /// with another [`Unconfigured`](crate::Unconfigured).
     #[error(fmt = text::unconfigured)]
     Unconfigured(String),
     /// The limiter was shut down.
@@ -179,12 +181,18 @@ mod text {
 
     pub(super) fn no_runtime(f: &mut Formatter<'_>) -> Result {
         f.write_str(
-            "a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime handle",
+            "this limiter runs a background task and needs a tokio runtime: build it inside one, \
+             or pass a handle to its builder's .runtime(handle)",
         )
     }
 
     pub(super) fn unconfigured(name: &impl std::fmt::Debug, f: &mut Formatter<'_>) -> Result {
-        write!(f, "no quota is configured for limiter {name:?}")
+        write!(
+            f,
+            "no quota is configured for limiter {name:?}: store one with \
+             ConfigStore::init_config, or build the limiter with \
+             .if_unconfigured(Unconfigured::UseQuota) to run under its own quota"
+        )
     }
 
     pub(super) fn closed(f: &mut Formatter<'_>) -> Result {
@@ -404,7 +412,9 @@ mod tests {
             (AcquireError::Config("x".into()), "invalid configuration: x"),
             (
                 AcquireError::Unconfigured("api".into()),
-                "no quota is configured for limiter \"api\"",
+                "no quota is configured for limiter \"api\": store one with \
+                 ConfigStore::init_config, or build the limiter with \
+                 .if_unconfigured(Unconfigured::UseQuota) to run under its own quota",
             ),
             (AcquireError::Closed, "the limiter has shut down"),
             (
@@ -420,8 +430,8 @@ mod tests {
             (BuildError::Config("x".into()), "invalid configuration: x"),
             (
                 BuildError::NoRuntime,
-                "a HybridLimiter needs a tokio runtime: build it inside one or pass a runtime \
-                 handle",
+                "this limiter runs a background task and needs a tokio runtime: build it \
+                 inside one, or pass a handle to its builder's .runtime(handle)",
             ),
             (
                 BuildError::Store(store()),

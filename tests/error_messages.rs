@@ -10,8 +10,9 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use ratelease::{
-    AcquireError, Algorithm, BuildError, Decision, Error, HybridLimiter, LockError, MemoryStore,
-    Quota, QuotaError, RedisLimiter, RedisLock, RedisStore, StoreError,
+    AcquireError, Algorithm, BuildError, ConcurrencyLimiter, Decision, Error, HybridLimiter,
+    KeyedHybridLimiter, LockError, MemoryStore, Quota, QuotaError, RedisLimiter, RedisLock,
+    RedisStore, StoreError, Unconfigured,
 };
 #[cfg(feature = "toml")]
 use ratelease::{ConfigFileError, LimitersConfig};
@@ -190,16 +191,47 @@ async fn builds_and_decisions_fail_with_their_own_types_and_convert_into_error()
 }
 
 /// Outside a tokio runtime a limiter with a background task cannot be built: `NoRuntime`, a
-/// build's error, the same text under `Error`.
+/// build's error, the same text under `Error`. The text names the builder's setter that fixes
+/// it, and no one kind of limiter: keyed and concurrency builders return it too.
 #[test]
 fn no_runtime_is_a_build_error() {
     let quota = Quota::per_second(5).unwrap();
-    let err = HybridLimiter::new("api", quota, MemoryStore::new()).unwrap_err();
-    assert!(matches!(err, BuildError::NoRuntime), "{err:?}");
-    let text = says_once(&err, &["needs a tokio runtime"]);
-    let umbrella = Error::from(err);
-    assert!(matches!(umbrella, Error::NoRuntime), "{umbrella:?}");
-    assert_eq!(umbrella.to_string(), text);
+    let hybrid = HybridLimiter::new("api", quota, MemoryStore::new()).unwrap_err();
+    let keyed = KeyedHybridLimiter::<String, _>::builder("api", quota, MemoryStore::new())
+        .build()
+        .unwrap_err();
+    let concurrency = ConcurrencyLimiter::builder("api", 5, MemoryStore::new())
+        .build()
+        .unwrap_err();
+    for err in [hybrid, keyed, concurrency] {
+        assert!(matches!(err, BuildError::NoRuntime), "{err:?}");
+        let text = says_once(&err, &["needs a tokio runtime", ".runtime(handle)"]);
+        assert!(!text.contains("HybridLimiter"), "{text}");
+        let umbrella = Error::from(err);
+        assert!(matches!(umbrella, Error::NoRuntime), "{umbrella:?}");
+        assert_eq!(umbrella.to_string(), text);
+    }
+}
+
+/// A name without a stored quota, under `Unconfigured::Error`: the text names the limiter and
+/// both ways out (store a quota, or build the limiter to run without one).
+#[tokio::test]
+async fn an_unconfigured_name_says_how_to_configure_it() {
+    let quota = Quota::per_second(5).unwrap();
+    let limiter = RedisLimiter::builder("api", quota, MemoryStore::new())
+        .if_unconfigured(Unconfigured::Error)
+        .build()
+        .unwrap();
+    let err = limiter.acquire_now(1).await.unwrap_err();
+    assert!(matches!(err, AcquireError::Unconfigured(_)), "{err:?}");
+    says_once(
+        &err,
+        &[
+            "\"api\"",
+            "ConfigStore::init_config",
+            ".if_unconfigured(Unconfigured::UseQuota)",
+        ],
+    );
 }
 
 #[cfg(feature = "toml")]
