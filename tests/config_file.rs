@@ -315,7 +315,6 @@ max_in_flight = 8
 rate = 10
 burst = 4
 mode = "pure"
-on_store_failure = "local-fallback"
 
 [concurrency.exports]
 limit = 20
@@ -352,7 +351,9 @@ fn keyed_and_concurrency_tables_parse_with_defaults_applied() {
         ip.quota(),
         Quota::per_second(10).unwrap().with_burst(4).unwrap()
     );
-    assert_eq!(ip.failure_policy(), FailurePolicy::local_fallback(4));
+    // `[defaults]`' policy, which only `ip.hybrid(…)` would use: a pure keyed limiter has
+    // none.
+    assert_eq!(ip.failure_policy(), FailurePolicy::FailClosed);
     assert_eq!(ip.max_keys(), DEFAULT_MAX_KEYS);
     assert_eq!(ip.idle_ttl(), None);
     assert_eq!(ip.give_back_after(), None);
@@ -809,6 +810,33 @@ fn the_failure_policy_defaults_to_the_last_known_share_and_reaches_pure_limiters
         named.build().unwrap().failure_policy(),
         Some(FailurePolicy::last_known_share(4))
     );
+}
+
+/// A pure keyed limiter has no failure policy (its calls return the store's error), so a
+/// `[keyed.*]` table of mode "pure" that names one is refused rather than built without it;
+/// `[defaults]`' failure keys are skipped for it, as for the hybrid-only keys.
+#[test]
+fn a_pure_keyed_table_refuses_a_failure_policy_it_would_not_use() {
+    for key in [
+        "on_store_failure = \"fail-open\"",
+        "on_store_failure = \"last-known-share\"",
+        "expected_nodes = 4",
+    ] {
+        let field = key.split(' ').next().unwrap();
+        let text = format!("[keyed.k]\nrate = 5\nmode = \"pure\"\n{key}");
+        invalid(&text, "k", field);
+        invalid(&text, "k", "no failure policy");
+        invalid(&text, "k", "mode = \"hybrid\"");
+        // In hybrid mode the same keys are the limiter's policy.
+        let hybrid = text.replace("\"pure\"", "\"hybrid\"");
+        LimitersConfig::from_toml(&hybrid).unwrap();
+    }
+    let file = LimitersConfig::from_toml(
+        "[defaults]\non_store_failure = \"fail-open\"\nexpected_nodes = 4\n\
+         [keyed.k]\nrate = 5\nmode = \"pure\"",
+    )
+    .unwrap();
+    assert_eq!(file.keyed("k").unwrap().mode(), Mode::Pure);
 }
 
 /// A layer over a file-built hybrid limiter waits for a first lease as over one built in code:

@@ -70,10 +70,12 @@
 //!   keep them apart — keyed buckets are `name#key`, concurrency records `{name}:conc` — so
 //!   this is for people, not for Redis.)
 //! - **`[defaults]` applies where the key means something, and is ignored elsewhere.**
-//!   `on_store_failure` and `expected_nodes` apply to every kind. `mode`, `horizon` and
-//!   `lease_size` apply to plain and keyed limiters. `algorithm`, `unconfigured`, `budget`
-//!   and `prefetch` apply to plain limiters only: keyed limiters are token buckets under their
-//!   own quota, and lease per key when a key is first seen.
+//!   `on_store_failure` and `expected_nodes` apply to every kind but pure keyed limiters,
+//!   which have no failure policy (their calls return the store's error while Redis is
+//!   failing). `mode`, `horizon` and `lease_size` apply to plain and keyed limiters.
+//!   `algorithm`, `unconfigured`, `budget` and `prefetch` apply to plain limiters only: keyed
+//!   limiters are token buckets under their own quota, and lease per key when a key is first
+//!   seen.
 //!   A concurrency limiter ignores `[defaults]`' `mode`, `horizon` and `lease_size`: its
 //!   hybrid mode needs a `batch` and trades fairness for speed, so it is chosen per table.
 //!   Ignoring (rather than rejecting) lets one `[defaults]` serve a file with every kind; a
@@ -82,7 +84,8 @@
 //! - **Settings of hybrid mode in a pure limiter's table are refused**, not ignored: a table
 //!   that sets `lease_size`, `horizon`, `prefetch`, `max_keys`, `idle_ttl`, `give_back_after`,
 //!   `max_in_flight`, `batch` or `idle_return` on a pure limiter asks for something it would
-//!   not get. Such keys in `[defaults]` are skipped for pure limiters.
+//!   not get; so does `on_store_failure` or `expected_nodes` on a pure keyed limiter. Such keys
+//!   in `[defaults]` are skipped for pure limiters.
 //! - **Values a builder would quietly raise are refused**: `max_keys = 0`,
 //!   `max_in_flight = 0`, an `idle_ttl` under 200 ms — the file would say one thing and the
 //!   limiter do another.

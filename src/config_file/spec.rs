@@ -224,10 +224,23 @@ impl KeyedSpec {
             ("give_back_after", table.give_back_after.is_some()),
             ("max_in_flight", table.max_in_flight.is_some()),
         ];
+        // A pure keyed limiter has no failure policy: it keeps no per-key state for a fallback
+        // rate to live in, so while the store is failing its calls return the store's error.
+        let failure_keys = [
+            ("on_store_failure", table.shared.on_store_failure.is_some()),
+            ("expected_nodes", table.shared.expected_nodes.is_some()),
+        ];
         if mode == Mode::Pure {
             if let Some((key, _)) = hybrid_only.iter().find(|(_, set)| *set) {
                 return Err(invalid(format!(
                     "{key} is for hybrid mode; this keyed limiter is pure (it keeps no keys)"
+                )));
+            }
+            if let Some((key, _)) = failure_keys.iter().find(|(_, set)| *set) {
+                return Err(invalid(format!(
+                    "{key} is for hybrid mode; a pure keyed limiter has no failure policy (its \
+                     calls return the store's error while Redis is failing): remove it, or set \
+                     mode = \"hybrid\""
                 )));
             }
         }
@@ -271,7 +284,9 @@ impl KeyedSpec {
         self.mode
     }
 
-    /// Its failure policy (hybrid mode).
+    /// Its failure policy (hybrid mode). A pure keyed limiter has none: its calls return the
+    /// store's error while Redis is failing, and a pure `[keyed.*]` table that names a policy
+    /// is refused.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.failure
     }
@@ -324,7 +339,7 @@ impl KeyedSpec {
     }
 
     /// The pure keyed limiter of this spec, whatever its mode (pure keyed limiters have no
-    /// builder: a name, a quota and a store are all they take).
+    /// builder: a name, a quota and a store are all they take; no failure policy either).
     ///
     /// # Errors
     /// As [`KeyedRedisLimiter::new`] (the name was checked at load, so in practice none).

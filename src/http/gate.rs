@@ -43,7 +43,8 @@ pub enum Step {
         /// The limiter's estimate of when a retry could succeed.
         retry_after: Duration,
     },
-    /// The limiter failed (a store failure under `FailClosed`, a request above the burst).
+    /// The limiter failed (a store failure no failure policy answers, a request above the
+    /// burst: see [`Rejection::Unavailable`](super::Rejection::Unavailable)).
     Fail(AcquireError),
     /// The request has no usable key.
     NoKey(KeyError),

@@ -41,9 +41,11 @@ pub enum Rejection {
     },
     /// The request carried no usable key.
     NoKey(KeyError),
-    /// The limiter could not decide: a store failure under
-    /// [`FailurePolicy::FailClosed`](crate::FailurePolicy), a closed limiter, or a request
-    /// for more tokens than the quota's burst.
+    /// The limiter could not decide: a store failure that no failure policy answers (a
+    /// pure limiter's without one, a hybrid limiter's under
+    /// [`FailurePolicy::FailClosed`](crate::FailurePolicy)), a closed limiter, a name refused
+    /// under [`Unconfigured::Error`](crate::Unconfigured::Error), or a request for more tokens
+    /// than the quota's burst.
     Unavailable(AcquireError),
 }
 
