@@ -145,6 +145,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
                 rate_held: 0.0,
                 horizon: None,
                 leasers: 0,
+                fleet: 0,
             })
             .low_water
             .min(self.quota.burst());

@@ -40,6 +40,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         recent: RecentRate::new(),
         share: None,
         leasers: 0,
+        fleet: 0,
         fallback_share_mtps: 0,
         release_seq: 0,
         expires: None,
@@ -108,6 +109,8 @@ struct Task {
     share: Option<f64>,
     /// Nodes holding a lease, as the store last reported (0: not known).
     leasers: u64,
+    /// The most nodes the store has reported holding a lease (see `LeaseContext::fleet`).
+    fleet: u64,
     /// The last non-zero share, millitokens per second, that the fallback of
     /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).
     fallback_share_mtps: u64,
@@ -455,6 +458,7 @@ impl Task {
             rate_held: self.drip.per_second(),
             horizon: self.call_terms(s).map(|t| t.horizon),
             leasers: self.leasers,
+            fleet: self.fleet,
         }
     }
 
@@ -578,6 +582,7 @@ impl Task {
             }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
             self.leasers = reply.leasers;
+            self.fleet = self.fleet.max(reply.leasers);
             if let (true, Some(local)) = (s.failure.learns_share(), &s.fallback) {
                 // The fallback follows the last non-zero share (0: no demand reported, nothing
                 // learnt).

@@ -267,6 +267,7 @@ where
             rate_held: 0.0,
             horizon: None,
             leasers: 0,
+            fleet: 0,
         });
         let want = ask.want.clamp(need, burst);
         Some(LeaseAsk {
