@@ -211,15 +211,16 @@ async fn works_over_a_unix_socket() {
     assert_eq!(allowed, 10, "burst of 10, then denied");
 }
 
-/// Where leasing buys nothing (forced here by a threshold no demand reaches: the node enters
-/// once the store has told it its share and never leaves), a miss of `acquire_now` is one exact decision in the real
+/// Where leasing buys nothing (forced here by a threshold no demand reaches, on a burst under
+/// the 4 tokens per node where every node leases: the node enters once the store has told it
+/// its share and never leaves), a miss of `acquire_now` is one exact decision in the real
 /// store: the burst is admitted once, across the local tokens and the decisions, and the
 /// decisions the store refuses leave its state as a pure limiter's would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_now_decides_in_redis_where_leasing_buys_nothing() {
     let server = RedisServer::start();
     // One token every 10 s: nothing refills during the test.
-    let quota = Quota::with_parts(1, Duration::from_secs(10), 8).unwrap();
+    let quota = Quota::with_parts(1, Duration::from_secs(10), 3).unwrap();
     let limiter = HybridLimiter::builder("per-request", quota, store(&server).await)
         .policy(ratelease::AdaptiveLease::new().per_request_below(1e12))
         .build()
@@ -238,11 +239,11 @@ async fn acquire_now_decides_in_redis_where_leasing_buys_nothing() {
         }
     }
     let stats = limiter.stats();
-    assert_eq!(admitted, 8, "the burst, once: {stats:?}");
+    assert_eq!(admitted, 3, "the burst, once: {stats:?}");
     assert!(stats.decisions >= 1, "{stats:?}");
     assert_eq!(
         stats.tokens_decided + stats.tokens_leased,
-        8,
+        3,
         "every token came from a lease or a decision: {stats:?}"
     );
     // A pure limiter on the same key sees the bucket empty.
