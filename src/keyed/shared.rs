@@ -358,16 +358,28 @@ where
         };
         let mut outcome = None;
         if self.circuit.is_open() {
-            outcome = Some(match self.policy_admits(key, state.is_some(), n) {
-                Ok(()) => Outcome::Allowed,
-                Err((retry_after, why)) => Outcome::Denied {
-                    retry_after: if why == Why::Failing {
-                        blocked.max(retry_after)
-                    } else {
-                        retry_after
-                    },
-                    why,
-                },
+            let admit = match (self.failure, &self.fallback, &state) {
+                (FailurePolicy::FailOpen, _, _) => Ok(()),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(rate),
+                    Some(_),
+                ) => self
+                    .fallback_take(key, rate, n)
+                    .map_err(|wait| (wait, Why::Policy)),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    _,
+                    _,
+                ) => Err((self.rtt(), Why::Policy)),
+                _ => Err((blocked.max(self.rtt()), Why::Failing)),
+            };
+            outcome = Some(match admit {
+                Ok(()) => {
+                    count(&self.counters.admitted_degraded, n);
+                    Outcome::Allowed
+                }
+                Err((retry_after, why)) => Outcome::Denied { retry_after, why },
             });
         } else if !blocked.is_zero() {
             outcome = Some(Outcome::Denied {
@@ -392,59 +404,6 @@ where
             retry_after: self.rtt(),
             why: Why::Pending { refused },
         }))
-    }
-
-    /// The failure policy's answer for `n` tokens of `key` the store has not given (`known`:
-    /// the key has state here; a fallback rate is kept only for such keys): `Ok` if it admits
-    /// them (counted as admitted while degraded), else how long until it could and why
-    /// (`Why::Failing` under `FailClosed`, which never admits).
-    fn policy_admits<Q>(&self, key: &Q, known: bool, n: u64) -> Result<(), (Duration, Why)>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        let admit = match (self.failure, &self.fallback) {
-            (FailurePolicy::FailOpen, _) => Ok(()),
-            (
-                FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
-                Some(rate),
-            ) if known => self
-                .fallback_take(key, rate, n)
-                .map_err(|wait| (wait, Why::Policy)),
-            (FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. }, _) => {
-                Err((self.rtt(), Why::Policy))
-            }
-            _ => Err((self.rtt(), Why::Failing)),
-        };
-        if admit.is_ok() {
-            count(&self.counters.admitted_degraded, n);
-        }
-        admit
-    }
-
-    /// The answer to a caller whose lease for `key` did not come within its `lease_wait`:
-    /// the store is slow, and has not refused. Denying would be a limit the store never set (a
-    /// slow Redis made every new key's first request a 429), so the failure policy answers,
-    /// as for a failed call: `FailClosed` with the timeout as the error, the others as they do
-    /// while the circuit is open. The lease still lands when it comes.
-    pub(super) fn unanswered<Q>(
-        &self,
-        key: &Q,
-        n: u64,
-        waited: Duration,
-    ) -> Result<Decision, AcquireError>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        if self.failure == FailurePolicy::FailClosed {
-            return Err(AcquireError::Store(StoreError::Timeout(waited)));
-        }
-        let known = self.map.get(key).is_some();
-        Ok(match self.policy_admits(key, known, n) {
-            Ok(()) => Decision::Allowed,
-            Err((retry_after, _)) => Decision::Denied { retry_after },
-        })
     }
 
     /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
