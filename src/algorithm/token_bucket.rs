@@ -1264,8 +1264,8 @@ mod tests {
         );
         // 250 ms on, a token and a quarter of share later, it has spent it and asks again.
         let a = node_lease(&mut st, &q, "a", 1, 0, 5_000, 250_000);
-        // Credit accrued over the whole 250 ms (capped at the token it may hold), not over one
-        // horizon: half a token, refused, and another call 100 ms later for the rest.
+        // Credit accrued over the whole 250 ms (capped at the token it may hold). Accrued over
+        // one horizon at most, it was half a token: refused, and told to call again in 100 ms.
         assert_eq!(a.granted, 1, "{a:?}");
     }
 

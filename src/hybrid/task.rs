@@ -109,7 +109,11 @@ struct Task {
     share: Option<f64>,
     /// Nodes holding a lease, as the store last reported (0: not known).
     leasers: u64,
-    /// The most nodes the store has reported holding a lease (see `LeaseContext::fleet`).
+    /// The most nodes the store has reported holding a lease (see `LeaseContext::fleet`). It
+    /// never falls: nodes that decide per request are not counted, so a count that fell
+    /// would let them leave the regime a few at a time. A fleet that shrank (or doubled for
+    /// a rolling restart's overlap) keeps deciding per request where its old size would
+    /// have: exact decisions, the safe side.
     fleet: u64,
     /// The last non-zero share, millitokens per second, that the fallback of
     /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).

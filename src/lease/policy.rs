@@ -428,6 +428,7 @@ fn at_least(x: f64, min: f64) -> f64 {
 
 /// Tokens of burst per node (the most leasers a node has seen) from which no node decides per
 /// request.
+///
 /// Deciding per request pays where the tokens small leasers hold between calls, a token or
 /// two each, would be much of the burst: twenty nodes sharing a burst of 20 (low-rate) lost
 /// 12 % of the budget leasing. Where the burst has that room, the anonymous takes of nodes
