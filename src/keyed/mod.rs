@@ -331,7 +331,9 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        s.wait(key, n, Patience::Until(None)).await.map(|_| ())
+        s.wait(key, n, Patience::Until(None), None)
+            .await
+            .map(|_| ())
     }
 
     /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
@@ -351,7 +353,7 @@ where
     {
         let s = &*self.handle.shared;
         let deadline = time::from_now(timeout);
-        let wait = s.wait(key, n, Patience::Until(Some(deadline)));
+        let wait = s.wait(key, n, Patience::Until(Some(deadline)), None);
         bounded(deadline, wait, || s.rtt()).await
     }
 
