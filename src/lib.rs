@@ -54,7 +54,7 @@
 //! | `try_acquire_local(n)` | sync → `Result<LocalAnswer>` | `try_acquire`, telling the store's refusal from "no answer yet" ([`LocalAnswer::NeedsLease`]) | [`HybridLimiter`], [`KeyedHybridLimiter`] |
 //! | `local_answer(n)` | sync → `Option<Result<LocalAnswer>>` | `try_acquire_local` if the limiter keeps local state; `None` if it must ask the store | the traits |
 //! | `acquire_now(n)` | async → `Result<Decision>` | one decision, never a wait for tokens: a pure limiter's store call, a hybrid limiter's local answer (or, where a node's part of the burst is a token or two, a store decision: see [`AdaptiveLease::per_request_below`]) | every limiter, the traits |
-//! | `try_acquire_or_lease(n, lease_wait)` | async → `Result<Decision>` | `acquire_now`, but waits up to `lease_wait` while a hybrid limiter has no answer from the store yet (past it the failure policy answers); never for tokens | every rate limiter, the traits |
+//! | `try_acquire_or_lease(n, lease_wait)` | async → `Result<Decision>` | `acquire_now`, but waits up to `lease_wait` while a hybrid limiter has no answer from the store yet; never for tokens | every rate limiter, the traits |
 //! | `try_acquire_for(n, timeout)` | async → `Result<Decision>` | waits at most `timeout` | every limiter, the traits |
 //! | `acquire(n)` | async → `Result<()>` | waits until admitted | every limiter, the traits |
 //! | `check(n)` | async → `Result<Verdict>` | `acquire_now` with the budget left, for `RateLimit` headers | [`RedisLimiter`] |

@@ -111,9 +111,7 @@ where
 /// How long a limited request may wait for a lease when its limiter has no answer for it yet
 /// ([`LocalAnswer::NeedsLease`]: a key new to this process, tokens given back while idle),
 /// unless the layer's `lease_wait` says otherwise: a lease round trip with room to spare. The
-/// default of both the HTTP layer and the tower middleware. A lease that does not come within
-/// it (a slow store) is not a refusal: the limiter's failure policy answers the request, as it
-/// answers one whose store call failed.
+/// default of both the HTTP layer and the tower middleware.
 #[cfg(feature = "tower")]
 pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
 
@@ -125,7 +123,7 @@ pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waits {
     /// Longest wait for a lease when the limiter has no answer yet (zero: shed at once, with a
-    /// `retry_after` of about one round trip). Past it, the failure policy answers.
+    /// `retry_after` of about one round trip).
     pub lease_wait: Duration,
     /// Longest wait for the next token after a refusal (zero: shed at once).
     pub queue: Duration,
@@ -287,12 +285,8 @@ pub trait Limiter: Send + Sync {
 
     /// Takes `n` tokens now, waiting at most `lease_wait` while the limiter has no answer from
     /// the store yet (a lease in flight), but never for tokens the store said are not there:
-    /// that is `Denied` at once. A lease still out after `lease_wait` (a slow store) is no
-    /// refusal: the failure policy answers, as for a failed call
-    /// ([`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed): the error
-    /// [`StoreError::Timeout`](crate::StoreError::Timeout) of `lease_wait`). Pure modes, whose
-    /// every decision is a store call, answer as [`acquire_now`](Limiter::acquire_now) (the
-    /// default).
+    /// that is `Denied` at once. Pure modes, whose every decision is a store call, answer as
+    /// [`acquire_now`](Limiter::acquire_now) (the default).
     ///
     /// # Errors
     /// As [`acquire_now`](Limiter::acquire_now).
@@ -411,9 +405,8 @@ pub trait KeyedLimiter<K>: Send + Sync {
 
     /// Takes `n` tokens of `key` now, waiting at most `lease_wait` while the limiter has no
     /// answer from the store for the key yet (a new key's first lease, a refill in flight), but
-    /// never for tokens the store said are not there: that is `Denied` at once. A lease still
-    /// out after `lease_wait` (a slow store) is no refusal: the failure policy answers, as for
-    /// a failed call. Pure modes, whose every decision is a store call, answer as
+    /// never for tokens the store said are not there: that is `Denied` at once. Pure modes,
+    /// whose every decision is a store call, answer as
     /// [`acquire_now`](KeyedLimiter::acquire_now) (the default).
     ///
     /// # Errors

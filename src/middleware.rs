@@ -371,9 +371,8 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
     }
 
     /// How long a request may wait for the lease of a key the limiter has no answer for yet
-    /// (a new key's first request; default [`DEFAULT_LEASE_WAIT`]); a lease later than that
-    /// (a slow store) is answered by the limiter's failure policy. `Duration::ZERO` sheds such
-    /// requests too, with a hint of about one round trip.
+    /// (a new key's first request; default [`DEFAULT_LEASE_WAIT`]). `Duration::ZERO` sheds
+    /// such requests too, with a hint of about one round trip.
     pub fn lease_wait(mut self, lease_wait: Duration) -> Self {
         self.waits.lease_wait = lease_wait;
         self

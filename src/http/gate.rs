@@ -8,7 +8,7 @@
 //! - **a lease** ([`LocalAnswer::NeedsLease`](crate::LocalAnswer::NeedsLease): a key new to
 //!   this process, tokens given back while idle) — up to `lease_wait`, on by default: one round
 //!   trip to the store decides, and refusing would answer every new key's first request with a
-//!   429 (a lease later than that, from a slow store, is answered by the failure policy);
+//!   429;
 //! - **the next token** (a refusal whose `retry_after` fits in `queue`) — off by default: a
 //!   server that waits for tokens of an over-limit key queues its requests instead of
 //!   shedding them.

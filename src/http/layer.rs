@@ -148,11 +148,8 @@ impl<G: Gate> LimitLayer<G> {
 
     /// How long a request may wait when the limiter has no answer for it yet — a key new to
     /// this process, or tokens given back while idle — for the lease that brings one (default
-    /// [`DEFAULT_LEASE_WAIT`]). A lease that does not come within it (a slow store) is
-    /// answered by the limiter's failure policy, as a failed store call is: admitted by
-    /// `FailOpen` or the local fallback, a 503 under `FailClosed` — never a 429 the store did
-    /// not give. `Duration::ZERO` refuses such requests at once (with a `Retry-After` of about
-    /// one round trip), as a 429 for every new key's first request.
+    /// [`DEFAULT_LEASE_WAIT`]). `Duration::ZERO` refuses such requests at once (with a
+    /// `Retry-After` of about one round trip), as a 429 for every new key's first request.
     pub fn lease_wait(self, lease_wait: Duration) -> Self {
         self.with(|c| c.waits.lease_wait = lease_wait)
     }

@@ -183,7 +183,6 @@ impl<S: LeaseStore> HybridBuilder<S> {
             finished: Notify::new(),
             answered: AtomicBool::new(false),
             per_request: AtomicBool::new(false),
-            owed: AtomicU64::new(0),
             counters: Counters::default(),
             metrics,
         });

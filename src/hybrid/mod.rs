@@ -59,7 +59,9 @@ use crate::error::{AcquireError, BuildError};
 use crate::failure::FailurePolicy;
 #[cfg(doc)]
 use crate::lease::policy::AdaptiveLease;
-use crate::limiter::{check_tokens, Decision, Limiter, LocalAnswer, Patience, RECENTLY_REFUSED};
+use crate::limiter::{
+    bounded, check_tokens, Decision, Limiter, LocalAnswer, Patience, RECENTLY_REFUSED,
+};
 use crate::quota::Quota;
 use crate::retry::MIN_RETRY;
 use crate::store::{LeaseStore, RedisStore};
@@ -396,14 +398,12 @@ impl<S: LeaseStore> HybridLimiter<S> {
 
     /// Takes `n` tokens, waiting at most `lease_wait` while the local bucket is empty and the
     /// store has not said no (a lease in flight), but never for tokens the store said are not
-    /// there: that is `Denied` at once. What a server that sheds load wants. A lease still out
-    /// after `lease_wait` (a slow store) is no refusal: the failure policy answers, as for a
-    /// failed call (and the lease lands when it comes). Where leasing buys nothing, a miss is
-    /// one decision in the store, as in [`acquire_now`](Self::acquire_now).
+    /// there: that is `Denied` at once. What a server that sheds load wants. Where leasing
+    /// buys nothing, a miss is one decision in the store, as in
+    /// [`acquire_now`](Self::acquire_now).
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire); under [`FailurePolicy::FailClosed`], a lease still out
-    /// after `lease_wait` is [`StoreError::Timeout`](crate::StoreError::Timeout) of `lease_wait`.
+    /// As [`acquire`](Self::acquire).
     pub async fn try_acquire_or_lease(
         &self,
         n: u64,
@@ -416,10 +416,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
             return self.handle.shared.decide(n).await;
         }
         let wait = self.wait(n, Patience::LeaseOnly);
-        match tokio::time::timeout_at(time::from_now(lease_wait), wait).await {
-            Ok(decision) => decision,
-            Err(_) => self.handle.shared.unanswered(n, lease_wait),
-        }
+        bounded(time::from_now(lease_wait), wait, || {
+            self.handle.shared.rtt()
+        })
+        .await
     }
 
     /// Tokens in the local bucket now.

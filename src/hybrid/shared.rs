@@ -93,10 +93,6 @@ pub(super) struct Shared<S> {
     /// [`per_request`](LeasePolicy::per_request)): a miss in `acquire_now` is one decision in
     /// the store ([`Shared::decide`]).
     pub(super) per_request: AtomicBool,
-    /// Tokens the failure policy admitted while a lease was late (see `unanswered`), not yet
-    /// taken out of a grant: the store does not count them, so the next grants pay them back
-    /// before their tokens reach the local bucket.
-    pub(super) owed: AtomicU64,
     pub(super) counters: Counters,
     pub(super) metrics: HybridMetrics,
 }
@@ -194,8 +190,23 @@ impl<S: LeaseStore> Shared<S> {
         // The failure policy's answer while the circuit is open; `None` for "deny as usual".
         let mut policy_wait = None;
         if self.circuit.is_open() {
-            match self.policy_admits(n) {
-                Ok(()) => return Ok(Decision::Allowed),
+            let admit = match (self.failure, &self.fallback) {
+                (FailurePolicy::FailOpen, _) => Ok(()),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(local),
+                ) => local.try_take(n),
+                _ => Err(Duration::ZERO),
+            };
+            match admit {
+                Ok(()) => {
+                    // Keep the background task probing the store.
+                    self.signal.request();
+                    self.counters
+                        .admitted_degraded
+                        .fetch_add(n, Ordering::Relaxed);
+                    return Ok(Decision::Allowed);
+                }
                 Err(wait) => policy_wait = Some(wait).filter(|w| !w.is_zero()),
             }
         }
@@ -205,57 +216,6 @@ impl<S: LeaseStore> Shared<S> {
         self.signal.denied(n);
         Ok(Decision::Denied {
             retry_after: policy_wait.unwrap_or_else(|| self.retry_hint()),
-        })
-    }
-
-    /// The failure policy's answer for `n` tokens the store has not given: `Ok` if it admits
-    /// them (counted as admitted while degraded; the task is asked to keep probing), else how
-    /// long until it could (zero: no hint; `FailClosed` never admits).
-    fn policy_admits(&self, n: u64) -> Result<(), Duration> {
-        let admit = match (self.failure, &self.fallback) {
-            (FailurePolicy::FailOpen, _) => Ok(()),
-            (
-                FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
-                Some(local),
-            ) => local.try_take(n),
-            _ => Err(Duration::ZERO),
-        };
-        if admit.is_ok() {
-            self.signal.request();
-            // Relaxed: a statistic.
-            self.counters
-                .admitted_degraded
-                .fetch_add(n, Ordering::Relaxed);
-        }
-        admit
-    }
-
-    /// The answer to a caller whose lease did not come within its `lease_wait`: the store is
-    /// slow, and has not refused. Denying would be a limit the store never set (a slow Redis
-    /// made every new caller's first request a 429), so the failure policy answers, as for a
-    /// failed call: `FailClosed` with the timeout as the error, the others as they do while
-    /// the circuit is open. The lease is still in flight and the store does not count what the
-    /// policy admits, so that is a debt (`owed`) the next grants repay before their tokens
-    /// are spent: the fleet's bound holds once the lease lands, as it does not for what the
-    /// policy admits while the store is failing.
-    pub(super) fn unanswered(&self, n: u64, waited: Duration) -> Result<Decision, AcquireError> {
-        if self.failure == FailurePolicy::FailClosed {
-            return Err(AcquireError::Store(StoreError::Timeout(waited)));
-        }
-        Ok(match self.policy_admits(n) {
-            Ok(()) => {
-                // Relaxed: the task reads it when a grant lands; a debt it misses by a moment
-                // is repaid from the next grant.
-                self.owed.fetch_add(n, Ordering::Relaxed);
-                Decision::Allowed
-            }
-            Err(wait) => Decision::Denied {
-                retry_after: if wait.is_zero() {
-                    self.retry_hint()
-                } else {
-                    wait
-                },
-            },
         })
     }
 

@@ -313,15 +313,7 @@ impl Task {
             self.window = reply.at;
             self.expires = Some(end);
         }
-        // What the failure policy admitted while this lease was late is repaid first
-        // (Relaxed: see `Shared::owed`).
-        let owed = s
-            .owed
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |o| {
-                Some(o - o.min(reply.granted))
-            })
-            .unwrap_or(0);
-        s.local.add(reply.granted - owed.min(reply.granted));
+        s.local.add(reply.granted);
     }
 
     async fn give_back_if_idle<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {

@@ -16,10 +16,6 @@
 //!   once the store answers again. The check reads the key's state and the clock once, for
 //!   the miss and this alike.
 //!
-//! A lease that does not come within the caller's wait is neither: the store is slow. It is
-//! answered as a failed call is, by the failure policy (`Shared::unanswered`) — a 429 there
-//! would be a limit the store never set.
-//!
 //! [`try_acquire_local`](KeyedHybridLimiter::try_acquire_local) reports which one it is,
 //! without awaiting; [`try_acquire_or_lease`](KeyedHybridLimiter::try_acquire_or_lease) waits
 //! for the first kind only. It is `Shared::wait` with [`Patience::LeaseOnly`]: a known refusal
@@ -33,10 +29,10 @@ use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use super::shared::{Outcome, Repay, Why};
+use super::shared::{Outcome, Why};
 use super::KeyedHybridLimiter;
 use crate::error::AcquireError;
-use crate::limiter::{Decision, KeyRef, LocalAnswer, Patience};
+use crate::limiter::{bounded, Decision, KeyRef, LocalAnswer, Patience};
 use crate::store::LeaseStore;
 
 impl<K, S, H> KeyedHybridLimiter<K, S, H>
@@ -72,14 +68,10 @@ where
     /// Takes `n` tokens of `key`, waiting at most `lease_wait` while this process has no
     /// answer from the store for the key (a new key's first lease, a refill in flight) — one
     /// round trip, typically. A refusal by the store (or by the failure policy) is returned at
-    /// once as `Denied`: this never waits for the key's next token. A lease still out after
-    /// `lease_wait` (a slow store) is no refusal: the failure policy answers, as for a failed
-    /// call (and the lease lands when it comes).
+    /// once as `Denied`: this never waits for the key's next token.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire); under [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed),
-    /// a lease still out after `lease_wait` is
-    /// [`StoreError::Timeout`](crate::StoreError::Timeout) of `lease_wait`.
+    /// As [`acquire`](Self::acquire).
     pub async fn try_acquire_or_lease<Q>(
         &self,
         key: &Q,
@@ -91,16 +83,7 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        let repay = Repay::default();
-        let wait = s.wait(key, n, Patience::LeaseOnly, Some(&repay));
-        let mut wait = std::pin::pin!(wait);
-        let late = tokio::time::sleep_until(crate::time::from_now(lease_wait));
-        tokio::select! {
-            biased;
-            decision = &mut wait => decision,
-            // The wait (and with it the caller's claim, if the policy admitted it) is dropped
-            // after the answer: see `Shared::unanswered`.
-            () = late => s.unanswered(key, n, lease_wait, &repay),
-        }
+        let wait = s.wait(key, n, Patience::LeaseOnly);
+        bounded(crate::time::from_now(lease_wait), wait, || s.rtt()).await
     }
 }

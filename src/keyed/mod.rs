@@ -331,9 +331,7 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         let s = &*self.handle.shared;
-        s.wait(key, n, Patience::Until(None), None)
-            .await
-            .map(|_| ())
+        s.wait(key, n, Patience::Until(None)).await.map(|_| ())
     }
 
     /// Waits at most `timeout` for `n` tokens of `key`. Returns `Denied` at once when the
@@ -353,7 +351,7 @@ where
     {
         let s = &*self.handle.shared;
         let deadline = time::from_now(timeout);
-        let wait = s.wait(key, n, Patience::Until(Some(deadline)), None);
+        let wait = s.wait(key, n, Patience::Until(Some(deadline)));
         bounded(deadline, wait, || s.rtt()).await
     }
 

@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::fmt::Display;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -358,16 +358,28 @@ where
         };
         let mut outcome = None;
         if self.circuit.is_open() {
-            outcome = Some(match self.policy_admits(key, state.is_some(), n) {
-                Ok(()) => Outcome::Allowed,
-                Err((retry_after, why)) => Outcome::Denied {
-                    retry_after: if why == Why::Failing {
-                        blocked.max(retry_after)
-                    } else {
-                        retry_after
-                    },
-                    why,
-                },
+            let admit = match (self.failure, &self.fallback, &state) {
+                (FailurePolicy::FailOpen, _, _) => Ok(()),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(rate),
+                    Some(_),
+                ) => self
+                    .fallback_take(key, rate, n)
+                    .map_err(|wait| (wait, Why::Policy)),
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    _,
+                    _,
+                ) => Err((self.rtt(), Why::Policy)),
+                _ => Err((blocked.max(self.rtt()), Why::Failing)),
+            };
+            outcome = Some(match admit {
+                Ok(()) => {
+                    count(&self.counters.admitted_degraded, n);
+                    Outcome::Allowed
+                }
+                Err((retry_after, why)) => Outcome::Denied { retry_after, why },
             });
         } else if !blocked.is_zero() {
             outcome = Some(Outcome::Denied {
@@ -392,75 +404,6 @@ where
             retry_after: self.rtt(),
             why: Why::Pending { refused },
         }))
-    }
-
-    /// The failure policy's answer for `n` tokens of `key` the store has not given (`known`:
-    /// the key has state here; a fallback rate is kept only for such keys): `Ok` if it admits
-    /// them (counted as admitted while degraded), else how long until it could and why
-    /// (`Why::Failing` under `FailClosed`, which never admits).
-    fn policy_admits<Q>(&self, key: &Q, known: bool, n: u64) -> Result<(), (Duration, Why)>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        let admit = match (self.failure, &self.fallback) {
-            (FailurePolicy::FailOpen, _) => Ok(()),
-            (
-                FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
-                Some(rate),
-            ) if known => self
-                .fallback_take(key, rate, n)
-                .map_err(|wait| (wait, Why::Policy)),
-            (FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. }, _) => {
-                Err((self.rtt(), Why::Policy))
-            }
-            _ => Err((self.rtt(), Why::Failing)),
-        };
-        if admit.is_ok() {
-            count(&self.counters.admitted_degraded, n);
-        }
-        admit
-    }
-
-    /// The answer to a caller whose lease for `key` did not come within its `lease_wait`:
-    /// the store is slow, and has not refused. Denying would be a limit the store never set (a
-    /// slow Redis made every new key's first request a 429), so the failure policy answers,
-    /// as for a failed call: `FailClosed` with the timeout as the error, the others as they do
-    /// while the circuit is open. The lease is still in flight and the store does not count
-    /// what the policy admits, so the caller's claim on that lease is kept (`repay`): its `n`
-    /// tokens repay the admission instead of staying with the key. Only while that claim is
-    /// pending (the request reached the worker); else the caller is denied as before.
-    pub(super) fn unanswered<Q>(
-        &self,
-        key: &Q,
-        n: u64,
-        waited: Duration,
-        repay: &Repay,
-    ) -> Result<Decision, AcquireError>
-    where
-        K: Borrow<Q>,
-        Q: KeyRef<K> + ?Sized,
-    {
-        if !repay.is_pending() {
-            return Ok(Decision::Denied {
-                retry_after: self.rtt(),
-            });
-        }
-        if self.failure == FailurePolicy::FailClosed {
-            return Err(AcquireError::Store(StoreError::Timeout(waited)));
-        }
-        // The key's state is held while its fallback word is made: eviction removes the word
-        // with the key, under the same lock.
-        let state = self.map.get(key);
-        let admitted = self.policy_admits(key, state.is_some(), n);
-        drop(state);
-        Ok(match admitted {
-            Ok(()) => {
-                repay.owe();
-                Decision::Allowed
-            }
-            Err((retry_after, _)) => Decision::Denied { retry_after },
-        })
     }
 
     /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
@@ -590,12 +533,7 @@ where
     }
 
     /// Asks the worker for `n` tokens of `key` and waits for its answer.
-    pub(super) async fn ask<Q>(
-        &self,
-        key: &Q,
-        n: u64,
-        repay: Option<&Repay>,
-    ) -> Result<Answer, AcquireError>
+    pub(super) async fn ask<Q>(&self, key: &Q, n: u64) -> Result<Answer, AcquireError>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
@@ -611,8 +549,7 @@ where
             .send(request)
             .await
             .map_err(|_| AcquireError::Closed)?;
-        let mut pending = PendingAnswer::new(answer, repay);
-        pending.answer().await.map_err(|_| AcquireError::Closed)
+        answer.await.map_err(|_| AcquireError::Closed)
     }
 
     /// Waits for `n` tokens of `key`; a refusal (by the store, or by the failure policy) is
@@ -622,14 +559,11 @@ where
     /// is answered (`worker.rs`), so a waiter wakes for its own key's answer and nothing else.
     /// The call's tokens are counted as denied once, at its first miss, however often it
     /// looks again.
-    ///
-    /// `repay`: see [`Repay`] (`try_acquire_or_lease` only).
     pub(super) async fn wait<Q>(
         &self,
         key: &Q,
         n: u64,
         patience: Patience,
-        repay: Option<&Repay>,
     ) -> Result<Decision, AcquireError>
     where
         K: Borrow<Q>,
@@ -658,7 +592,7 @@ where
                 },
                 Why::Pending { .. } => {
                     self.ensure_state(key);
-                    match self.ask(key, n, repay).await? {
+                    match self.ask(key, n).await? {
                         Answer::Granted => return Ok(Decision::Allowed),
                         // Another lease of this key (a refill) may have brought tokens while
                         // this one was refused: take them rather than wait out the refusal.
@@ -694,84 +628,5 @@ where
     /// A store call returned after `took` (`answered`: see [`RttEstimate::observe`]).
     pub(super) fn observe_rtt(&self, took: Duration, answered: bool) {
         self.round_trip.observe(took, answered);
-    }
-}
-
-/// A waiting caller's claim on the lease it asked for, kept if it stops waiting because the
-/// failure policy admitted it meanwhile (see [`Shared::unanswered`]): the worker then hands its
-/// `n` tokens to the claim as to a waiter, and they repay the admission instead of staying
-/// with the key. States: 0 no request at the worker, 1 pending, 2 owed (kept after the
-/// caller leaves).
-#[derive(Debug, Default)]
-pub(super) struct Repay(Arc<AtomicU8>);
-
-impl Repay {
-    /// Whether the caller's request is at the worker, its answer not yet come.
-    pub(super) fn is_pending(&self) -> bool {
-        // Acquire/Release pair with `PendingAnswer`: the caller's own task sets and reads it;
-        // the orderings only keep the keeper task's view in step.
-        self.0.load(Ordering::Acquire) == PENDING
-    }
-
-    /// The policy admitted the caller: keep its claim.
-    pub(super) fn owe(&self) {
-        let _ = self
-            .0
-            .compare_exchange(PENDING, OWED, Ordering::AcqRel, Ordering::Acquire);
-    }
-}
-
-const PENDING: u8 = 1;
-const OWED: u8 = 2;
-
-/// The receiving end of a waiting caller's answer, which outlives the caller if its claim is
-/// owed: dropped with it, a spawned task keeps it open until the worker answers, so the worker
-/// counts the caller as waiting and gives its tokens to it (where they are dropped).
-struct PendingAnswer {
-    answer: oneshot::Receiver<Answer>,
-    answered: bool,
-    repay: Option<Arc<AtomicU8>>,
-}
-
-impl PendingAnswer {
-    fn new(answer: oneshot::Receiver<Answer>, repay: Option<&Repay>) -> Self {
-        let repay = repay.map(|r| r.0.clone());
-        if let Some(r) = &repay {
-            r.store(PENDING, Ordering::Release);
-        }
-        PendingAnswer {
-            answer,
-            answered: false,
-            repay,
-        }
-    }
-
-    async fn answer(&mut self) -> Result<Answer, oneshot::error::RecvError> {
-        let answer = (&mut self.answer).await;
-        self.answered = true;
-        if let Some(r) = &self.repay {
-            r.store(0, Ordering::Release);
-        }
-        answer
-    }
-}
-
-impl Drop for PendingAnswer {
-    fn drop(&mut self) {
-        let owed = self
-            .repay
-            .as_ref()
-            .is_some_and(|r| r.load(Ordering::Acquire) == OWED);
-        if owed && !self.answered {
-            let answer = std::mem::replace(&mut self.answer, oneshot::channel().1);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = answer.await;
-                });
-            }
-        } else if let Some(r) = &self.repay {
-            // Left without an owed claim: no request of this caller's is pending any more.
-            r.store(0, Ordering::Release);
-        }
     }
 }
