@@ -25,6 +25,10 @@
 //!   crashed node, or granted to a call whose reply never arrived).
 //! - `latency_us`: p50 / p99 / p999 of the time a caller waited for its decision (nearest rank).
 //! - `rejected_while_tokens_idle`: denials while another live node held unused tokens.
+//! - `by_demand_rank`: the nodes ranked by their requests (1 = the most) in groups of ranks 1,
+//!   2–3, 4–10, 11–32, 33–100, 101–316, … (each about √10 times the last): per group, the mean
+//!   requests and store calls per node per second and the group's acceptance (admitted over
+//!   requested) — where Jain says the fleet is unfair, this says to whom.
 //! - `recovery_s` (moving hot spot only): after each move, the time until the first
 //!   100 ms bin whose utilization (`admitted / min(demand, rate × bin)`) reaches 0.95; the
 //!   maximum over all moves (a move never recovered from counts its whole interval).
@@ -167,6 +171,9 @@ pub struct ModeMetrics {
     pub latency_us: LatencyUs,
     /// Denials while another live node held unused tokens.
     pub rejected_while_tokens_idle: u64,
+    /// Acceptance and store calls by demand rank (see the module docs).
+    #[serde(default)]
+    pub by_demand_rank: Vec<RankGroup>,
     /// Worst recovery after a hot-spot move, s (`moving_hotspot` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_s: Option<f64>,
@@ -176,6 +183,59 @@ pub struct ModeMetrics {
     pub trace_hash: String,
     /// Wall-clock time of the run, ms.
     pub wall_ms: u64,
+}
+
+/// One group of nodes by demand rank (`by_demand_rank`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankGroup {
+    /// First rank of the group (1 = the node with the most requests).
+    pub first: usize,
+    /// Last rank of the group.
+    pub last: usize,
+    /// Requests per node per second, the group's mean.
+    pub demand_per_s: f64,
+    /// Admitted over requested, over the group (1 for a group without requests).
+    pub acceptance: f64,
+    /// Store calls per node per second, the group's mean.
+    pub calls_per_s: f64,
+}
+
+/// The nodes ranked by requests, in groups of ranks 1, 2–3, 4–10, 11–32, 33–100, …: each
+/// group's mean requests and store calls per node per second and its acceptance.
+pub fn by_demand_rank(nodes: usize, log: &RunLog, duration_s: f64) -> Vec<RankGroup> {
+    let mut demand = vec![0u64; nodes];
+    let mut admitted = vec![0u64; nodes];
+    let mut calls = vec![0u64; nodes];
+    for r in &log.requests {
+        demand[r.node as usize] += 1;
+        admitted[r.node as usize] += u64::from(r.outcome == Outcome::Admitted);
+    }
+    for c in &log.calls {
+        calls[c.node as usize] += 1;
+    }
+    let mut order: Vec<usize> = (0..nodes).collect();
+    // Ties by node index, so the grouping is deterministic.
+    order.sort_by_key(|&i| (std::cmp::Reverse(demand[i]), i));
+    let per_s = duration_s.max(f64::MIN_POSITIVE);
+    let mut groups = Vec::new();
+    let (mut first, mut bound) = (1usize, 1.0f64);
+    while first <= nodes {
+        let last = (bound.round() as usize).clamp(first, nodes);
+        let members = &order[first - 1..last];
+        let sum = |v: &[u64]| members.iter().map(|&i| v[i]).sum::<u64>();
+        let (d, a, c) = (sum(&demand), sum(&admitted), sum(&calls));
+        let n = members.len() as f64;
+        groups.push(RankGroup {
+            first,
+            last,
+            demand_per_s: d as f64 / n / per_s,
+            acceptance: if d == 0 { 1.0 } else { a as f64 / d as f64 },
+            calls_per_s: c as f64 / n / per_s,
+        });
+        first = last + 1;
+        bound *= 10f64.sqrt();
+    }
+    groups
 }
 
 /// Per-node acceptance ratios (nodes without demand left out).
@@ -308,6 +368,7 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
             p999: us(0.999),
         },
         rejected_while_tokens_idle: log.rejected_while_tokens_idle,
+        by_demand_rank: by_demand_rank(sc.nodes, log, sc.duration_s),
         recovery_s: recovery,
         store_errors: log.store_errors,
         trace_hash: format!("{:016x}", log.trace_hash()),
@@ -373,6 +434,53 @@ mod tests {
         assert!((jain(&[1.0, 0.5]) - 0.9).abs() < 1e-12);
         assert_eq!(jain(&[]), 1.0);
         assert_eq!(jain(&[0.0, 0.0]), 1.0);
+    }
+
+    #[test]
+    fn nodes_are_grouped_by_demand_rank() {
+        use crate::record::{CallKind, CallRecord, RequestRecord};
+        // Twelve nodes: node i sees i + 1 requests (node 11 the most), of which node 11 has
+        // all admitted and the others none; node 11 makes 4 store calls. Over 2 s.
+        let mut requests = Vec::new();
+        for node in 0..12u32 {
+            for k in 0..=node {
+                let mut r = RequestRecord::pending(u64::from(k), node);
+                if node == 11 {
+                    r.outcome = Outcome::Admitted;
+                }
+                requests.push(r);
+            }
+        }
+        let calls = (0..4)
+            .map(|t| CallRecord {
+                t_ns: t,
+                node: 11,
+                kind: CallKind::Lease,
+            })
+            .collect();
+        let log = RunLog {
+            mode: crate::scenario::Mode::Hybrid,
+            requests,
+            calls,
+            store_calls: 4,
+            tokens_stranded: 0,
+            store_errors: 0,
+            redis_busy_ns: 0,
+            rejected_while_tokens_idle: 0,
+            wall: std::time::Duration::ZERO,
+        };
+        let g = by_demand_rank(12, &log, 2.0);
+        let ranks: Vec<(usize, usize)> = g.iter().map(|g| (g.first, g.last)).collect();
+        assert_eq!(ranks, [(1, 1), (2, 3), (4, 10), (11, 12)]);
+        // Rank 1 is node 11: 12 requests, all admitted, 4 calls, over 2 s.
+        assert_eq!(
+            (g[0].demand_per_s, g[0].acceptance, g[0].calls_per_s),
+            (6.0, 1.0, 2.0)
+        );
+        // Ranks 2–3 are nodes 10 and 9: 11 + 10 requests, none admitted.
+        assert_eq!((g[1].demand_per_s, g[1].acceptance), (5.25, 0.0));
+        // Ranks 11–12 are nodes 1 and 0: 2 + 1 requests.
+        assert_eq!(g[3].demand_per_s, 0.75);
     }
 
     #[test]

@@ -174,6 +174,47 @@ impl Report {
         out
     }
 
+    /// The acceptance by demand rank, every mode side by side: acceptance, and store calls
+    /// per node per second in brackets (see `metrics::by_demand_rank`).
+    pub fn rank_table(&self) -> String {
+        let Some(first) = self.modes.first() else {
+            return String::new();
+        };
+        let mut out = String::from(
+            "\n### Acceptance by demand rank\n\nRank 1 is the node with the most requests; \
+             each cell is the group's acceptance, then its store calls per node per second.\n\n",
+        );
+        let names: Vec<&str> = self.modes.iter().map(|m| m.mode.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "| ranks | requests/s per node | {} |",
+            names.join(" | ")
+        );
+        let _ = writeln!(out, "| --- | ---: |{}", " ---: |".repeat(names.len()));
+        for (i, g) in first.metrics.by_demand_rank.iter().enumerate() {
+            let ranks = if g.first == g.last {
+                g.first.to_string()
+            } else {
+                format!("{}–{}", g.first, g.last)
+            };
+            let cells: Vec<String> = self
+                .modes
+                .iter()
+                .map(|m| match m.metrics.by_demand_rank.get(i) {
+                    Some(g) => format!("{:.3} ({:.1})", g.acceptance, g.calls_per_s),
+                    None => String::new(),
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {ranks} | {:.1} | {} |",
+                g.demand_per_s,
+                cells.join(" | ")
+            );
+        }
+        out
+    }
+
     /// `report.json`.
     pub fn json(&self) -> Result<String> {
         let report = JsonReport {
@@ -276,6 +317,7 @@ impl Report {
              burst + rate × W; calls/s/node = busiest node's peak window; idle denials = \
              denials while another node held unused tokens. Definitions: `simulations/src/metrics.rs`.\n",
         );
+        out.push_str(&self.rank_table());
         out.push_str(
             "\n## Plots\n\n\
              ![admitted per window](admitted.svg)\n\n\
