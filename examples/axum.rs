@@ -15,7 +15,6 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderName;
 use axum::routing::get;
 use axum::Router;
 use ratelease::http::{HeaderKey, LimitLayer};
@@ -28,7 +27,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// inventing keys.)
 fn app<S: LeaseStore + Clone>(store: S) -> Result<Router, BoxError> {
     let limiter = KeyedHybridLimiter::new("axum-example", Quota::per_minute(5)?, store)?;
-    let api_key = HeaderKey::new(HeaderName::from_static("x-api-key")).max_len(64);
+    let api_key = HeaderKey::named("x-api-key")?.max_len(64);
     Ok(Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(LimitLayer::keyed(limiter, api_key)))

@@ -67,7 +67,9 @@
 //! [`Budget::Overall`] (the default) is one bucket per name for the whole fleet.
 //! [`Budget::PerClient`] gives every client its own bucket with the name's quota (like
 //! Redisson's `RRateLimiter` `PER_CLIENT`): key `<prefix>{name}:client:<id>`, in the same hash
-//! tag, so the name's central config applies to every client's bucket.
+//! tag, so the name's central config applies to every client's bucket. A *client* here is a
+//! limiter instance — in practice a process — not a caller of your API: for a limit per user,
+//! API key or address, use a keyed limiter ([`KeyedHybridLimiter`](crate::KeyedHybridLimiter)).
 
 use std::future::Future;
 use std::time::Duration;
@@ -83,7 +85,9 @@ pub enum Budget {
     #[default]
     Overall,
     /// One budget per client: each limiter instance (a hybrid limiter's node id, a
-    /// [`RedisLimiter`](crate::RedisLimiter)'s client id) gets the full quota of its own.
+    /// [`RedisLimiter`](crate::RedisLimiter)'s client id) gets the full quota of its own. A
+    /// client is a limiter instance (in practice a process, as in Redisson's `PER_CLIENT`),
+    /// not a caller of your API: a limit per user, API key or address is a keyed limiter's.
     PerClient,
 }
 

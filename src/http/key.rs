@@ -167,6 +167,15 @@ impl HeaderKey {
         }
     }
 
+    /// Keys by the value of the header named `name` (any case, e.g. `"x-api-key"`), without
+    /// building an [`http::HeaderName`] first.
+    ///
+    /// # Errors
+    /// [`http::header::InvalidHeaderName`] if `name` is not a valid header name.
+    pub fn named(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
+        HeaderName::from_bytes(name.as_bytes()).map(Self::new)
+    }
+
     /// Requests without a valid header share the budget of `key` instead of being refused.
     pub fn or_key(mut self, key: impl Into<Cow<'static, str>>) -> Self {
         self.fallback = Some(key.into());
@@ -248,8 +257,12 @@ mod tests {
         );
         let empty = request().header(&x, "").body(()).unwrap();
         assert!(HeaderKey::new(x.clone()).extract(&empty).is_err());
-        let shared = HeaderKey::new(x).or_key("anonymous");
+        let shared = HeaderKey::new(x.clone()).or_key("anonymous");
         assert_eq!(shared.extract(&missing).unwrap(), "anonymous");
         assert_eq!(shared.extract(&empty).unwrap(), "anonymous");
+        // By name, in any case; a name a header cannot have is an error, not a panic.
+        assert_eq!(HeaderKey::named("X-Api-Key").unwrap(), HeaderKey::new(x));
+        assert!(HeaderKey::named("x api key").is_err());
+        assert!(HeaderKey::named("").is_err());
     }
 }
