@@ -203,13 +203,8 @@ pub struct RankGroup {
 /// The nodes ranked by requests, in groups of ranks 1, 2–3, 4–10, 11–32, 33–100, …: each
 /// group's mean requests and store calls per node per second and its acceptance.
 pub fn by_demand_rank(nodes: usize, log: &RunLog, duration_s: f64) -> Vec<RankGroup> {
-    let mut demand = vec![0u64; nodes];
-    let mut admitted = vec![0u64; nodes];
+    let (demand, admitted) = per_node_requests(nodes, log);
     let mut calls = vec![0u64; nodes];
-    for r in &log.requests {
-        demand[r.node as usize] += 1;
-        admitted[r.node as usize] += u64::from(r.outcome == Outcome::Admitted);
-    }
     for c in &log.calls {
         calls[c.node as usize] += 1;
     }
@@ -238,14 +233,20 @@ pub fn by_demand_rank(nodes: usize, log: &RunLog, duration_s: f64) -> Vec<RankGr
     groups
 }
 
-/// Per-node acceptance ratios (nodes without demand left out).
-pub fn acceptance_ratios(nodes: usize, log: &RunLog) -> Vec<f64> {
+/// Requests and admissions per node.
+fn per_node_requests(nodes: usize, log: &RunLog) -> (Vec<u64>, Vec<u64>) {
     let mut demand = vec![0u64; nodes];
     let mut admitted = vec![0u64; nodes];
     for r in &log.requests {
         demand[r.node as usize] += 1;
         admitted[r.node as usize] += u64::from(r.outcome == Outcome::Admitted);
     }
+    (demand, admitted)
+}
+
+/// Per-node acceptance ratios (nodes without demand left out).
+pub fn acceptance_ratios(nodes: usize, log: &RunLog) -> Vec<f64> {
+    let (demand, admitted) = per_node_requests(nodes, log);
     demand
         .iter()
         .zip(&admitted)

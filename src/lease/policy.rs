@@ -363,11 +363,7 @@ impl LeasePolicy for AdaptiveLease {
         if self.per_request_below <= 0.0 {
             return false;
         }
-        // Where the burst has room for every node's token or two several times over, leasing
-        // strands none of it, and a small share is better off leasing: its credit keeps it to
-        // its share, while an anonymous take reaches the reserve before any leaser (see
-        // `ROOM_PER_LEASER`). The fleet, not the leasers counted now: nodes that decide per
-        // request are not counted.
+        // Room in the burst for every node: lease (see `ROOM_PER_LEASER`).
         if ctx.fleet > 0 && ctx.fleet as f64 * ROOM_PER_LEASER <= ctx.quota.burst() as f64 {
             return false;
         }
