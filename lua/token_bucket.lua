@@ -126,9 +126,10 @@
 -- this call's time). The node's counted tokens become its own bucket: it keeps reporting them
 -- as held while it holds a rate, drips into them (less one step's worth it never spends, since a
 -- drip covers at most one step, a quarter of its horizon, and may run ahead of a continuous
--- bucket by that much), and never drips while a call is in flight. A sum of token buckets admits
--- at most the sum of their capacities plus the sum of their rates × W, so the fleet still admits
--- at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
+-- bucket by that much), and drips nothing while a call is in flight: the reply pays the flight
+-- at the lesser of the old and new rates, which this script counts throughout. A sum of token
+-- buckets admits at most the sum of their capacities plus the sum of their rates × W, so the
+-- fleet still admits at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
 -- counted tokens carry.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every

@@ -491,11 +491,13 @@ impl Task {
         let demanded = Self::demanded(s);
         self.recent.look(Instant::now(), demanded);
         // The rate lease drips up to the call and not while it is in flight: the store ends
-        // the rate it holds when it runs the call, and its reply starts the next one.
-        self.add_drip(s, Instant::now());
+        // the rate it holds when it runs the call, and its reply starts the next one (and pays
+        // the flight at the lesser of the two rates: see `lease/drip.rs`).
+        let paused = Instant::now();
+        self.add_drip(s, paused);
         let held_before = self.drip.rate_mtps();
         let rated = held_before > 0;
-        self.drip.suspend();
+        self.drip.suspend(paused);
         let ctx = self.context(s, s.signal.take_denied());
         let mut ask = s.policy.ask(&ctx);
         let terms = self.call_terms(s);
@@ -555,7 +557,8 @@ impl Task {
             }
             None => call.await,
         };
-        s.observe_rtt(sent.elapsed(), result.is_ok());
+        let arrived = Instant::now();
+        s.observe_rtt(arrived - sent, result.is_ok());
         s.counters.leases.fetch_add(1, Ordering::Relaxed);
         if let Ok(reply) = &result {
             self.adopt(s, reply.quota, reply.source);
@@ -565,8 +568,7 @@ impl Task {
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             self.expires = Some(sent + terms.ttl.mul_f64(0.9));
             self.counted = held + reply.granted;
-            self.drip
-                .start(reply.rate_mtps, terms.horizon, Instant::now());
+            self.drip.start(reply.rate_mtps, terms.horizon, arrived);
             s.counters
                 .rate_mtps
                 .store(reply.rate_mtps, Ordering::Relaxed);
@@ -622,6 +624,8 @@ impl Task {
                     self.keep(s, &reply, sent);
                 }
                 self.keep_back_slack(s);
+                // What the rate earned in flight (see `Drip::start`), into the bucket as it is now.
+                self.add_drip(s, arrived);
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);

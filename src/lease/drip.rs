@@ -18,9 +18,16 @@
 //!   (the fraction of a token a drip carries to the next never reaches past the cap either);
 //! - **slack kept back**: the local bucket never holds more than the counted tokens less the
 //!   slack, so the run-ahead stays inside what the store counts;
-//! - **no drip in flight**: never while a call is in flight, so the rate it uses is always one
-//!   the store has counted, from the store's time of the grant to its time of the next call;
-//!   and none after its lease's local expiry, which comes before the store's.
+//! - **in flight, the lesser rate**: no drip while a call is in flight; the store ends the old
+//!   rate and starts the new one when it runs the call, some time between the node's send and
+//!   its reply, so when the reply comes the node adds what the lesser of the two rates earned
+//!   over the whole flight (one step of it at most, as any drip) — the rate it uses is always
+//!   one the store has counted. Without it a renewal cost a round trip of the rate: 1 % on a
+//!   store 5 ms away renewed twice a second. None after its lease's local expiry, which comes
+//!   before the store's;
+//! - **fractions kept**: the fraction of a token earned and not yet added is kept across a
+//!   renewal (it was earned under a rate the store counted); dropping it cost half a token a
+//!   call.
 //!
 //! `tests/conservation.rs` checks the bound with nodes that follow these rules.
 //!
@@ -47,6 +54,9 @@ pub(crate) struct Drip {
     step: Duration,
     /// When the last drip was (or the rate was granted); `None` while a call is in flight.
     from: Option<Instant>,
+    /// While a call is in flight: when the drip was suspended, with `rate_mtps` the rate it
+    /// held then.
+    paused_at: Option<Instant>,
     /// The fraction of a token earned and not yet added, in millitoken-microseconds (exact:
     /// a token is 10^9 of them).
     carry: u128,
@@ -54,15 +64,28 @@ pub(crate) struct Drip {
 
 impl Drip {
     /// Starts dripping `rate_mtps` (the store's grant to a node of `horizon`) from `now`, the
-    /// reply's arrival. A rate of 0 stops the drip.
+    /// reply's arrival. A rate of 0 stops the drip. After a [`suspend`](Self::suspend), what
+    /// the lesser of the old and new rates earned while the call was in flight (over one step
+    /// at most), with the fraction carried from before, is owed: the next
+    /// [`earn`](Self::earn), at `now` itself, adds it.
     pub(crate) fn start(&mut self, rate_mtps: u64, horizon: Duration, now: Instant) {
         let step_us = drip_step_us(micros(horizon));
+        let step = Duration::from_micros(step_us);
+        let dripping = rate_mtps > 0 && step_us > 0;
+        let owed = match self.paused_at {
+            Some(at) if dripping => {
+                let flight = now.saturating_duration_since(at).min(step);
+                u128::from(self.rate_mtps.min(rate_mtps)) * u128::from(micros(flight)) + self.carry
+            }
+            _ => 0,
+        };
         *self = Drip {
             rate_mtps,
             slack: drip_slack(rate_mtps, step_us),
-            step: Duration::from_micros(step_us),
-            from: (rate_mtps > 0 && step_us > 0).then_some(now),
-            carry: 0,
+            step,
+            from: dripping.then_some(now),
+            paused_at: None,
+            carry: owed,
         };
     }
 
@@ -71,9 +94,12 @@ impl Drip {
         *self = Drip::default();
     }
 
-    /// Pauses while a call is in flight (its reply starts the drip again).
-    pub(crate) fn suspend(&mut self) {
-        self.from = None;
+    /// Pauses at `now` while a call is in flight (its reply starts the drip again); the drip
+    /// is up to `now` (see [`earn`](Self::earn)).
+    pub(crate) fn suspend(&mut self, now: Instant) {
+        if self.from.take().is_some() {
+            self.paused_at = Some(now);
+        }
     }
 
     /// The rate held and dripping, millitokens per second (0 if none or suspended).
@@ -110,14 +136,14 @@ impl Drip {
     }
 
     /// The tokens to add at `now`: what the rate earned since the last drip (over one step at
-    /// most), but no more than fills the local bucket (`held` now, at least what is there) to
+    /// most) and what is owed from a call's flight (see [`start`](Self::start)), but no more than fills the local bucket (`held` now, at least what is there) to
     /// its cap with `counted` tokens counted by the store ([`cap`](Self::cap)). What does not
     /// fit is lost, as a full bucket's refill is.
     pub(crate) fn earn(&mut self, now: Instant, counted: u64, held: u64) -> u64 {
         let Some(from) = self.from else {
             return 0;
         };
-        if now <= from {
+        if now < from {
             return 0;
         }
         let dt = (now - from).min(self.step);
@@ -200,7 +226,7 @@ mod tests {
     fn suspended_or_stopped_earns_nothing() {
         let mut d = Drip::default();
         d.start(300_000, Duration::from_millis(40), at(0));
-        d.suspend();
+        d.suspend(at(0));
         assert_eq!(
             (d.earn(at(10), 10, 0), d.due(), d.rate_mtps()),
             (0, None, 0)
@@ -210,5 +236,43 @@ mod tests {
         assert_eq!(d.earn(at(20), 10, 0), 0);
         d.start(0, Duration::from_millis(40), at(20));
         assert_eq!((d.earn(at(30), 10, 0), d.due()), (0, None));
+    }
+
+    #[test]
+    fn a_flight_earns_the_lesser_rate_over_one_step_at_most() {
+        let mut d = Drip::default();
+        // 300 tokens/s, steps of 10 ms.
+        d.start(300_000, Duration::from_millis(40), at(0));
+        assert_eq!(d.earn(at(5), 100, 0), 1, "1.5 earned, 0.5 carried");
+        d.suspend(at(5));
+        // Renewed at 200/s, the reply 5 ms later: 5 ms at 200/s, and the half token carried.
+        d.start(200_000, Duration::from_millis(40), at(10));
+        assert_eq!(d.earn(at(10), 100, 0), 1, "1 + 0.5 owed at the reply");
+        assert_eq!(
+            d.earn(at(20), 100, 0),
+            2,
+            "then the new rate, the 0.5 carried on"
+        );
+        // A flight of a second pays one step at the lesser rate (here the old one, 200/s).
+        d.suspend(at(20));
+        d.start(1_000_000, Duration::from_millis(40), at(1_020));
+        assert_eq!(d.earn(at(1_020), 100, 0), 2, "10 ms at 200/s, 0.5 carried");
+        // A flight that ends the rate, or a start with no flight before it, pays nothing.
+        d.suspend(at(1_020));
+        d.start(0, Duration::from_millis(40), at(1_030));
+        assert_eq!(d.earn(at(1_030), 100, 0), 0);
+        d.start(300_000, Duration::from_millis(40), at(1_040));
+        assert_eq!(d.earn(at(1_040), 100, 0), 0);
+    }
+
+    #[test]
+    fn what_a_flight_earned_stays_within_the_cap() {
+        let mut d = Drip::default();
+        d.start(300_000, Duration::from_millis(40), at(0));
+        d.suspend(at(0));
+        d.start(300_000, Duration::from_millis(40), at(10));
+        // Counted 10, slack 3: cap 7; holding 6, one of the 3 owed fits, the rest is lost.
+        assert_eq!(d.earn(at(10), 10, 6), 1);
+        assert_eq!(d.earn(at(10), 10, 0), 0);
     }
 }
