@@ -284,8 +284,10 @@ impl AdaptiveLease {
     /// [`LeaseTerms::rate_leases`]). On, a node asks for one where token leases would be small
     /// (a tight burst, a small share) and its room in the burst can carry it (its part, or in a
     /// fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md` ("Rate
-    /// leases") has where that pays (a burst of rate / 20: 0.9 % of pure mode's store calls)
-    /// and where it costs.
+    /// leases") has where that pays (a burst of rate / 20: 0.6 % of pure mode's store calls)
+    /// and where it costs. Only for buckets whose every client leases: shares are computed
+    /// among leasers, so a client that decides per request (pure mode, another language's
+    /// client of the script) gets only the refill the rates leave.
     pub fn rate_leases(mut self, on: bool) -> Self {
         self.rate_leases = on;
         self
