@@ -132,6 +132,16 @@
 -- fleet still admits at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
 -- counted tokens carry.
 --
+-- Anonymous demand. A rate lease's share is computed among the leasers, and a client that
+-- takes anonymously (pure mode, another language's client, a node deciding per request)
+-- reports no demand: with rates held it would get only the refill they leave (a Python
+-- pure-mode client beside one rate-leasing node admitted 2 of its 2 184 requests). So while
+-- leasers hold rates, the tokens anonymous calls ask for (granted or not) are counted per
+-- second in the leasers' bookkeeping, and a rate is granted only up to the node's share of
+-- the rate among leasers' demand and that anonymous demand together. Credit and token grants
+-- are unchanged. Counting starts when a rate is held, so the first rates may take all until
+-- the next renewal.
+--
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
 -- and credits use doubles, in the same order of operations as the Rust twin (src/algorithm/token_bucket.rs),
@@ -543,8 +553,17 @@ end
 -- upgrade puts out of step lasts until the next renewal.
 -- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
 -- an anonymous take (a per-request decision) is exact and never held back.
+-- Format 3 adds, before the claimant's id, what anonymous calls asked for while leasers held
+-- rates (see "Anonymous demand" below): when its window began (µs), the tokens asked in it
+-- and in the window before. It is written only while there is some; earlier versions read it
+-- as bookkeeping not known (they count and search again, and write format 2 back).
 local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
+local META3, META3_LEN = '<Bddddddd', 57
+-- The window anonymous demand is counted over (µs): its count × 1000 is millitokens/s.
+local ANON_WINDOW_US = 1000000
 local count, earliest, claim = nil, nil, nil
+-- Anonymous demand: window start (µs), tokens asked in it, tokens asked in the one before.
+local anon_at, anon_cur, anon_prev = 0, 0, 0
 -- `known`: the field was of format 2 (else the keys' expiry is set and the leasers counted).
 local meta_raw, meta_dirty, known = nil, false, false
 -- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
@@ -557,7 +576,7 @@ if leasers then
     meta_raw = redis.call('HGET', KEYS[2], '')
   end
   -- Read in place, not by a function: every function is a closure built anew on each call.
-  local fmt, n, e, units, untl, id
+  local fmt, n, e, units, untl, id, aa, ac, ap
   if type(meta_raw) == 'string' then fmt = string.byte(meta_raw) end
   if fmt == 2 and #meta_raw >= META_LEN and #meta_raw <= META_LEN + 128 then
     fmt, n, e, units, untl = struct.unpack(META, meta_raw)
@@ -565,6 +584,18 @@ if leasers then
       if n >= 0 then count = n end
       earliest, known = e, true
       id = string.sub(meta_raw, META_LEN + 1)
+    end
+  elseif fmt == 3 and #meta_raw >= META3_LEN and #meta_raw <= META3_LEN + 128 then
+    fmt, n, e, units, untl, aa, ac, ap = struct.unpack(META3, meta_raw)
+    if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0 then
+      if n >= 0 then count = n end
+      earliest, known = e, true
+      id = string.sub(meta_raw, META3_LEN + 1)
+      -- Anonymous demand that is not valid reads as none.
+      if aa >= 0 and aa <= MAX_TIME and aa % 1 == 0 and ac >= 0 and ac <= MAX and ac % 1 == 0
+          and ap >= 0 and ap <= MAX and ap % 1 == 0 then
+        anon_at, anon_cur, anon_prev = aa, ac, ap
+      end
     end
   elseif fmt == 1 and #meta_raw > CLAIM_LEN and #meta_raw <= CLAIM_LEN + 128 then
     fmt, units, untl = struct.unpack(CLAIM, meta_raw)
@@ -658,6 +689,15 @@ elseif op == 'lease' and node == '' then
   local need
   granted, level, need = take_anonymous(level)
   if need > 0 then retry = fill_time(q, need) end
+  -- Anonymous demand, counted while leasers hold rates: what it asked for, granted or not.
+  if res > 0 and leasers then
+    if now >= anon_at + ANON_WINDOW_US then
+      if now < anon_at + 2 * ANON_WINDOW_US then anon_prev = anon_cur else anon_prev = 0 end
+      anon_cur, anon_at = 0, now
+    end
+    anon_cur = mmin(anon_cur + want, MAX)
+    meta_dirty = true
+  end
 elseif op == 'lease' then
   -- Whether the bucket sits at its ceiling (its refill lost) before this call reports what the
   -- node spent: a rate lease may then take beyond the share (below).
@@ -730,6 +770,18 @@ elseif op == 'lease' then
     local fleet = mmin(mfloor(rate * 1e9 / period), MAX)
     local fits = mfloor(floor_div(r.o, 2) * 1e9 / step)
     local most = share
+    -- Anonymous demand counts in the share of the rate a lease may hold (not in its credit):
+    -- what it asked for in the last whole window, or in this one if more, as millitokens per
+    -- second; none once two windows have passed without any.
+    local anon = 0
+    if now < anon_at + ANON_WINDOW_US then
+      anon = mmax(anon_cur, anon_prev)
+    elseif now < anon_at + 2 * ANON_WINDOW_US then
+      anon = anon_cur
+    end
+    if anon > 0 and demand > 0 then
+      most = mmin(mfloor(inc * demand / (dsum + anon * 1000) * 1e9 / scale), MAX)
+    end
     if at_ceiling then most = fleet end
     local tau = mmin(want_rate, most, mmax(0, fleet - res), fits)
     if tau > 0 then
@@ -869,7 +921,13 @@ else
       count_leasers()
       local units, untl, id = 0, 0, ''
       if claim then units, untl, id = claim.units, claim.untl, claim.node end
-      local meta = struct.pack(META, 2, count or -1, earliest or 0, units, untl) .. id
+      local meta
+      if anon_cur > 0 or anon_prev > 0 then
+        meta = struct.pack(META3, 3, count or -1, earliest or 0, units, untl, anon_at, anon_cur,
+          anon_prev) .. id
+      else
+        meta = struct.pack(META, 2, count or -1, earliest or 0, units, untl) .. id
+      end
       if record then
         redis.call('HSET', KEYS[2], node, record, '', meta)
       else

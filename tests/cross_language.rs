@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelease::{HybridLimiter, Quota, RedisStore, TOKEN_BUCKET_LUA};
+use ratelease::{AdaptiveLease, HybridLimiter, Quota, RedisStore, TOKEN_BUCKET_LUA};
 use support::RedisServer;
 
 const REQUIREMENTS: &str = include_str!("python/requirements.txt");
@@ -71,8 +71,15 @@ fn python() -> PathBuf {
     python
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_and_rust_share_one_bucket() {
+/// What a Python pure-mode client and a Rust `HybridLimiter` leasing under `policy` admitted
+/// from one key in about 1.5 s, both asking as fast as they can, checked against the budget.
+struct Shared {
+    python: u64,
+    python_calls: u64,
+    rust: u64,
+}
+
+async fn share_one_bucket(policy: AdaptiveLease) -> Shared {
     let python = tokio::task::spawn_blocking(python).await.unwrap();
     let server = RedisServer::start();
     let (rate, burst) = (200u64, 20u64);
@@ -83,7 +90,10 @@ async fn python_and_rust_share_one_bucket() {
         .await
         .unwrap();
     let key = store.key("polyglot");
-    let hybrid = HybridLimiter::new("polyglot", quota, store).unwrap();
+    let hybrid = HybridLimiter::builder("polyglot", quota, store)
+        .policy(policy)
+        .build()
+        .unwrap();
 
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -149,10 +159,39 @@ async fn python_and_rust_share_one_bucket() {
         total as f64 <= budget,
         "admitted {total} > budget {budget:.0}"
     );
+    assert!(py_calls > py_admitted, "python was never denied");
+    Shared {
+        python: py_admitted,
+        python_calls: py_calls,
+        rust: rust_admitted,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_rust_share_one_bucket() {
+    let s = share_one_bucket(AdaptiveLease::new()).await;
     // Both sides really competed for the bucket.
     assert!(
-        py_admitted >= 10 && rust_admitted >= 10,
-        "python {py_admitted}, rust {rust_admitted}"
+        s.python >= 10 && s.rust >= 10,
+        "python {} of {} calls, rust {}",
+        s.python,
+        s.python_calls,
+        s.rust
     );
-    assert!(py_calls > py_admitted, "python was never denied");
+}
+
+/// A rate lease is carved out of the refill by a share among the leasers; the store counts
+/// what anonymous calls ask for in that share, so a pure-mode client beside a rate-leasing
+/// node still gets a part of the budget (without it: 2 of 2 184 requests, the node 347).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_beside_a_rate_leasing_node_keeps_a_part_of_the_budget() {
+    let s = share_one_bucket(AdaptiveLease::new().rate_leases(true)).await;
+    let total = (s.python + s.rust) as f64;
+    assert!(
+        s.python as f64 >= total / 5.0 && s.rust >= 10,
+        "python {} of {} calls, rust {}",
+        s.python,
+        s.python_calls,
+        s.rust
+    );
 }

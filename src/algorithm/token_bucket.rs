@@ -165,6 +165,55 @@ pub struct Stored {
     /// The pending claim, if any (the script keeps it in the leasers hash, under the empty
     /// field name no node can have).
     pub claim: Option<Claim>,
+    /// What anonymous calls asked for while leasers held rates (kept beside the claim), if
+    /// any.
+    pub anonymous: Option<AnonymousDemand>,
+}
+
+/// Tokens anonymous calls (pure mode, per-request decisions, other languages' clients) asked
+/// for while leasers held rates, counted per window of [`ANON_WINDOW_US`]: a rate lease's
+/// share is computed among the leasers' demand and this together, so a client that reports
+/// no demand still gets its part of the refill.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnonymousDemand {
+    /// When the current window began, µs.
+    pub since_us: u64,
+    /// Tokens asked for in it.
+    pub current: u64,
+    /// Tokens asked for in the window before (0 if more than one window ago).
+    pub previous: u64,
+}
+
+/// The window anonymous demand is counted over, µs: a count per window × 1 000 is
+/// millitokens per second.
+pub const ANON_WINDOW_US: u64 = 1_000_000;
+
+impl AnonymousDemand {
+    /// Counts `want` tokens asked for at `now`.
+    fn count(&mut self, want: u64, now: u64) {
+        if now >= self.since_us + ANON_WINDOW_US {
+            self.previous = if now < self.since_us + 2 * ANON_WINDOW_US {
+                self.current
+            } else {
+                0
+            };
+            self.current = 0;
+            self.since_us = now;
+        }
+        self.current = (self.current + want).min(MAX_VALUE);
+    }
+
+    /// Tokens per window at `now`: the last whole window's, or this one's if more; none once
+    /// two windows have passed without a count.
+    fn per_window(&self, now: u64) -> u64 {
+        if now < self.since_us + ANON_WINDOW_US {
+            self.current.max(self.previous)
+        } else if now < self.since_us + 2 * ANON_WINDOW_US {
+            self.current
+        } else {
+            0
+        }
+    }
 }
 
 /// A claim: units of the bucket held back from every other leaser for one node that is due
@@ -439,6 +488,7 @@ pub fn step_with(
 
     // The pending claim, unless it has lapsed.
     let mut claim = stored.claim.take().filter(|c| c.until_us > now);
+    let mut anonymous = stored.anonymous.take().unwrap_or_default();
     // Expired leases, in expiry order (then by id, as a sorted set orders ties). Dropping any
     // leaser drops the claim (its claimant may be the one gone; a due node claims again).
     while let Some((exp, id)) = stored.expiry.first().filter(|(e, _)| *e <= now).cloned() {
@@ -485,6 +535,10 @@ pub fn step_with(
             let need = min * scale;
             if need > level {
                 retry = fill_time(&quota, res, need - level);
+            }
+            // Anonymous demand, counted while leasers hold rates: what it asked for.
+            if res > 0 && !stored.leasers.is_empty() {
+                anonymous.count(want, now);
             }
         }
         Op::Lease {
@@ -589,9 +643,20 @@ pub fn step_with(
             if n.rate_mtps > 0 && step > 0 {
                 let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
                 let fits = ((r.outstanding / 2) as f64 * 1e9 / step as f64).floor() as u64;
+                // Anonymous demand counts in the share of the rate it may hold (not in its
+                // credit).
+                let anon = anonymous.per_window(now);
+                let rate_share = if anon > 0 && n.demand_mtps > 0 {
+                    (inc as f64 * n.demand_mtps as f64 / (dsum as f64 + anon as f64 * 1000.0) * 1e9
+                        / scale as f64)
+                        .floor()
+                        .min(max as f64) as u64
+                } else {
+                    share
+                };
                 let tau = n
                     .rate_mtps
-                    .min(if at_ceiling { fleet } else { share })
+                    .min(if at_ceiling { fleet } else { rate_share })
                     .min(fleet.saturating_sub(res))
                     .min(fits);
                 if tau > 0 {
@@ -703,6 +768,10 @@ pub fn step_with(
         None
     } else {
         stored.claim = claim;
+        // Kept with the leasers' bookkeeping, which goes with the last leaser.
+        stored.anonymous = (last_expiry.is_some()
+            && (anonymous.current > 0 || anonymous.previous > 0))
+            .then_some(anonymous);
         stored.bucket = Some(BucketState {
             level,
             scale,
@@ -1027,6 +1096,7 @@ mod tests {
             leasers: BTreeMap::new(),
             expiry: BTreeSet::new(),
             claim: None,
+            anonymous: None,
         };
         assert_eq!(lease(&mut st, &q, 10, 1, 0).granted, 10);
     }
@@ -1202,6 +1272,37 @@ mod tests {
         node_lease(&mut st, &q, "b", 1, 0, 1_000_000, 0);
         let a = rated(&mut st, "a", 1, 40, 0);
         assert_eq!((a.share_mtps, a.rate_mtps), (500_000, 500_000), "{a:?}");
+    }
+
+    #[test]
+    fn anonymous_demand_counts_in_the_share_of_a_rate() {
+        // 1 000/s, burst 1 000: `a`, the one leaser, reports 1 000/s of demand; its share is
+        // the whole rate, and it holds 600/s.
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        let rated = |st: &mut Stored, held, now| {
+            rated_lease(st, &q, "a", 40, held, 1_000_000, 600_000, now)
+        };
+        let a = rated(&mut st, 0, 0);
+        assert_eq!((a.share_mtps, a.rate_mtps), (1_000_000, 600_000), "{a:?}");
+        // Anonymous calls ask for 3 000 tokens within the second (granted or not): counted.
+        for i in 0..30 {
+            lease(&mut st, &q, 100, 1, 10_000 + i * 1_000);
+        }
+        let anon = st.anonymous.expect("counted while a rate is held");
+        assert_eq!((anon.current, anon.previous), (3_000, 0));
+        // Renewed, `a` may hold its part of 1 000/s + 3 000/s of demand: 250/s (its credit
+        // share, and the share it is told, stay the whole rate).
+        let a = rated(&mut st, 40, 100_000);
+        assert_eq!((a.share_mtps, a.rate_mtps), (1_000_000, 250_000), "{a:?}");
+        // Counted per second: after two quiet seconds it is gone, and so is the cap.
+        let a = rated(&mut st, 40, 2_100_000);
+        assert_eq!(a.rate_mtps, 600_000, "{a:?}");
+        // Without rates held nothing is counted.
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "a", 40, 0, 1_000_000, 0);
+        lease(&mut st, &q, 100, 1, 1_000);
+        assert_eq!(st.anonymous, None);
     }
 
     #[test]

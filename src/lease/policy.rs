@@ -285,9 +285,9 @@ impl AdaptiveLease {
     /// (a tight burst, a small share) and its room in the burst can carry it (its part, or in a
     /// fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md` ("Rate
     /// leases") has where that pays (a burst of rate / 20: 0.6 % of pure mode's store calls)
-    /// and where it costs. Only for buckets whose every client leases: shares are computed
-    /// among leasers, so a client that decides per request (pure mode, another language's
-    /// client of the script) gets only the refill the rates leave.
+    /// and where it costs. Clients of the same bucket that decide per request (pure mode,
+    /// another language's client of the script) report no demand; the store counts what they
+    /// ask for in the shares of the rate, so they keep their part of the refill.
     pub fn rate_leases(mut self, on: bool) -> Self {
         self.rate_leases = on;
         self
