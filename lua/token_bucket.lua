@@ -127,7 +127,9 @@
 -- as held while it holds a rate, drips into them (less one step's worth it never spends, since a
 -- drip covers at most one step, a quarter of its horizon, and may run ahead of a continuous
 -- bucket by that much), and drips nothing while a call is in flight: the reply pays the flight
--- at the lesser of the old and new rates, which this script counts throughout. A sum of token
+-- at the lesser of the old and new rates, which this script counts throughout (up to the old
+-- lease's local expiry, before this script's, and into the room its bucket had at the send),
+-- and nothing past a lease's local expiry. A sum of token
 -- buckets admits at most the sum of their capacities plus the sum of their rates × W, so the
 -- fleet still admits at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
 -- counted tokens carry.

@@ -230,13 +230,20 @@ impl LeaseReply {
         }
     }
 
-    /// Refuses a reply that grants more than `request` wanted: a store (or a wrapper around
-    /// one) that did would have limiters count tokens the bucket never had.
+    /// Refuses a reply that grants more than `request` wanted, tokens or rate: a store (or a
+    /// wrapper around one) that did would have limiters count tokens the bucket never had.
     pub(crate) fn within(self, request: &LeaseRequest) -> Result<Self, StoreError> {
         if self.granted > request.want {
             return Err(StoreError::BadReply(format!(
                 "granted {} of a lease that wanted at most {}",
                 self.granted, request.want
+            )));
+        }
+        let asked = request.node.map_or(0, |n| n.rate_mtps);
+        if self.rate_mtps > asked {
+            return Err(StoreError::BadReply(format!(
+                "granted a rate of {} mtps to a lease that asked for at most {asked}",
+                self.rate_mtps
             )));
         }
         Ok(self)
@@ -332,4 +339,40 @@ pub(crate) fn release_op(req: &ReleaseRequest) -> Result<Op, StoreError> {
             at: req.leased_at.map(micros),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_granting_more_than_the_lease_asked_is_refused() {
+        let q = Quota::per_second(10).unwrap();
+        let node = NodeLease {
+            id: 1,
+            held: 0,
+            demand_mtps: 1_000,
+            horizon: Duration::from_millis(100),
+            ttl: Duration::from_secs(1),
+            rate_mtps: 500,
+        };
+        let asking = LeaseRequest::new(5, 1).by(node);
+        let anonymous = LeaseRequest::new(5, 1);
+        let reply = |granted, rate_mtps| LeaseReply {
+            granted,
+            rate_mtps,
+            ..LeaseReply::empty(q, QuotaSource::Caller)
+        };
+        assert!(reply(5, 500).within(&asking).is_ok());
+        for (r, req) in [
+            (reply(6, 0), &asking),
+            (reply(1, 501), &asking),
+            (reply(1, 1), &anonymous),
+        ] {
+            assert!(
+                matches!(r.within(req), Err(StoreError::BadReply(_))),
+                "{r:?}"
+            );
+        }
+    }
 }

@@ -162,6 +162,9 @@ enum Move {
         want: u64,
         demand: u64,
         rate: u64,
+        /// Sent with a rate held: the part (of 255) of its counted tokens beyond what it
+        /// holds locally that it reports (it keeps reporting what it keeps for its rate).
+        keep: u8,
     },
     /// Spend up to `n` of what the node holds locally.
     Spend { node: u8, n: u64 },
@@ -176,7 +179,10 @@ enum Move {
 fn moves(burst: u64, rate: u64) -> impl Strategy<Value = Move> {
     prop_oneof![
         9 => (0u8..3, 1..=burst, 0u64..4_000_000, 0..=rate * 2_000)
-            .prop_map(|(node, want, demand, rate)| Move::Lease { node, want, demand, rate }),
+            .prop_map(|(node, want, demand, rate)| (node, want, demand, rate))
+            .prop_flat_map(|(node, want, demand, rate)| {
+                any::<u8>().prop_map(move |keep| Move::Lease { node, want, demand, rate, keep })
+            }),
         6 => (0u8..3, 1..=burst).prop_map(|(node, n)| Move::Spend { node, n }),
         6 => (0u8..3).prop_map(|node| Move::Drip { node }),
         4 => (1..=burst).prop_map(|want| Move::Anonymous { want }),
@@ -204,19 +210,29 @@ enum Flight {
     /// None in flight.
     #[default]
     Idle,
-    /// Sent at `at` (the drip suspended) with these arguments, not run yet.
+    /// Sent at `at` (the drip suspended), holding `local` then, with these arguments, not run
+    /// yet.
     Sent {
         at: u64,
+        local: u64,
         held: u64,
         want: u64,
         demand: u64,
         rate: u64,
     },
     /// Run by the store; the reply (tokens granted, rate) is on its way.
-    Ran { at: u64, granted: u64, rate: u64 },
+    Ran {
+        at: u64,
+        local: u64,
+        granted: u64,
+        rate: u64,
+    },
 }
 
-const HORIZON_US: u64 = 40_000;
+/// The horizons of the nodes' terms (one per case): a drip step is a quarter of one, and at
+/// half the ttl a step (125 ms) is longer than the time between a lease's local expiry (90 %
+/// of its ttl) and the store's.
+const HORIZONS_US: std::ops::RangeInclusive<u64> = 10_000..=500_000;
 
 /// What the runs of the window-bound property did, so it is known to test something: rates
 /// granted, tokens dripped, and the tightest window against its bound.
@@ -224,6 +240,10 @@ const HORIZON_US: u64 = 40_000;
 struct Seen {
     rates: u64,
     dripped: u64,
+    /// Replies that paid a flight something.
+    flights_paid: u64,
+    /// Flights whose old lease expired locally before the reply.
+    expired_in_flight: u64,
     tightest: f64,
 }
 
@@ -231,23 +251,31 @@ struct Seen {
 fn rate_leases_keep_the_window_bound() {
     let seen = std::cell::RefCell::new(Seen::default());
     // 2 048 cases: paying a call's flight at the greater of the two rates instead of the
-    // lesser fails it in about two runs of three (the drip's unit tests pin the rule itself).
+    // lesser, or into the room its callers' spends in flight made, fails it in about two runs
+    // of three (the drip's unit tests pin the rules themselves, the old lease's expiry too).
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(2048));
-    let strategy = (1u64..3_000, 1u64..300).prop_flat_map(|(rate, burst)| {
+    let strategy = (1u64..3_000, 1u64..300, HORIZONS_US).prop_flat_map(|(rate, burst, h)| {
         let quota = Quota::with_parts(rate, Duration::from_secs(1), burst).unwrap();
         (
             Just(quota),
+            Just(h),
             prop::collection::vec(moves(burst, rate), 1..300),
         )
     });
     runner
-        .run(&strategy, |(quota, script)| {
-            window_bound_case(&quota, &script, &mut seen.borrow_mut())
+        .run(&strategy, |(quota, horizon_us, script)| {
+            window_bound_case(&quota, horizon_us, &script, &mut seen.borrow_mut())
         })
         .unwrap();
     let seen = seen.into_inner();
     assert!(seen.rates > 200, "only {} rate leases granted", seen.rates);
     assert!(seen.dripped > 1_000, "only {} tokens dripped", seen.dripped);
+    assert!(
+        seen.flights_paid > 100 && seen.expired_in_flight > 10,
+        "flights paid {}, expired in flight {}",
+        seen.flights_paid,
+        seen.expired_in_flight
+    );
     assert!(
         seen.tightest > 0.95,
         "no window came near its bound (at most {:.3} of it)",
@@ -257,6 +285,7 @@ fn rate_leases_keep_the_window_bound() {
 
 fn window_bound_case(
     quota: &Quota,
+    horizon_us: u64,
     script: &[Move],
     seen: &mut Seen,
 ) -> Result<(), proptest::test_runner::TestCaseError> {
@@ -267,7 +296,7 @@ fn window_bound_case(
         let mut now = 1_000_000u64;
         let mut nodes = [Node::default(); 3];
         let ids = ["a", "b", "c"];
-        let step_us = drip_step_us(HORIZON_US);
+        let step_us = drip_step_us(horizon_us);
         // (time, tokens) of every spend.
         let mut spent: Vec<(u64, u64)> = Vec::new();
         for m in script {
@@ -277,17 +306,25 @@ fn window_bound_case(
                     want,
                     demand,
                     rate,
+                    keep,
                 } => {
                     let n = &mut nodes[usize::from(node)];
                     match n.flight {
                         Flight::Idle => {
                             // The task drips up to the call, and not while it is in flight.
                             seen.dripped += drip(n, now, step_us);
-                            // With a rate its counted tokens are its bucket: it reports them
-                            // all.
-                            let held = if n.rate_mtps > 0 { n.counted } else { n.local };
+                            // With a rate its counted tokens are its bucket: it reports what
+                            // it keeps of them (what it spent the rate refills), never less
+                            // than it holds.
+                            let held = if n.rate_mtps > 0 {
+                                let beyond = n.counted.saturating_sub(n.local);
+                                n.local + beyond * u64::from(keep) / 255
+                            } else {
+                                n.local
+                            };
                             n.flight = Flight::Sent {
                                 at: now,
+                                local: n.local,
                                 held,
                                 want,
                                 demand,
@@ -296,6 +333,7 @@ fn window_bound_case(
                         }
                         Flight::Sent {
                             at,
+                            local,
                             held,
                             want,
                             demand,
@@ -305,7 +343,7 @@ fn window_bound_case(
                                 id: ids[usize::from(node)],
                                 held,
                                 demand_mtps: demand,
-                                horizon_us: HORIZON_US,
+                                horizon_us,
                                 ttl_us: 1_000_000,
                                 rate_mtps: rate,
                             };
@@ -318,15 +356,30 @@ fn window_bound_case(
                             n.counted = held + reply.granted;
                             n.flight = Flight::Ran {
                                 at,
+                                local,
                                 granted: reply.granted,
                                 rate: reply.rate_mtps,
                             };
                         }
-                        Flight::Ran { at, granted, rate } => {
+                        Flight::Ran {
+                            at,
+                            local,
+                            granted,
+                            rate,
+                        } => {
                             n.local += granted;
-                            // The flight at the lesser of the two rates, over one step at
-                            // most, with the fraction carried: added at once (see `drip`).
-                            let flight = (now - at).min(step_us);
+                            // The flight at the lesser of the two rates, up to the old lease's
+                            // local expiry and over one step at most, with the fraction
+                            // carried: added at once (see `drip`).
+                            let end = if n.deadline > 0 {
+                                now.min(n.deadline)
+                            } else {
+                                now
+                            };
+                            if n.deadline > 0 && now > n.deadline {
+                                seen.expired_in_flight += 1;
+                            }
+                            let flight = end.saturating_sub(at).min(step_us);
                             n.carry += (n.rate_mtps.min(rate) * flight) as f64 / 1e9;
                             n.rate_mtps = rate;
                             n.slack = drip_slack(rate, step_us);
@@ -338,7 +391,11 @@ fn window_bound_case(
                             n.local = n.local.min(n.counted.saturating_sub(n.slack));
                             n.deadline = at + 900_000;
                             n.flight = Flight::Idle;
-                            seen.dripped += owed(n);
+                            // Into room the bucket had at the send: what was spent in
+                            // flight was reported held (as the limiter: `pay_flight`).
+                            let paid = owed(n, local + granted);
+                            seen.dripped += paid;
+                            seen.flights_paid += u64::from(paid > 0);
                             seen.rates += u64::from(rate > 0);
                         }
                     }
@@ -368,9 +425,19 @@ fn window_bound_case(
                 Move::Wait { us } => {
                     now += us;
                     for n in &mut nodes {
-                        // At 90 % of the ttl the node drops what it holds and its rate.
+                        // At 90 % of the ttl the node drops what it holds and stops
+                        // dripping; a call in flight goes on, and its reply may still pay the
+                        // flight up to then.
                         if n.deadline > 0 && now >= n.deadline {
-                            *n = Node::default();
+                            *n = match n.flight {
+                                Flight::Idle => Node::default(),
+                                flight => Node {
+                                    local: 0,
+                                    carry: 0.0,
+                                    flight,
+                                    ..*n
+                                },
+                            };
                         }
                     }
                 }
@@ -404,18 +471,23 @@ fn drip(n: &mut Node, now: u64, step_us: u64) -> u64 {
     }
     let dt = (now - n.drip_from).min(step_us);
     n.drip_from = now;
-    add(n, n.rate_mtps as f64 * dt as f64 / 1e9 + n.carry)
+    add(n, n.rate_mtps as f64 * dt as f64 / 1e9 + n.carry, 0)
 }
 
-/// What a flight earned (in `carry`), added at the reply.
-fn owed(n: &mut Node) -> u64 {
-    add(n, n.carry)
+/// What a flight earned (in `carry`), added at the reply, the bucket counted as holding at
+/// least `held`.
+fn owed(n: &mut Node, held: u64) -> u64 {
+    add(n, n.carry, held)
 }
 
-/// Adds the whole tokens of `amount` earned, up to the cap.
-fn add(n: &mut Node, amount: f64) -> u64 {
+/// Adds the whole tokens of `amount` earned, up to the cap, the bucket counted as holding at
+/// least `held`.
+fn add(n: &mut Node, amount: f64, held: u64) -> u64 {
     let whole = amount.floor();
-    let room = n.counted.saturating_sub(n.slack).saturating_sub(n.local);
+    let room = n
+        .counted
+        .saturating_sub(n.slack)
+        .saturating_sub(n.local.max(held));
     let add = (whole as u64).min(room);
     // As the limiter: the fraction carried never reaches past the cap.
     n.carry = if add as f64 == whole {

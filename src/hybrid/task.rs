@@ -499,6 +499,7 @@ impl Task {
         let rated = held_before > 0;
         self.drip.suspend(paused);
         let ctx = self.context(s, s.signal.take_denied());
+        let at_send = ctx.local;
         let mut ask = s.policy.ask(&ctx);
         let terms = self.call_terms(s);
         let rate = terms
@@ -566,9 +567,11 @@ impl Task {
         if let (Ok(reply), Some(terms)) = (&result, terms) {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
-            self.expires = Some(sent + terms.ttl.mul_f64(0.9));
+            let expires = sent + terms.ttl.mul_f64(0.9);
+            self.expires = Some(expires);
             self.counted = held + reply.granted;
-            self.drip.start(reply.rate_mtps, terms.horizon, arrived);
+            self.drip
+                .start(reply.rate_mtps, terms.horizon, arrived, expires);
             s.counters
                 .rate_mtps
                 .store(reply.rate_mtps, Ordering::Relaxed);
@@ -624,8 +627,10 @@ impl Task {
                     self.keep(s, &reply, sent);
                 }
                 self.keep_back_slack(s);
-                // What the rate earned in flight (see `Drip::start`), into the bucket as it is now.
-                self.add_drip(s, arrived);
+                // What the rate earned in flight (see `Drip::start`), into room the bucket had
+                // at the send: what callers spent meanwhile was reported held, so it is still
+                // counted, and its room is refilled only as time passes.
+                self.pay_flight(s, at_send + reply.granted);
                 s.counters
                     .tokens_leased
                     .fetch_add(reply.granted, Ordering::Relaxed);

@@ -21,10 +21,12 @@
 //! - **in flight, the lesser rate**: no drip while a call is in flight; the store ends the old
 //!   rate and starts the new one when it runs the call, some time between the node's send and
 //!   its reply, so when the reply comes the node adds what the lesser of the two rates earned
-//!   over the whole flight (one step of it at most, as any drip) — the rate it uses is always
-//!   one the store has counted. Without it a renewal cost a round trip of the rate: 1 % on a
-//!   store 5 ms away renewed twice a second. None after its lease's local expiry, which comes
-//!   before the store's;
+//!   over the whole flight (up to the old lease's local expiry, and one step of it at most, as
+//!   any drip) — the rate it uses is always one the store has counted. That is added at the
+//!   reply or not at all, never with a later drip. Without it a renewal cost a round trip of
+//!   the rate: 1 % on a store 5 ms away renewed twice a second;
+//! - **none after expiry**: nothing is earned past the lease's local expiry, which comes before
+//!   the store's;
 //! - **fractions kept**: the fraction of a token earned and not yet added is kept across a
 //!   renewal (it was earned under a rate the store counted); dropping it cost half a token a
 //!   call.
@@ -54,27 +56,39 @@ pub(crate) struct Drip {
     step: Duration,
     /// When the last drip was (or the rate was granted); `None` while a call is in flight.
     from: Option<Instant>,
-    /// While a call is in flight: when the drip was suspended, with `rate_mtps` the rate it
-    /// held then.
+    /// The lease's local expiry: nothing is earned past it.
+    until: Option<Instant>,
+    /// While a call is in flight: when the drip was suspended, with `rate_mtps` and `until`
+    /// those of the rate it held then.
     paused_at: Option<Instant>,
     /// The fraction of a token earned and not yet added, in millitoken-microseconds (exact:
     /// a token is 10^9 of them).
     carry: u128,
+    /// What a call's flight earned, to be added at its reply ([`pay_flight`](Self::pay_flight))
+    /// or not at all, never merged into a later drip (that one would cover more than a step).
+    owed: u128,
 }
 
 impl Drip {
     /// Starts dripping `rate_mtps` (the store's grant to a node of `horizon`) from `now`, the
-    /// reply's arrival. A rate of 0 stops the drip. After a [`suspend`](Self::suspend), what
-    /// the lesser of the old and new rates earned while the call was in flight (over one step
-    /// at most), with the fraction carried from before, is owed: the next
-    /// [`earn`](Self::earn), at `now` itself, adds it.
-    pub(crate) fn start(&mut self, rate_mtps: u64, horizon: Duration, now: Instant) {
+    /// reply's arrival, until the lease's local expiry `until`. A rate of 0 stops the drip.
+    /// After a [`suspend`](Self::suspend), what the lesser of the old and new rates earned
+    /// while the call was in flight — up to the old lease's local expiry, over one step at
+    /// most — with the fraction carried from before, is owed to
+    /// [`pay_flight`](Self::pay_flight).
+    pub(crate) fn start(
+        &mut self,
+        rate_mtps: u64,
+        horizon: Duration,
+        now: Instant,
+        until: Instant,
+    ) {
         let step_us = drip_step_us(micros(horizon));
         let step = Duration::from_micros(step_us);
         let dripping = rate_mtps > 0 && step_us > 0;
-        let owed = match self.paused_at {
-            Some(at) if dripping => {
-                let flight = now.saturating_duration_since(at).min(step);
+        let owed = match (self.paused_at, self.until) {
+            (Some(at), Some(old_until)) if dripping => {
+                let flight = now.min(old_until).saturating_duration_since(at).min(step);
                 u128::from(self.rate_mtps.min(rate_mtps)) * u128::from(micros(flight)) + self.carry
             }
             _ => 0,
@@ -84,8 +98,10 @@ impl Drip {
             slack: drip_slack(rate_mtps, step_us),
             step,
             from: dripping.then_some(now),
+            until: dripping.then_some(until),
             paused_at: None,
-            carry: owed,
+            carry: 0,
+            owed,
         };
     }
 
@@ -97,9 +113,8 @@ impl Drip {
     /// Pauses at `now` while a call is in flight (its reply starts the drip again); the drip
     /// is up to `now` (see [`earn`](Self::earn)).
     pub(crate) fn suspend(&mut self, now: Instant) {
-        if self.from.take().is_some() {
-            self.paused_at = Some(now);
-        }
+        self.paused_at = self.from.take().map(|_| now);
+        self.owed = 0;
     }
 
     /// The rate held and dripping, millitokens per second (0 if none or suspended).
@@ -130,25 +145,43 @@ impl Drip {
 
     /// When the next drip is due: half a step after the last one, so a timer that fires late
     /// (tokio's have a resolution of a millisecond) still lands within the step and nothing
-    /// the rate earned is lost (`None` if not dripping).
+    /// the rate earned is lost; at the lease's local expiry at the latest, and none after it
+    /// (`None` if not dripping).
     pub(crate) fn due(&self) -> Option<Instant> {
-        self.from.map(|from| from + self.step / 2)
+        let (from, until) = (self.from?, self.until?);
+        (from < until).then(|| (from + self.step / 2).min(until))
     }
 
     /// The tokens to add at `now`: what the rate earned since the last drip (over one step at
-    /// most) and what is owed from a call's flight (see [`start`](Self::start)), but no more than fills the local bucket (`held` now, at least what is there) to
-    /// its cap with `counted` tokens counted by the store ([`cap`](Self::cap)). What does not
-    /// fit is lost, as a full bucket's refill is.
+    /// most; nothing past the lease's local expiry), but no more than fills the local bucket
+    /// (`held` now, at least what is there) to its cap with `counted` tokens counted by the
+    /// store ([`cap`](Self::cap)). What does not fit is lost, as a full bucket's refill is.
     pub(crate) fn earn(&mut self, now: Instant, counted: u64, held: u64) -> u64 {
-        let Some(from) = self.from else {
+        let (Some(from), Some(until)) = (self.from, self.until) else {
             return 0;
         };
-        if now < from {
+        let now = now.min(until);
+        if now <= from {
             return 0;
         }
         let dt = (now - from).min(self.step);
         self.from = Some(now);
         let amount = u128::from(self.rate_mtps) * u128::from(micros(dt)) + self.carry;
+        self.add(amount, counted, held)
+    }
+
+    /// Adds what the call just answered owed for its flight (see [`start`](Self::start)), as
+    /// [`earn`](Self::earn) adds a drip; once.
+    pub(crate) fn pay_flight(&mut self, counted: u64, held: u64) -> u64 {
+        let owed = std::mem::take(&mut self.owed);
+        if owed == 0 || self.from.is_none() {
+            return 0;
+        }
+        self.add(owed, counted, held)
+    }
+
+    /// The whole tokens of `amount` that fit under the cap; the fraction is carried.
+    fn add(&mut self, amount: u128, counted: u64, held: u64) -> u64 {
         let whole = u64::try_from(amount / PER_TOKEN).unwrap_or(u64::MAX);
         let room = self.cap(counted).saturating_sub(held);
         let add = whole.min(room);
@@ -175,11 +208,16 @@ mod tests {
         *ORIGIN.get_or_init(Instant::now) + Duration::from_millis(ms)
     }
 
+    /// A lease's local expiry far away.
+    fn far() -> Instant {
+        at(1_000_000)
+    }
+
     #[test]
     fn earns_the_rate_with_fractions_carried() {
         let mut d = Drip::default();
         // 300 tokens/s, horizon 40 ms: steps of 10 ms, 3 tokens each.
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         assert_eq!(d.due(), Some(at(5)));
         let mut total = 0;
         for ms in (1..=100).map(|i| i * 2) {
@@ -191,7 +229,7 @@ mod tests {
     #[test]
     fn never_covers_more_than_one_step() {
         let mut d = Drip::default();
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         // A second later, one step's worth: a continuous bucket would have lost the rest.
         assert_eq!(d.earn(at(1_000), 1_000, 0), 3);
     }
@@ -199,7 +237,7 @@ mod tests {
     #[test]
     fn fills_the_counted_tokens_less_the_slack() {
         let mut d = Drip::default();
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         // Counted 10, slack 3 (a 10 ms step at 300/s), holds 6: one more fits.
         assert_eq!((d.slack(), d.cap(10)), (3, 7));
         assert_eq!(d.earn(at(10), 10, 6), 1);
@@ -212,7 +250,7 @@ mod tests {
     fn a_fraction_carried_never_reaches_past_the_cap() {
         let mut d = Drip::default();
         // 50/s, horizon 40 ms: 0.5 tokens a step, slack 1. Counted 5: cap 4.
-        d.start(50_000, Duration::from_millis(40), at(0));
+        d.start(50_000, Duration::from_millis(40), at(0), far());
         // Holding 3: 0.45 earned, carried (room for it).
         assert_eq!(d.earn(at(9), 5, 3), 0);
         // Holding 4 (the cap): the next 0.45 and the carry are lost, not carried.
@@ -225,16 +263,16 @@ mod tests {
     #[test]
     fn suspended_or_stopped_earns_nothing() {
         let mut d = Drip::default();
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         d.suspend(at(0));
         assert_eq!(
             (d.earn(at(10), 10, 0), d.due(), d.rate_mtps()),
             (0, None, 0)
         );
-        d.start(300_000, Duration::from_millis(40), at(10));
+        d.start(300_000, Duration::from_millis(40), at(10), far());
         d.stop();
         assert_eq!(d.earn(at(20), 10, 0), 0);
-        d.start(0, Duration::from_millis(40), at(20));
+        d.start(0, Duration::from_millis(40), at(20), far());
         assert_eq!((d.earn(at(30), 10, 0), d.due()), (0, None));
     }
 
@@ -242,12 +280,13 @@ mod tests {
     fn a_flight_earns_the_lesser_rate_over_one_step_at_most() {
         let mut d = Drip::default();
         // 300 tokens/s, steps of 10 ms.
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         assert_eq!(d.earn(at(5), 100, 0), 1, "1.5 earned, 0.5 carried");
         d.suspend(at(5));
         // Renewed at 200/s, the reply 5 ms later: 5 ms at 200/s, and the half token carried.
-        d.start(200_000, Duration::from_millis(40), at(10));
-        assert_eq!(d.earn(at(10), 100, 0), 1, "1 + 0.5 owed at the reply");
+        d.start(200_000, Duration::from_millis(40), at(10), far());
+        assert_eq!(d.pay_flight(100, 0), 1, "1 + 0.5 owed at the reply");
+        assert_eq!(d.pay_flight(100, 0), 0, "once");
         assert_eq!(
             d.earn(at(20), 100, 0),
             2,
@@ -255,24 +294,57 @@ mod tests {
         );
         // A flight of a second pays one step at the lesser rate (here the old one, 200/s).
         d.suspend(at(20));
-        d.start(1_000_000, Duration::from_millis(40), at(1_020));
-        assert_eq!(d.earn(at(1_020), 100, 0), 2, "10 ms at 200/s, 0.5 carried");
+        d.start(1_000_000, Duration::from_millis(40), at(1_020), far());
+        assert_eq!(d.pay_flight(100, 0), 2, "10 ms at 200/s, 0.5 carried");
         // A flight that ends the rate, or a start with no flight before it, pays nothing.
         d.suspend(at(1_020));
-        d.start(0, Duration::from_millis(40), at(1_030));
-        assert_eq!(d.earn(at(1_030), 100, 0), 0);
-        d.start(300_000, Duration::from_millis(40), at(1_040));
-        assert_eq!(d.earn(at(1_040), 100, 0), 0);
+        d.start(0, Duration::from_millis(40), at(1_030), far());
+        assert_eq!(d.pay_flight(100, 0), 0);
+        d.start(300_000, Duration::from_millis(40), at(1_040), far());
+        assert_eq!(d.pay_flight(100, 0), 0);
+    }
+
+    #[test]
+    fn a_flight_is_paid_up_to_the_old_leases_expiry_and_only_at_its_reply() {
+        let mut d = Drip::default();
+        // 1 000/s (a token a ms), steps of 10 ms; the lease expires locally at 100 ms.
+        d.start(1_000_000, Duration::from_millis(40), at(0), at(100));
+        assert_eq!(d.earn(at(96), 100, 0), 10, "one step at most");
+        d.suspend(at(96));
+        // Answered at 110: only the 4 ms before the old expiry were counted for certain.
+        d.start(1_000_000, Duration::from_millis(40), at(110), at(1_000));
+        assert_eq!(d.pay_flight(100, 0), 4);
+        // Suspended past the expiry: the flight pays nothing.
+        let mut d = Drip::default();
+        d.start(1_000_000, Duration::from_millis(40), at(0), at(100));
+        d.suspend(at(105));
+        d.start(1_000_000, Duration::from_millis(40), at(108), at(1_000));
+        assert_eq!(d.pay_flight(100, 0), 0);
+        // Owed but not paid at the reply: a later drip covers its own step only.
+        d.suspend(at(108));
+        d.start(1_000_000, Duration::from_millis(40), at(113), at(1_000));
+        assert_eq!(d.earn(at(123), 100, 0), 10);
+    }
+
+    #[test]
+    fn nothing_is_earned_past_the_leases_local_expiry() {
+        let mut d = Drip::default();
+        d.start(1_000_000, Duration::from_millis(40), at(0), at(25));
+        assert_eq!(d.due(), Some(at(5)));
+        assert_eq!(d.earn(at(20), 100, 0), 10);
+        assert_eq!(d.due(), Some(at(25)), "due at the expiry at the latest");
+        assert_eq!(d.earn(at(40), 100, 0), 5, "20 to 25 ms");
+        assert_eq!((d.earn(at(60), 100, 0), d.due()), (0, None));
     }
 
     #[test]
     fn what_a_flight_earned_stays_within_the_cap() {
         let mut d = Drip::default();
-        d.start(300_000, Duration::from_millis(40), at(0));
+        d.start(300_000, Duration::from_millis(40), at(0), far());
         d.suspend(at(0));
-        d.start(300_000, Duration::from_millis(40), at(10));
+        d.start(300_000, Duration::from_millis(40), at(10), far());
         // Counted 10, slack 3: cap 7; holding 6, one of the 3 owed fits, the rest is lost.
-        assert_eq!(d.earn(at(10), 10, 6), 1);
+        assert_eq!(d.pay_flight(10, 6), 1);
         assert_eq!(d.earn(at(10), 10, 0), 0);
     }
 }

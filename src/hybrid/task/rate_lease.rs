@@ -23,6 +23,20 @@ impl Task {
         }
     }
 
+    /// Adds what the rate earned while the call just answered was in flight (see
+    /// `lease/drip.rs`), as [`add_drip`](Self::add_drip) adds a drip, counting the bucket as
+    /// holding at least `held` (what it held at the send and the grant).
+    pub(super) fn pay_flight<S>(&mut self, s: &Shared<S>, held: u64) {
+        let add = self
+            .drip
+            .pay_flight(self.counted, s.local.settled().max(held));
+        if add > 0 {
+            s.local.add(add);
+            s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
+            s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
+        }
+    }
+
     /// Keeps the local bucket at or below its cap while a rate is held (see `lease/drip.rs`):
     /// tokens above it stay counted (reported as held) but are never spent.
     pub(super) fn keep_back_slack<S>(&mut self, s: &Shared<S>) {
