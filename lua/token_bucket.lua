@@ -84,7 +84,10 @@
 -- stays empty until they are spent, returned or expired. So a fleet admits at most
 -- burst_old + rate_old × t1 + rate_new × t2 (+ burst_new − burst_old if the burst grew while
 -- the bucket was full), where t1 runs to the first lease or release after the change and t2
--- from there on. A lease whose min exceeds the effective
+-- from there on — for rates held (rate leases), t1 runs to each rated node's next call (its
+-- renewal, at most half its ttl away; or its lease's expiry): a rate granted under the old
+-- quota is the node's until then, while the bucket refills at the new rate less the rates
+-- held (none if they exceed it). A lease whose min exceeds the effective
 -- burst grants nothing (retry 0); the caller's own quota still bounds every argument.
 --
 -- Conservation. Tokens leased to nodes stay counted in `o` until the node reports them spent
@@ -141,8 +144,10 @@
 -- leasers hold rates, the tokens anonymous calls ask for (granted or not) are counted per
 -- second in the leasers' bookkeeping, and a rate is granted only up to the node's share of
 -- the rate among leasers' demand and that anonymous demand together. Credit and token grants
--- are unchanged. Counting starts when a rate is held, so the first rates may take all until
--- the next renewal.
+-- are unchanged. Approximate: counting starts when a rate is held, so the first rates may
+-- take all until their renewal; a client's demand is what it asks for, its retries included
+-- (a burst a call at most); and while the bucket sits at its ceiling (nobody takes the
+-- refill) a rate may be granted beyond the share, anonymous demand or not.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -540,7 +545,7 @@ local function encode(r)
 end
 
 -- The leasers' bookkeeping, in the leasers hash under the empty field name, which no node id
--- can be: a format byte (2), then as little-endian doubles the number of leasers on record (-1:
+-- can be: a format byte (2, or 3: below), then as little-endian doubles the number of leasers on record (-1:
 -- not known), a time before which no lease on record expires (µs) and the pending claim (see
 -- "Claims" above): its units and when it lapses (µs; 0 0: none), then the claimant's id. It
 -- spares most calls two commands: the search for expired leases (none is due before that time)
@@ -566,7 +571,8 @@ local ANON_WINDOW_US = 1000000
 local count, earliest, claim = nil, nil, nil
 -- Anonymous demand: window start (µs), tokens asked in it, tokens asked in the one before.
 local anon_at, anon_cur, anon_prev = 0, 0, 0
--- `known`: the field was of format 2 (else the keys' expiry is set and the leasers counted).
+-- `known`: the field was of format 2 or 3 (else the keys' expiry is set and the leasers
+-- counted).
 local meta_raw, meta_dirty, known = nil, false, false
 -- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
 local own_raw = nil
@@ -593,9 +599,10 @@ if leasers then
       if n >= 0 then count = n end
       earliest, known = e, true
       id = string.sub(meta_raw, META3_LEN + 1)
-      -- Anonymous demand that is not valid reads as none.
+      -- Anonymous demand that is not valid, or two windows old, reads as none (and is not
+      -- written again: format 2 then).
       if aa >= 0 and aa <= MAX_TIME and aa % 1 == 0 and ac >= 0 and ac <= MAX and ac % 1 == 0
-          and ap >= 0 and ap <= MAX and ap % 1 == 0 then
+          and ap >= 0 and ap <= MAX and ap % 1 == 0 and now < aa + 2 * ANON_WINDOW_US then
         anon_at, anon_cur, anon_prev = aa, ac, ap
       end
     end
@@ -697,7 +704,8 @@ elseif op == 'lease' and node == '' then
       if now < anon_at + 2 * ANON_WINDOW_US then anon_prev = anon_cur else anon_prev = 0 end
       anon_cur, anon_at = 0, now
     end
-    anon_cur = mmin(anon_cur + want, MAX)
+    -- (At most a burst a call: one huge ask must not take every rate away.)
+    anon_cur = mmin(anon_cur + mmin(want, burst), MAX)
     meta_dirty = true
   end
 elseif op == 'lease' then
@@ -897,7 +905,7 @@ else
   redis.call('SET', KEYS[1], state, 'PX', keep_ms .. '')
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
   -- expired away would count their tokens as outstanding for good. Their expiry is set, to
-  -- the slack beyond the bucket's, when the call found no bookkeeping of format 2 (the hash
+  -- the slack beyond the bucket's, when the call found no bookkeeping of format 2 or 3 (the hash
   -- may be new), at an explicit time (not the server's), and when the expiry set's own expiry
   -- (PTTL: one read, where two PEXPIREs are two writes) is within a second of the bucket's new
   -- one: about once per slack on a busy bucket. The expiry set is the key a call may create

@@ -161,7 +161,8 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
         // The bookkeeping, under the empty field name: a format byte (2), then as
         // little-endian doubles the leasers on record (-1: not known), a time no lease
         // expires before, and the pending claim's units and when it lapses (0 0: none), then
-        // the claimant's id (a node on record).
+        // the claimant's id (a node on record). Format 3 has three more doubles before the id:
+        // anonymous demand's window start (µs) and its counts in this window and the last.
         let meta = leasers.remove("");
         let expiry: Vec<(String, f64)> = redis::from_redis_value(replies[2].clone()).unwrap();
         const M: f64 = (1u64 << 52) as f64;
@@ -193,12 +194,19 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             .map(|&(_, at)| at)
             .fold(f64::INFINITY, f64::min);
         let meta_ok = meta.as_deref().is_none_or(|c| {
+            let head = if c.first() == Some(&3) { 57 } else { 33 };
+            if c.len() < head || c.len() > head + 128 || !matches!(c[0], 2 | 3) {
+                return false;
+            }
             let double = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
-            let id = &c[33.min(c.len())..];
+            let id = &c[head..];
             let (count, earliest, units, untl) = (double(1), double(9), double(17), double(25));
-            c.len() >= 33
-                && c.len() <= 33 + 128
-                && c[0] == 2
+            let anonymous_ok = head == 33
+                || (int(double(33), 0.0, 2.0 * M)
+                    && int(double(41), 0.0, M)
+                    && int(double(49), 0.0, M)
+                    && double(41) + double(49) > 0.0);
+            anonymous_ok
                 && (count == -1.0 || count == leasers.len() as f64)
                 && int(earliest, 0.0, 2.0 * M)
                 && earliest <= first_expiry

@@ -141,7 +141,13 @@ fn memory_store_and_lua_script_agree() {
                                 let field = format!("{}:leasers", redis.key(&name));
                                 let claim = || -> Option<Vec<u8>> {
                                     let raw: Option<Vec<u8>> = server.cmd(&["HGET", &field, ""]);
-                                    raw.filter(|b| b.len() > 33).map(|b| b[17..].to_vec())
+                                    // (Format 3 has anonymous demand between: skipped.)
+                                    let head = |b: &Vec<u8>| if b[0] == 3 { 57 } else { 33 };
+                                    raw.filter(|b| b.len() > head(b)).map(|b| {
+                                        let mut claim = b[17..33].to_vec();
+                                        claim.extend_from_slice(&b[head(&b)..]);
+                                        claim
+                                    })
                                 };
                                 let before = claim();
                                 let replies = (

@@ -488,7 +488,12 @@ pub fn step_with(
 
     // The pending claim, unless it has lapsed.
     let mut claim = stored.claim.take().filter(|c| c.until_us > now);
-    let mut anonymous = stored.anonymous.take().unwrap_or_default();
+    // Anonymous demand two windows old reads as none.
+    let mut anonymous = stored
+        .anonymous
+        .take()
+        .filter(|a| now < a.since_us + 2 * ANON_WINDOW_US)
+        .unwrap_or_default();
     // Expired leases, in expiry order (then by id, as a sorted set orders ties). Dropping any
     // leaser drops the claim (its claimant may be the one gone; a due node claims again).
     while let Some((exp, id)) = stored.expiry.first().filter(|(e, _)| *e <= now).cloned() {
@@ -537,8 +542,9 @@ pub fn step_with(
                 retry = fill_time(&quota, res, need - level);
             }
             // Anonymous demand, counted while leasers hold rates: what it asked for.
+            // (At most a burst a call: one huge ask must not take every rate away.)
             if res > 0 && !stored.leasers.is_empty() {
-                anonymous.count(want, now);
+                anonymous.count(want.min(burst), now);
             }
         }
         Op::Lease {

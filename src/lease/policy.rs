@@ -287,7 +287,9 @@ impl AdaptiveLease {
     /// leases") has where that pays (a burst of rate / 20: 0.6 % of pure mode's store calls)
     /// and where it costs. Clients of the same bucket that decide per request (pure mode,
     /// another language's client of the script) report no demand; the store counts what they
-    /// ask for in the shares of the rate, so they keep their part of the refill.
+    /// ask for (retries included) in the shares of the rate, from the first rate held on (the
+    /// first rates may take all until their renewal). A change of the stored config reaches a
+    /// rated node at its renewal, at most half a ttl away, and its old rate is its until then.
     pub fn rate_leases(mut self, on: bool) -> Self {
         self.rate_leases = on;
         self
