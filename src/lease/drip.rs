@@ -23,7 +23,9 @@
 //!   its reply, so when the reply comes the node adds what the lesser of the two rates earned
 //!   over the whole flight (up to the old lease's local expiry, and one step of it at most, as
 //!   any drip) — the rate it uses is always one the store has counted. That is added at the
-//!   reply or not at all, never with a later drip. Without it a renewal cost a round trip of
+//!   reply or not at all, never with a later drip, and only into room the local bucket had at
+//!   the send: what callers spent in flight was reported held, so the store still counts it,
+//!   and filling its room at once let the fleet spend a step beyond the burst at that instant. Without it a renewal cost a round trip of
 //!   the rate: 1 % on a store 5 ms away renewed twice a second;
 //! - **none after expiry**: nothing is earned past the lease's local expiry, which comes before
 //!   the store's;
