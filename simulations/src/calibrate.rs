@@ -269,6 +269,32 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         );
     }
 
+    // An anonymous decision (exact 1) on a bucket with leasers: its one-key call is answered
+    // "send every key" and sent again, two script calls a decision. Beside rate leases it also
+    // counts what it asks for in the leasers' bookkeeping, one more write.
+    for (bucket, label) in [
+        (
+            format!("lease{leasers}"),
+            format!("anonymous decision beside {leasers} leasers"),
+        ),
+        (
+            format!("rate{leasers}"),
+            format!("anonymous decision beside {leasers} rate leases"),
+        ),
+    ] {
+        costs.push(
+            run_op(&mut admin, &label, &["evalsha"], plan, |_| {
+                let store = store.clone();
+                let bucket = bucket.clone();
+                async move {
+                    store.lease(&bucket, &big, &LeaseRequest::exact(1)).await?;
+                    Ok(())
+                }
+            })
+            .await?,
+        );
+    }
+
     let name = format!("lease{leasers}");
     costs.push(
         run_op(&mut admin, "node release", &["evalsha"], plan, |i| {
