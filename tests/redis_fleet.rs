@@ -250,3 +250,25 @@ async fn acquire_now_decides_in_redis_where_leasing_buys_nothing() {
     let pure = RedisLimiter::new("per-request", quota, store(&server).await).unwrap();
     assert!(!pure.acquire_now(1).await.unwrap().is_allowed());
 }
+
+/// A pure-mode decision on a name with leasers: the first, sent with the bucket's key alone,
+/// is answered "send every key"; the store remembers it, and the next ones (for a refresh
+/// time) are one script call each, not two.
+#[tokio::test]
+async fn a_pure_decision_beside_leasers_is_one_script_call() {
+    let server = RedisServer::start();
+    let quota = Quota::per_second(1_000).unwrap().with_burst(1_000).unwrap();
+    let hybrid = HybridLimiter::new("mixed", quota, store(&server).await).unwrap();
+    hybrid.ready().await.unwrap();
+    let pure = RedisLimiter::new("mixed", quota, store(&server).await).unwrap();
+    let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..50 {
+        assert!(pure.acquire_now(1).await.unwrap().is_allowed());
+    }
+    // The first decision's two calls, then one each (a lease of the hybrid may add one).
+    let calls = server.command_calls("evalsha");
+    assert!(
+        (51..=53).contains(&calls),
+        "{calls} script calls for 50 decisions"
+    );
+}

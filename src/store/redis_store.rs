@@ -320,6 +320,7 @@ impl RedisStore {
                 {
                     return Ok(reply);
                 }
+                self.configs.found_leasers(name);
             }
         }
         let keys = self.keys(name, client);
