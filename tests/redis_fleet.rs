@@ -265,7 +265,9 @@ async fn a_pure_decision_beside_leasers_is_one_script_call() {
     for _ in 0..50 {
         assert!(pure.acquire_now(1).await.unwrap().is_allowed());
     }
-    // The first decision's two calls, then one each (a lease of the hybrid may add one).
+    // The first decision reads the name's config (every key, one call: the name is new to
+    // the pure store), the second tries one key and is sent again (two), the rest one each; a
+    // call of the hybrid's (a release) may add one or two on a slow machine.
     let calls = server.command_calls("evalsha");
     assert!(
         (51..=53).contains(&calls),

@@ -269,8 +269,9 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         );
     }
 
-    // An anonymous decision (exact 1) on a bucket with leasers: its one-key call is answered
-    // "send every key" and sent again, two script calls a decision. Beside rate leases it also
+    // An anonymous decision (exact 1) on a bucket with leasers: the store sends every key
+    // once a one-key call found leasers there (before, each one-key call was answered "send
+    // every key" and sent again: two script calls a decision). Beside rate leases it also
     // counts what it asks for in the leasers' bookkeeping, one more write.
     for (bucket, label) in [
         (

@@ -297,8 +297,14 @@ impl RedisStore {
             configured_only,
         }) = anonymous.filter(|_| self.configs.enabled())
         {
-            // `None`: this call reads the config (every key) and refreshes what is known.
-            let config = self.configs.fresh(name);
+            let bucket = self.bucket_key(name, client);
+            // `None`: this call reads the config (every key) and refreshes what is known — or
+            // the bucket's one-key call found leasers lately: every key at once.
+            let config = if self.configs.has_leasers(&bucket) {
+                None
+            } else {
+                self.configs.fresh(name)
+            };
             // The script checks `min` against the caller's burst (a request above it is an
             // error) and grants nothing above the stored one: one key passes the stored quota
             // as the caller's, so such a request goes with every key.
@@ -308,8 +314,7 @@ impl RedisStore {
                 // An anonymous call's arguments: want, min, now (the rest are empty).
                 if let Some(reply) = self
                     .run_one_key(
-                        name,
-                        client,
+                        std::slice::from_ref(&bucket),
                         quota,
                         config,
                         configured_only,
@@ -320,7 +325,7 @@ impl RedisStore {
                 {
                     return Ok(reply);
                 }
-                self.configs.found_leasers(name);
+                self.configs.found_leasers(&bucket);
             }
         }
         let keys = self.keys(name, client);
@@ -354,14 +359,12 @@ impl RedisStore {
         .inspect(|reply| self.configs.learn(name, config_cache::stored_config(reply)))
     }
 
-    /// An anonymous call with the bucket's key alone, under `config` (the name's stored quota)
-    /// or the caller's `quota` if it has none; `None` if the bucket has leasers on record and
-    /// the call must be sent with every key.
-    #[allow(clippy::too_many_arguments)]
+    /// An anonymous call with the bucket's key (`bucket`, the one key) alone, under `config` (the name's
+    /// stored quota) or the caller's `quota` if it has none; `None` if the bucket has leasers on
+    /// record and the call must be sent with every key.
     async fn run_one_key(
         &self,
-        name: &str,
-        client: Option<u64>,
+        bucket: &[String],
         quota: &Quota,
         config: Option<Quota>,
         configured_only: bool,
@@ -376,9 +379,8 @@ impl RedisStore {
             }
             None => (*quota, QuotaSource::Caller),
         };
-        let bucket = [self.bucket_key(name, client)];
         let head = quota_args(op, &quota);
-        let reply: Vec<u64> = self.eval(&SCRIPT, &bucket, head.iter().chain(args)).await?;
+        let reply: Vec<u64> = self.eval(&SCRIPT, bucket, head.iter().chain(args)).await?;
         match reply[..] {
             [0] => Ok(None),
             [granted, remaining, retry_us, reset_us, share_mtps] => Ok(Some(LeaseReply {

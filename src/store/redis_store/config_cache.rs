@@ -25,9 +25,11 @@
 //! A one-key call on a bucket with leasers on record is answered "send every key" and sent
 //! again: two script calls for one decision (a pure-mode client beside hybrid nodes, a node
 //! deciding per request: 25 µs of Redis CPU where a decision alone costs 11, measured with
-//! `simulate calibrate`). So a name whose one-key call found leasers sends every key for a
-//! refresh time, then tries one key again: at most one call in vain per name and refresh
-//! time.
+//! `simulate calibrate`). So a bucket (a name, or one client's budget of it) whose one-key
+//! call found leasers sends every key for a refresh time, then tries one key again: about one
+//! call in vain per bucket and refresh time (every call already out when that time ends may
+//! be one too). Buckets without leasers — other clients' budgets of the same name — keep
+//! their one-key calls. Bounded like the configs ([`MAX_NAMES`]).
 //!
 //! The cache is bounded ([`MAX_NAMES`]): a keyed limiter makes one name per key. When it is
 //! full, entries older than the refresh time are dropped (at most once per refresh time); a
@@ -59,9 +61,6 @@ struct Entry {
     read_at: Instant,
     /// When a call set out to read it again (it sends every key), if one did since.
     refreshing_since: Option<Instant>,
-    /// When a one-key call last found leasers on record (so it was sent again with every
-    /// key), if one did.
-    leasers_seen: Option<Instant>,
 }
 
 /// Names' central configs as last read, each trusted for `refresh`.
@@ -71,6 +70,10 @@ pub(super) struct ConfigCache {
     names: DashMap<Box<str>, Entry>,
     /// When stale entries were last dropped.
     pruned: Mutex<Instant>,
+    /// Buckets (by key) whose one-key call found leasers on record, and when.
+    leased: DashMap<Box<str>, Instant>,
+    /// When stale entries of `leased` were last dropped.
+    leased_pruned: Mutex<Instant>,
 }
 
 impl ConfigCache {
@@ -81,6 +84,8 @@ impl ConfigCache {
             refresh,
             names: DashMap::new(),
             pruned: Mutex::new(Instant::now()),
+            leased: DashMap::new(),
+            leased_pruned: Mutex::new(Instant::now()),
         }
     }
 
@@ -94,14 +99,6 @@ impl ConfigCache {
             return None;
         }
         let mut entry = self.names.get_mut(name)?;
-        // A bucket with leasers answers one key with "send every key": for a refresh time
-        // after that, send every key at once (one script call a decision, not two).
-        if entry
-            .leasers_seen
-            .is_some_and(|seen| seen.elapsed() < self.refresh)
-        {
-            return None;
-        }
         if entry.read_at.elapsed() < self.refresh
             || entry
                 .refreshing_since
@@ -134,12 +131,33 @@ impl ConfigCache {
         self.names.len() < MAX_NAMES
     }
 
-    /// Remembers that a one-key call on `name` found leasers on record: its calls send every
-    /// key for a refresh time (see [`fresh`](Self::fresh)).
-    pub(super) fn found_leasers(&self, name: &str) {
-        if let Some(mut known) = self.names.get_mut(name) {
-            known.leasers_seen = Some(Instant::now());
+    /// Remembers that a one-key call on the bucket `key` found leasers on record: its calls
+    /// send every key for a refresh time (see [`has_leasers`](Self::has_leasers)).
+    pub(super) fn found_leasers(&self, key: &str) {
+        if self.refresh.is_zero() {
+            return;
         }
+        if self.leased.len() >= MAX_NAMES && !self.leased.contains_key(key) {
+            // At most once per refresh time, as for the configs.
+            if let Some(mut pruned) = self.leased_pruned.try_lock() {
+                if pruned.elapsed() >= self.refresh {
+                    *pruned = Instant::now();
+                    self.leased.retain(|_, seen| seen.elapsed() < self.refresh);
+                }
+            }
+            if self.leased.len() >= MAX_NAMES {
+                return;
+            }
+        }
+        self.leased.insert(key.into(), Instant::now());
+    }
+
+    /// Whether a one-key call on the bucket `key` found leasers within the refresh time: then
+    /// its calls send every key at once (one script call a decision, not two).
+    pub(super) fn has_leasers(&self, key: &str) -> bool {
+        self.leased
+            .get(key)
+            .is_some_and(|seen| seen.elapsed() < self.refresh)
     }
 
     /// Remembers `name`'s config as just read: its stored quota, or `None`.
@@ -147,14 +165,12 @@ impl ConfigCache {
         if self.refresh.is_zero() {
             return;
         }
-        let mut entry = Entry {
+        let entry = Entry {
             config,
             read_at: Instant::now(),
             refreshing_since: None,
-            leasers_seen: None,
         };
         if let Some(mut known) = self.names.get_mut(name) {
-            entry.leasers_seen = known.leasers_seen;
             *known = entry;
         } else if self.has_room_for(name) {
             self.names.insert(name.into(), entry);
@@ -200,21 +216,21 @@ mod tests {
     }
 
     #[test]
-    fn a_name_with_leasers_sends_every_key_for_a_refresh_time() {
-        let q = Quota::per_second(7).unwrap();
+    fn a_bucket_with_leasers_sends_every_key_for_a_refresh_time() {
         // Long enough that a loaded test machine does not make it stale between two lines.
         let cache = ConfigCache::new(Duration::from_millis(300));
-        cache.learn("a", Some(q));
-        cache.found_leasers("a");
-        assert_eq!(cache.fresh("a"), None);
-        // A call with every key reads the config again: still every key.
-        cache.learn("a", Some(q));
-        assert_eq!(cache.fresh("a"), None);
-        // A refresh time later, one key again (its config read 350 ms ago is stale too: the
-        // first caller reads it, the next one tries one key).
+        assert!(!cache.has_leasers("n"));
+        cache.found_leasers("n");
+        // That bucket only: another client's budget of the name keeps its one-key calls.
+        assert!(cache.has_leasers("n") && !cache.has_leasers("n:c1"));
         std::thread::sleep(Duration::from_millis(350));
-        cache.learn("a", Some(q));
-        assert_eq!(cache.fresh("a"), Some(Some(q)));
+        assert!(
+            !cache.has_leasers("n"),
+            "a refresh time later, one key again"
+        );
+        let never = ConfigCache::new(Duration::ZERO);
+        never.found_leasers("n");
+        assert!(!never.has_leasers("n"));
     }
 
     #[test]
