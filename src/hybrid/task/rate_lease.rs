@@ -16,11 +16,7 @@ impl Task {
     /// `settled`: a chunk in transit between words must not read as room.
     pub(super) fn add_drip<S>(&mut self, s: &Shared<S>, now: Instant) {
         let add = self.drip.earn(now, self.counted, s.local.settled());
-        if add > 0 {
-            s.local.add(add);
-            s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
-            s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
-        }
+        dripped(s, add);
     }
 
     /// Adds what the rate earned while the call just answered was in flight (see
@@ -30,11 +26,7 @@ impl Task {
         let add = self
             .drip
             .pay_flight(self.counted, s.local.settled().max(held));
-        if add > 0 {
-            s.local.add(add);
-            s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
-            s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
-        }
+        dripped(s, add);
     }
 
     /// Keeps the local bucket at or below its cap while a rate is held (see `lease/drip.rs`):
@@ -90,5 +82,14 @@ impl Task {
             return Some(renew.min(early));
         }
         Some(renew)
+    }
+}
+
+/// Puts `add` tokens a rate lease earned into the local bucket, counted as leased and dripped.
+fn dripped<S>(s: &Shared<S>, add: u64) {
+    if add > 0 {
+        s.local.add(add);
+        s.counters.tokens_leased.fetch_add(add, Ordering::Relaxed);
+        s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
     }
 }

@@ -118,17 +118,7 @@ impl ConfigCache {
     /// Whether what is read of `name`'s config now would be kept (after dropping stale
     /// entries if the cache is full).
     fn has_room_for(&self, name: &str) -> bool {
-        if self.names.len() < MAX_NAMES || self.names.contains_key(name) {
-            return true;
-        }
-        // At most once per refresh time: a full cache of fresh entries is not walked per call.
-        if let Some(mut pruned) = self.pruned.try_lock() {
-            if pruned.elapsed() >= self.refresh {
-                *pruned = Instant::now();
-                self.names.retain(|_, e| e.read_at.elapsed() < self.refresh);
-            }
-        }
-        self.names.len() < MAX_NAMES
+        room_in(&self.names, name, &self.pruned, self.refresh, |e| e.read_at)
     }
 
     /// Remembers that a one-key call on the bucket `key` found leasers on record: its calls
@@ -137,19 +127,15 @@ impl ConfigCache {
         if self.refresh.is_zero() {
             return;
         }
-        if self.leased.len() >= MAX_NAMES && !self.leased.contains_key(key) {
-            // At most once per refresh time, as for the configs.
-            if let Some(mut pruned) = self.leased_pruned.try_lock() {
-                if pruned.elapsed() >= self.refresh {
-                    *pruned = Instant::now();
-                    self.leased.retain(|_, seen| seen.elapsed() < self.refresh);
-                }
-            }
-            if self.leased.len() >= MAX_NAMES {
-                return;
-            }
+        if room_in(
+            &self.leased,
+            key,
+            &self.leased_pruned,
+            self.refresh,
+            |&seen| seen,
+        ) {
+            self.leased.insert(key.into(), Instant::now());
         }
-        self.leased.insert(key.into(), Instant::now());
     }
 
     /// Whether a one-key call on the bucket `key` found leasers within the refresh time: then
@@ -176,6 +162,28 @@ impl ConfigCache {
             self.names.insert(name.into(), entry);
         }
     }
+}
+
+/// Whether `map` (at most [`MAX_NAMES`] entries) has room for `key`, after dropping the entries
+/// older than `refresh` (by `at`) if it is full — at most once per refresh time (`pruned`: when
+/// it last did), so a full map of fresh entries is not walked per call.
+fn room_in<V>(
+    map: &DashMap<Box<str>, V>,
+    key: &str,
+    pruned: &Mutex<Instant>,
+    refresh: Duration,
+    at: impl Fn(&V) -> Instant,
+) -> bool {
+    if map.len() < MAX_NAMES || map.contains_key(key) {
+        return true;
+    }
+    if let Some(mut last) = pruned.try_lock() {
+        if last.elapsed() >= refresh {
+            *last = Instant::now();
+            map.retain(|_, v| at(v).elapsed() < refresh);
+        }
+    }
+    map.len() < MAX_NAMES
 }
 
 /// The config a call that read it found: the stored quota, or `None`.
