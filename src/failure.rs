@@ -55,7 +55,9 @@ use crate::time::Origin;
 pub enum FailurePolicy {
     /// Admit every request while the store is failing.
     FailOpen,
-    /// Deny every request (beyond the tokens already leased) while the store is failing.
+    /// Deny every request (beyond the tokens already leased, and a held rate until the node's
+    /// next store call fails: both were granted by the store before it failed) while the store
+    /// is failing.
     FailClosed,
     /// Enforce `rate / expected_nodes` locally while the store is failing.
     LocalFallback {

@@ -1,6 +1,7 @@
 //! Central configuration and budgets against a real redis-server.
 //!
-//! - a fleet of hybrid limiters adopts a quota changed in Redis within one lease horizon, and
+//! - a fleet of hybrid limiters adopts a quota changed in Redis within one lease horizon (at
+//!   its renewals, at most half a ttl, when it leases rates), and
 //!   admits at most `burst + rate_old × t1 + rate_new × t2` (t1 up to the moment every instance
 //!   has seen the change, which is after the store switched);
 //! - a capacity cut below what is outstanding keeps `level + outstanding` within bounds;
@@ -20,8 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratelease::{
-    AcquireError, Budget, ConfigStore, FailurePolicy, FakeClock, HybridLimiter, LeaseRequest,
-    LeaseStore, NodeLease, Quota, QuotaSource, RedisLimiter, RedisStore, StoreError, Unconfigured,
+    AcquireError, AdaptiveLease, Budget, ConfigStore, FailurePolicy, FakeClock, HybridLimiter,
+    LeaseRequest, LeaseStore, NodeLease, Quota, QuotaSource, RedisLimiter, RedisStore, StoreError,
+    Unconfigured,
 };
 use support::{BucketState, RedisServer};
 
@@ -110,6 +112,22 @@ async fn a_config_changed_elsewhere_reaches_pure_calls_within_the_refresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_adopts_a_new_rate_within_one_horizon_and_stays_in_bounds() {
+    // Token leases: a node calls at least once a lease horizon of the automatic policy, at
+    // most 250 ms.
+    a_fleet_adopts_a_new_rate(Some(false), Duration::from_millis(400)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_leasing_fleet_adopts_a_new_rate_at_its_renewals_and_stays_in_bounds() {
+    // The default: this tight burst (0.1 s of the rate, 3 nodes) leases rates, and a rated
+    // node learns of the change at its renewal, at most half its ttl (1 s) away.
+    a_fleet_adopts_a_new_rate(None, Duration::from_millis(650)).await;
+}
+
+/// Three hybrid nodes under 400/s, cut to 100/s in the store while they are busy: every one
+/// runs under the new quota by `deadline`, and the fleet admits within the bound of each rate
+/// while it was in force. `rate_leases`: the policy's setting (`None`: its default).
+async fn a_fleet_adopts_a_new_rate(rate_leases: Option<bool>, deadline: Duration) {
     let server = RedisServer::start();
     let admin = store(&server).await;
     let old = Quota::per_second(400).unwrap().with_burst(40).unwrap();
@@ -123,9 +141,14 @@ async fn a_fleet_adopts_a_new_rate_within_one_horizon_and_stays_in_bounds() {
     let denied = Arc::new(AtomicU64::new(0));
     let mut fleet = Vec::new();
     for i in 0..3 {
+        let mut policy = AdaptiveLease::new();
+        if let Some(on) = rate_leases {
+            policy = policy.rate_leases(on);
+        }
         fleet.push(
             HybridLimiter::builder("fleet", builder, store(&server).await)
                 .seed(i)
+                .policy(policy)
                 .build()
                 .unwrap(),
         );
@@ -149,11 +172,18 @@ async fn a_fleet_adopts_a_new_rate_within_one_horizon_and_stays_in_bounds() {
     for l in &fleet {
         assert_eq!(l.quota(), old, "every instance runs under the stored quota");
     }
+    // Token leases only, or rates dripping into local buckets, as the policy says (a node
+    // may not hold a rate when the others' leave it no room).
+    let dripped = fleet.iter().any(|l| l.stats().tokens_dripped > 0);
+    assert_eq!(
+        dripped,
+        rate_leases.is_none(),
+        "rate leases: {rate_leases:?}"
+    );
     let changed_at = started.elapsed();
     let before = admitted.load(Ordering::Relaxed);
     assert!(admin.modify_config("fleet", &new).await.unwrap());
-    // One lease horizon of the automatic policy is at most 250 ms.
-    let deadline = Instant::now() + Duration::from_millis(400);
+    let deadline = Instant::now() + deadline;
     while fleet.iter().any(|l| l.quota() != new) {
         assert!(Instant::now() < deadline, "an instance missed the change");
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -747,7 +747,12 @@ async fn a_limit_far_above_demand_never_denies() {
 async fn after_an_outage_a_miss_needs_a_lease_and_after_a_refusal_it_is_denied() {
     let store = Wrapped::new(Duration::from_millis(1));
     let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
-    let limiter = HybridLimiter::new("recent", quota, store.clone()).unwrap();
+    // Token leases (this tight burst would lease a rate by default, which is renewed, not
+    // refused, and drips between renewals).
+    let limiter = HybridLimiter::builder("recent", quota, store.clone())
+        .policy(AdaptiveLease::new().rate_leases(false))
+        .build()
+        .unwrap();
     limiter.ready().await.unwrap();
     // Spends the local tokens; the first answer that is not `Allowed`.
     let drain = || loop {

@@ -261,7 +261,9 @@ impl Task {
     /// for the share the store last reported (a small share leases for longer; nothing before
     /// the first reply).
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
-        let call = CallContext::new(self.quota, self.share).with_leasers(self.leasers);
+        let call = CallContext::new(self.quota, self.share)
+            .with_leasers(self.leasers)
+            .with_fleet(self.fleet);
         self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 

@@ -62,6 +62,9 @@ pub struct CallContext {
     /// Nodes holding a lease on the bucket, as the store last reported
     /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
     pub leasers: u64,
+    /// The most nodes the store has reported holding a lease since this node started (0:
+    /// none yet; see [`LeaseContext::fleet`]).
+    pub fleet: u64,
 }
 
 impl CallContext {
@@ -71,12 +74,21 @@ impl CallContext {
             quota,
             share,
             leasers: 0,
+            fleet: 0,
         }
     }
 
     /// The same context, with `leasers` nodes holding a lease as the store last reported.
     pub fn with_leasers(mut self, leasers: u64) -> Self {
         self.leasers = leasers;
+        self.fleet = self.fleet.max(leasers);
+        self
+    }
+
+    /// The same context, with a fleet of `fleet` nodes: the most the store has reported
+    /// holding a lease (never below `leasers`).
+    pub fn with_fleet(mut self, fleet: u64) -> Self {
+        self.fleet = fleet.max(self.leasers);
         self
     }
 }
@@ -107,7 +119,8 @@ pub struct LeaseTerms {
     /// node's share out of the shared bucket's refill and the node adds what it earns to its
     /// local bucket itself, renewing it every half ttl — sooner while its demand has been
     /// measured for less than that), so a node needs a store call per half ttl rather than per
-    /// batch of tokens.
+    /// batch of tokens. A policy may decide it per call ([`LeasePolicy::terms_at`]), as
+    /// [`AdaptiveLease`] does by default.
     pub rate_leases: bool,
 }
 
@@ -217,7 +230,8 @@ pub struct AdaptiveLease {
     ttl: Option<Duration>,
     idle_after: Duration,
     headroom: f64,
-    rate_leases: bool,
+    /// `None`: automatic (see [`AdaptiveLease::rate_leases`]).
+    rate_leases: Option<bool>,
     per_request_below: f64,
 }
 
@@ -228,7 +242,7 @@ impl Default for AdaptiveLease {
             ttl: None,
             idle_after: Duration::from_millis(500),
             headroom: 1.25,
-            rate_leases: false,
+            rate_leases: None,
             per_request_below: 3.0,
         }
     }
@@ -280,19 +294,44 @@ impl AdaptiveLease {
         self
     }
 
-    /// Whether leases may also ask to hold a rate (default `false`; see
-    /// [`LeaseTerms::rate_leases`]). On, a node asks for one where token leases would be small
-    /// (a tight burst, a small share) and its room in the burst can carry it (its part, or in a
-    /// fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md` ("Rate
-    /// leases") has where that pays (a burst of rate / 20: 0.6 % of pure mode's store calls)
-    /// and where it costs. Clients of the same bucket that decide per request (pure mode,
-    /// another language's client of the script) report no demand; the store counts what they
-    /// ask for (retries included) in the shares of the rate, from the first rate held on (the
-    /// first rates may take all until their renewal). A change of the stored config reaches a
-    /// rated node at its renewal, at most half a ttl away, and its old rate is its until then.
+    /// Whether leases may also ask to hold a rate (see [`LeaseTerms::rate_leases`]). On, a
+    /// node asks for one where token leases would be small (a tight burst, a small share) and
+    /// its room in the burst can carry it (its part, or in a fleet of at most 100 what the
+    /// burst has for every leaser); `SIMULATIONS.md` ("Rate leases") has where that pays and
+    /// where it costs. Clients of the same bucket that decide per request (pure mode, another
+    /// language's client of the script) report no demand; the store counts what they ask for
+    /// (retries included) in the shares of the rate, from the first rate held on (the first
+    /// rates may take all until their renewal).
+    ///
+    /// Default: automatic — on where the burst is **tight** (it fills in under a quarter of a
+    /// second of the rate, so token leases would last under 83 ms) in a fleet of at most 100
+    /// nodes (the most the store has reported holding leases: [`CallContext::fleet`]); off
+    /// otherwise. There rate leases cost a quarter of a point of utilization or less for 2–30
+    /// times fewer store calls (a burst of rate / 20 shared by 10 nodes: 0.6 % of pure mode's
+    /// calls where token leases make 18 %); with a burst of a second, or in a larger fleet,
+    /// they cost more than they save (1 000 nodes: a point of utilization and a tenth of the
+    /// first second for 40 % fewer calls; SIMULATIONS.md, "Rate leases by default for tight
+    /// bursts"). Like every lease on terms, they need the token bucket.
+    ///
+    /// What a rated node does not call for, it learns late: a change of the stored config
+    /// reaches it at its renewal, at most half a ttl away (its old rate is its own until
+    /// then), and a store outage at its next call — until then, even failing closed, it
+    /// spends the rate the store granted it, as a token-leasing node spends the tokens it
+    /// holds. Set `rate_leases(false)` where a node must follow a config change, or stop
+    /// admitting in an outage, within one horizon.
     pub fn rate_leases(mut self, on: bool) -> Self {
-        self.rate_leases = on;
+        self.rate_leases = Some(on);
         self
+    }
+
+    /// Whether a call in `call`'s context asks for a rate (see
+    /// [`rate_leases`](Self::rate_leases)): as set, else whether the burst is tight and the
+    /// fleet small.
+    fn rate_leases_at(&self, call: &CallContext) -> bool {
+        self.rate_leases.unwrap_or_else(|| {
+            let fill = call.quota.burst() as f64 / call.quota.per_second_f64();
+            fill < AUTO_RATE_FILL.as_secs_f64() && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
+        })
     }
 
     /// Below this many tokens of its part of the burst (`burst × demand / rate`, default 3;
@@ -399,8 +438,10 @@ impl LeasePolicy for AdaptiveLease {
     /// round trips of a 5 ms store could not be granted at all (SIMULATIONS.md, "A lease waits
     /// longer than a caller").
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
+        let rate_leases = self.rate_leases_at(call);
         LeaseTerms {
-            horizon: by_share(terms.horizon, call, terms.ttl, !terms.rate_leases),
+            horizon: by_share(terms.horizon, call, terms.ttl, !rate_leases),
+            rate_leases,
             ..terms
         }
     }
@@ -412,7 +453,8 @@ impl LeasePolicy for AdaptiveLease {
             horizon,
             ttl,
             idle_after: self.idle_after,
-            rate_leases: self.rate_leases,
+            // Automatic: decided per call (`terms_at`), by the fleet the store reports.
+            rate_leases: self.rate_leases.unwrap_or(false),
         })
     }
 }
@@ -437,6 +479,17 @@ fn at_least(x: f64, min: f64) -> f64 {
 /// accept 0.7–0.99 of their requests and the busiest 0.44 (Jain 0.91); leasing, Jain 0.98
 /// with a fifth fewer calls (SIMULATIONS.md, "tight-burst-fleet").
 const ROOM_PER_LEASER: f64 = 4.0;
+
+/// [`AdaptiveLease`] leases a rate by default where the burst fills in under this: token
+/// leases there last under 83 ms (a third of the fill time) and each busy node would make 12
+/// store calls a second or more (see [`AdaptiveLease::rate_leases`]).
+const AUTO_RATE_FILL: Duration = Duration::from_millis(250);
+
+/// The largest fleet (the most leasers the store has reported to a node) in which
+/// [`AdaptiveLease`] leases a rate by default: with 10–100 nodes rate leases cost a tight burst
+/// at most a quarter of a point of utilization; with 300, 0.4–0.9 points; with 1 000, a
+/// point (SIMULATIONS.md, "Rate leases by default for tight bursts").
+const AUTO_RATE_MAX_FLEET: u64 = 100;
 
 /// The share, as a part of the rate, below which a node leases for longer: one of a thousand
 /// nodes (see [`by_share`]).
@@ -696,6 +749,41 @@ pub(crate) mod tests {
         let rt = rated.terms(&q).unwrap();
         let call = CallContext::new(q, Some(10_000.0)).with_leasers(1_000);
         assert_eq!(rated.terms_at(rt, &call).horizon, ms(250));
+    }
+
+    #[test]
+    fn leases_a_rate_by_default_where_the_burst_is_tight_and_the_fleet_small() {
+        let rates = |p: &AdaptiveLease, q: Quota, fleet: u64| {
+            let call = CallContext::new(q, Some(100.0))
+                .with_leasers(fleet / 2)
+                .with_fleet(fleet);
+            p.terms_at(p.terms(&q).unwrap(), &call).rate_leases
+        };
+        let p = AdaptiveLease::new();
+        let q = Quota::per_second(2_000).unwrap();
+        // Bursts of 0.05 s and 0.2 s of the rate are tight; a quarter second is not.
+        for (burst, tight) in [(100, true), (400, true), (500, false), (2_000, false)] {
+            let q = q.with_burst(burst).unwrap();
+            assert_eq!(rates(&p, q, 10), tight, "burst {burst}");
+            // The terms alone say off: the policy decides at each call.
+            assert!(!p.terms(&q).unwrap().rate_leases);
+        }
+        let tight = q.with_burst(100).unwrap();
+        // A fleet of up to 100 nodes (the most the store has reported); none known yet, or
+        // more than 100 (even if fewer hold leases now): token leases.
+        for (fleet, on) in [
+            (0, false),
+            (1, true),
+            (100, true),
+            (101, false),
+            (1_000, false),
+        ] {
+            assert_eq!(rates(&p, tight, fleet), on, "fleet {fleet}");
+        }
+        // Set either way, the setting holds.
+        let on = AdaptiveLease::new().rate_leases(true);
+        let off = AdaptiveLease::new().rate_leases(false);
+        assert!(rates(&on, q, 1_000) && !rates(&off, tight, 10));
     }
 
     #[test]
