@@ -70,13 +70,16 @@ local function int_str(x)
   return string.format('%.0f', x + 0)
 end
 
+-- The server's clock, µs. Arithmetic reads TIME's two numeric strings with one parse each
+-- (tonumber: two).
+local function server_now()
+  local t = redis.call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+
 -- The time of the call: the server's clock, or the explicit time of a test or replay.
 local function now_arg(i, hi)
-  if ARGV[i] == nil or ARGV[i] == '' then
-    -- Arithmetic reads TIME's two numeric strings with one parse each (tonumber: two).
-    local t = redis.call('TIME')
-    return t[1] * 1000000 + t[2]
-  end
+  if ARGV[i] == nil or ARGV[i] == '' then return server_now() end
   return int_arg(i, 0, hi)
 end
 

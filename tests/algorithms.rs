@@ -436,6 +436,7 @@ fn new_script(
         keys,
         optional_keys: 0,
         args: new_script_args(),
+        encode: None,
         reply: five_integers,
         state,
     }

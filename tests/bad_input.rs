@@ -323,6 +323,7 @@ fn token_bucket_script() -> fuzz::Script {
         // The config key: without it the script runs the 3-key protocol.
         optional_keys: 1,
         args: args.boxed(),
+        encode: None,
         reply: |keys, args, reply| {
             let reply: Vec<i64> =
                 redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
@@ -355,6 +356,114 @@ fn token_bucket_script() -> fuzz::Script {
         },
         state: BUCKET_STATE,
     }
+}
+
+/// `lua/token_bucket.lua`'s packed node calls under the fuzz driver: an op, eleven numbers
+/// (plausible, -1 where it means "none", or junk: NaN, infinities, fractions, negatives, huge),
+/// a node id and the unconfigured setting; [`packed_args`] makes the call's arguments of them
+/// (a vector cut short packs fewer numbers, so wrong lengths are sent too).
+fn token_bucket_packed_script() -> fuzz::Script {
+    let op = prop_oneof![
+        6 => Just("node_lease".to_string()),
+        3 => Just("node_release".to_string()),
+        1 => fuzz::junk(),
+    ];
+    let plausible = || {
+        // Ten of these: mostly plausible, or few calls would pass every check.
+        prop_oneof![
+            30 => (1u64..50).prop_map(|v| v.to_string()),
+            5 => (1u64..5_000_000).prop_map(|v| v.to_string()),
+            1 => Just("-1".to_string()),
+            2 => fuzz::junk(),
+        ]
+    };
+    let now = prop_oneof![4 => Just("-1".to_string()), 1 => fuzz::junk()];
+    let rate = prop_oneof![
+        3 => Just("-1".to_string()),
+        3 => (0u64..5_000_000).prop_map(|v| v.to_string()),
+        1 => fuzz::junk(),
+    ];
+    let node = prop_oneof![
+        6 => "n[0-2]",
+        1 => Just(String::new()),
+        1 => Just("x".repeat(129)),
+        1 => fuzz::junk(),
+    ];
+    let unconfigured = prop_oneof![
+        3 => Just(String::new()),
+        2 => Just("none".to_string()),
+        1 => fuzz::junk(),
+    ];
+    let args = (
+        op,
+        prop::collection::vec(plausible(), 5),
+        now,
+        prop::collection::vec(plausible(), 4),
+        rate,
+        node,
+        unconfigured,
+    )
+        .prop_map(
+            |(op, quota_want_min, now, node_args, rate, node, unconfigured)| {
+                let mut args = vec![op];
+                args.extend(quota_want_min);
+                args.push(now);
+                args.extend(node_args);
+                args.extend([rate, node, unconfigured]);
+                args
+            },
+        );
+    fuzz::Script {
+        name: "token_bucket.lua, packed",
+        source: TOKEN_BUCKET_LUA,
+        keys: |i| {
+            let mut keys = bucket_keys(&format!("fuzz{{{i}}}"));
+            keys.push(format!("fuzz{{{i}}}:config"));
+            keys
+        },
+        // A packed call sends every key; with three it is refused.
+        optional_keys: 1,
+        args: args.boxed(),
+        encode: Some(packed_args),
+        reply: |_, args, reply| {
+            let redis::Value::BulkString(bytes) = reply else {
+                return Err("not one string".into());
+            };
+            let values: Vec<f64> = bytes
+                .chunks(8)
+                .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0xff; 8])))
+                .collect();
+            let len = if args[0] == "node_lease" { 11 } else { 9 };
+            if bytes.len() == 8 * len
+                && values.iter().all(|v| v.is_finite() && *v >= 0.0)
+                && values[8] <= 2.0
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected {len} non-negative doubles, got {values:?}"
+                ))
+            }
+        },
+        state: BUCKET_STATE,
+    }
+}
+
+/// A packed call's arguments from [`token_bucket_packed_script`]'s vector: the op, the
+/// numbers as little-endian doubles (text that is no number as NaN), the node id and the
+/// unconfigured setting; a vector cut short packs what it has (the last two go first).
+fn packed_args(args: &[String]) -> Vec<Vec<u8>> {
+    if args.is_empty() {
+        return Vec::new();
+    }
+    let numbers = &args[1.min(args.len())..args.len().min(12)];
+    let packed = numbers
+        .iter()
+        .flat_map(|x| x.trim().parse::<f64>().unwrap_or(f64::NAN).to_le_bytes())
+        .collect();
+    let mut out = vec![args[0].clone().into_bytes(), packed];
+    out.extend(args.iter().skip(12).map(|a| a.clone().into_bytes()));
+    out
 }
 
 /// `lua/lock.lua` under the fuzz driver.
@@ -394,6 +503,7 @@ fn lock_script() -> fuzz::Script {
         args: (op, owner, lease, channel)
             .prop_map(|(op, owner, lease, channel)| vec![op, owner, lease, channel])
             .boxed(),
+        encode: None,
         reply: |_, args, reply| {
             let ok = match (args[0].as_str(), reply) {
                 ("acquire", redis::Value::Array(v)) => {
@@ -465,6 +575,18 @@ fn the_token_bucket_script_never_fails_at_runtime_nor_stores_invalid_state() {
     let out = fuzz::run(&token_bucket_script(), &mut server.connection(), 10_000);
     // Twelve arguments, each sometimes junk: most vectors are rejected (about 5 % served).
     assert!(out.rejected > 1_000 && out.served > 250, "{out:?}");
+}
+
+#[test]
+fn packed_node_calls_never_fail_at_runtime_nor_store_invalid_state() {
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    // Text calls first, then packed ones on the state they left, then text calls again.
+    fuzz::run(&token_bucket_script(), &mut con, 1_000);
+    let out = fuzz::run(&token_bucket_packed_script(), &mut con, 5_000);
+    // Ten numbers, each sometimes junk, and min ≤ want, burst: about 3 % served.
+    assert!(out.rejected > 500 && out.served > 80, "{out:?}");
+    fuzz::run(&token_bucket_script(), &mut con, 1_000);
 }
 
 #[test]

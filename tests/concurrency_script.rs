@@ -378,6 +378,7 @@ fn concurrency_script() -> fuzz::Script {
         },
         optional_keys: 0,
         args: args.boxed(),
+        encode: None,
         reply: |_, _, reply| {
             let v: Vec<i64> = redis::from_redis_value(reply.clone()).map_err(|e| e.to_string())?;
             match v[..] {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelease::{
-    ConfigStore, FakeClock, LeaseRequest, LeaseStore, MemoryStore, NodeLease, NodeRelease, Quota,
-    QuotaSource, RedisStore, ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
+    Clock, ConfigStore, FakeClock, LeaseReply, LeaseRequest, LeaseStore, MemoryStore, NodeLease,
+    NodeRelease, Quota, QuotaSource, RedisStore, ReleaseRequest, StoreError, TOKEN_BUCKET_LUA,
 };
 use support::{BucketState, RedisServer};
 
@@ -228,6 +228,206 @@ fn memory_store_and_lua_script_agree() {
     // Claims made (and so others held back by them, and claims collected or lapsed).
     let claimed = claimed.get();
     assert!(claimed > 20, "only {claimed} claims made");
+}
+
+/// A node's lease or release sent in the script's text protocol (every argument a decimal
+/// string, every key, as another language's client sends it); the reply as its integers.
+fn text_call(
+    con: &mut redis::Connection,
+    store: &RedisStore,
+    name: &str,
+    quota: &Quota,
+    now_us: u64,
+    step: &Step,
+) -> Result<Vec<u64>, String> {
+    let bucket = store.key(name);
+    let keys = [
+        bucket.clone(),
+        format!("{bucket}:leasers"),
+        format!("{bucket}:expiry"),
+        store.config_key(name),
+    ];
+    let mut args = vec![
+        String::new(),
+        quota.rate().to_string(),
+        quota.period_us().to_string(),
+        quota.burst().to_string(),
+    ];
+    let unconfigured = |fallback: bool| if fallback { "" } else { "none" }.to_string();
+    match step {
+        Step::Lease(req) => {
+            let n = req.node.expect("a node's lease");
+            args[0] = "lease".into();
+            args.extend([
+                req.want.to_string(),
+                req.min.to_string(),
+                now_us.to_string(),
+                format!("{:016x}", n.id),
+                n.held.to_string(),
+                n.demand_mtps.to_string(),
+                n.horizon.as_micros().to_string(),
+                n.ttl.as_micros().to_string(),
+                unconfigured(req.fallback_to_caller),
+                match n.rate_mtps {
+                    0 => String::new(),
+                    r => r.to_string(),
+                },
+            ]);
+        }
+        Step::Release(req) => {
+            let n = req.node.expect("a node's release");
+            args[0] = "release".into();
+            args.extend([
+                req.tokens.to_string(),
+                "0".into(),
+                now_us.to_string(),
+                format!("{:016x}", n.id),
+                n.seq.to_string(),
+                u8::from(n.leaving).to_string(),
+            ]);
+        }
+        _ => unreachable!("only a node's calls"),
+    }
+    redis::cmd("EVAL")
+        .arg(TOKEN_BUCKET_LUA)
+        .arg(4)
+        .arg(&keys)
+        .arg(&args)
+        .query(con)
+        .map_err(|e| e.to_string())
+}
+
+/// A reply as the integers of the script's 4-key reply (see `text_call`).
+fn integers(reply: &LeaseReply, node_lease: bool) -> Vec<u64> {
+    let source = match reply.source {
+        QuotaSource::Caller => 0,
+        QuotaSource::Stored => 1,
+        QuotaSource::Absent => 2,
+    };
+    let mut out = vec![
+        reply.granted,
+        reply.remaining,
+        reply.retry_after.as_micros() as u64,
+        reply.reset_after.as_micros() as u64,
+        reply.share_mtps,
+        reply.quota.rate(),
+        reply.quota.period_us(),
+        reply.quota.burst(),
+        source,
+    ];
+    if node_lease {
+        out.extend([reply.rate_mtps, reply.leasers]);
+    }
+    out
+}
+
+/// Everything stored for a bucket: the bucket, its leasers' records and their expiries.
+fn stored(con: &mut redis::Connection, store: &RedisStore, name: &str) -> Vec<redis::Value> {
+    let bucket = store.key(name);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("GET")
+        .arg(&bucket)
+        .cmd("HGETALL")
+        .arg(format!("{bucket}:leasers"))
+        .cmd("ZRANGE")
+        .arg(format!("{bucket}:expiry"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES");
+    pipe.query(con).unwrap()
+}
+
+#[test]
+fn packed_and_text_node_calls_run_the_same_step() {
+    // A node's calls go packed (`RedisStore`); the same calls in the text protocol on a second
+    // name must get the same replies and leave the same state, config operations and
+    // anonymous calls (one path for both) in between.
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
+    let redis = rt.block_on(async {
+        RedisStore::builder(server.url())
+            .response_timeout(Duration::from_secs(5))
+            .explicit_clock(clock.clone())
+            .connect()
+            .await
+            .unwrap()
+    });
+    let con = std::cell::RefCell::new(server.connection());
+    let case = AtomicU64::new(0);
+    let (compared, granted) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(100));
+    runner
+        .run(
+            &quota().prop_flat_map(|q| (Just(q), steps(q))),
+            |(quota, steps)| {
+                let i = case.fetch_add(1, Ordering::Relaxed);
+                let (packed, text) = (format!("pk-{i}"), format!("tx-{i}"));
+                for step in &steps {
+                    let both = |name: &str| {
+                        rt.block_on(async {
+                            match step {
+                                Step::Lease(req) => redis.lease(name, &quota, req).await.map(drop),
+                                Step::Release(req) => {
+                                    redis.release(name, &quota, req).await.map(drop)
+                                }
+                                Step::Init(c) => redis.init_config(name, c).await.map(drop),
+                                Step::Modify(c) => redis.modify_config(name, c).await.map(drop),
+                                Step::Delete => redis.delete_config(name).await.map(drop),
+                                Step::Advance { .. } => Ok(()),
+                            }
+                            .map_err(|e| e.to_string())
+                        })
+                    };
+                    let node_lease = matches!(step, Step::Lease(r) if r.node.is_some());
+                    let node_call =
+                        node_lease || matches!(step, Step::Release(r) if r.node.is_some());
+                    if let Step::Advance { us } = step {
+                        clock.advance(Duration::from_micros(*us));
+                    } else if node_call {
+                        let reply = rt.block_on(async {
+                            match step {
+                                Step::Lease(req) => redis.lease(&packed, &quota, req).await,
+                                Step::Release(req) => redis.release(&packed, &quota, req).await,
+                                _ => unreachable!(),
+                            }
+                        });
+                        let now = clock.now().as_micros() as u64;
+                        let by_text =
+                            text_call(&mut con.borrow_mut(), &redis, &text, &quota, now, step);
+                        match (&reply, &by_text) {
+                            (Ok(r), Ok(t)) => {
+                                prop_assert_eq!(&integers(r, node_lease), t, "{:?}", step);
+                                granted.set(granted.get() + r.granted);
+                            }
+                            // Refused alike (the text says which argument).
+                            (Err(StoreError::Rejected(a)), Err(b)) => {
+                                prop_assert!(b.contains(a.as_str()), "{} / {}", a, b);
+                            }
+                            _ => prop_assert!(false, "{:?}: {:?} / {:?}", step, reply, by_text),
+                        }
+                        compared.set(compared.get() + 1);
+                    } else {
+                        prop_assert_eq!(both(&packed), both(&text), "{:?}", step);
+                    }
+                    prop_assert_eq!(
+                        stored(&mut con.borrow_mut(), &redis, &packed),
+                        stored(&mut con.borrow_mut(), &redis, &text),
+                        "after {:?}",
+                        step
+                    );
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    // Node calls compared, and tokens granted by them.
+    assert!(compared.get() > 500, "{} node calls", compared.get());
+    assert!(granted.get() > 1_000, "{} tokens granted", granted.get());
 }
 
 /// A store on `server` whose calls pass an explicit time: a fake clock at 1 000 s.

@@ -269,6 +269,46 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         );
     }
 
+    // The same lease as the first row's in the script's text protocol (every number a decimal
+    // argument, the reply integers, as another language's client sends it), on the same
+    // bucket: what packing a node's call saves.
+    let text = redis::Script::new(ratelease::TOKEN_BUCKET_LUA);
+    let name = format!("lease{leasers}");
+    let bucket = store.key(&name);
+    let keys = [
+        bucket.clone(),
+        format!("{bucket}:leasers"),
+        format!("{bucket}:expiry"),
+        store.config_key(&name),
+    ];
+    let label = format!("node lease in the text protocol, {leasers} leasers");
+    costs.push(
+        run_op(&mut admin, &label, &["evalsha"], plan, |i| {
+            let (mut conn, text, keys) = (shared.clone(), text.clone(), keys.clone());
+            let n = terms(0)(i % leasers);
+            async move {
+                let _: Vec<u64> = text
+                    .key(&keys[..])
+                    .arg("lease")
+                    .arg(big.rate())
+                    .arg(big.period_us())
+                    .arg(big.burst())
+                    .arg(10)
+                    .arg(1)
+                    .arg("")
+                    .arg(format!("{:016x}", n.id))
+                    .arg(n.held)
+                    .arg(n.demand_mtps)
+                    .arg(n.horizon.as_micros() as u64)
+                    .arg(n.ttl.as_micros() as u64)
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?,
+    );
+
     // An anonymous decision (exact 1) on a bucket with leasers: the store sends every key
     // once a one-key call found leasers there (before, each one-key call was answered "send
     // every key" and sent again: two script calls a decision). Beside rate leases it also

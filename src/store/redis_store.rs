@@ -331,32 +331,42 @@ impl RedisStore {
         let keys = self.keys(name, client);
         let head = quota_args(op, quota);
         let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
-        let bad = || StoreError::BadReply(format!("expected 9 or 11 integers, got {reply:?}"));
-        // A node's lease also hears the rate it holds and the leasers on record.
-        let (head, rate_mtps, leasers) = match reply.split_at_checked(9) {
-            Some((head, [])) => (head, 0, 0),
-            Some((head, &[rate_mtps, leasers])) => (head, rate_mtps, leasers),
-            _ => return Err(bad()),
-        };
-        let &[granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] =
-            head
-        else {
-            return Err(bad());
-        };
-        Ok(LeaseReply {
-            granted,
-            remaining,
-            retry_after: Duration::from_micros(retry_us),
-            reset_after: Duration::from_micros(reset_us),
-            share_mtps,
-            rate_mtps,
-            leasers,
-            quota: Quota::with_parts(rate, Duration::from_micros(period), burst)
-                .map_err(|_| bad())?,
-            source: QuotaSource::from_code(source).ok_or_else(bad)?,
-            at: None,
-        })
-        .inspect(|reply| self.configs.learn(name, config_cache::stored_config(reply)))
+        four_key_reply(&reply).inspect(|reply| self.learn(name, reply))
+    }
+
+    /// A node's lease or release as a packed call (see "Packed node calls" in
+    /// `lua/token_bucket.lua`): `numbers` are the text protocol's ARGV[2..7], ARGV[9..12] and
+    /// ARGV[14] in that order (now -1 for the server's clock, the rate -1 for none), sent as one
+    /// string of little-endian doubles and answered as one. Every value is at most
+    /// [`MAX_VALUE`] or refused by the script (a larger integer does not round below it), so
+    /// the doubles carry them exactly.
+    async fn run_packed(
+        &self,
+        name: &str,
+        client: Option<u64>,
+        op: &str,
+        numbers: [f64; 11],
+        node: String,
+        unconfigured: &str,
+    ) -> Result<LeaseReply, StoreError> {
+        let keys = self.keys(name, client);
+        let mut packed = Vec::with_capacity(88);
+        for n in numbers {
+            packed.extend_from_slice(&n.to_le_bytes());
+        }
+        let args = [
+            op.as_bytes().to_vec(),
+            packed,
+            node.into_bytes(),
+            unconfigured.as_bytes().to_vec(),
+        ];
+        let reply: Vec<u8> = self.eval(&SCRIPT, &keys, &args).await?;
+        four_key_reply(&unpacked(&reply)?).inspect(|reply| self.learn(name, reply))
+    }
+
+    /// Remembers the stored config a reply ran under (or its absence).
+    fn learn(&self, name: &str, reply: &LeaseReply) {
+        self.configs.learn(name, config_cache::stored_config(reply));
     }
 
     /// An anonymous call with the bucket's key (`bucket`, the one key) alone, under `config` (the name's
@@ -450,11 +460,11 @@ impl RedisStore {
     /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
     /// slower than the response timeout to [`StoreError::Timeout`]. Every script this crate
     /// ships goes through here, in a `store_call` span ([`crate::telemetry`]).
-    pub(crate) async fn eval<T: redis::FromRedisValue>(
+    pub(crate) async fn eval<T: redis::FromRedisValue, A: redis::ToRedisArgs + AsRef<[u8]>>(
         &self,
         script: &redis::Script,
         keys: &[String],
-        args: impl IntoIterator<Item = &String>,
+        args: impl IntoIterator<Item = A>,
     ) -> Result<T, StoreError> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -470,7 +480,7 @@ impl RedisStore {
         );
         for (i, arg) in args.into_iter().enumerate() {
             if i == 0 {
-                span.record("op", arg.as_str());
+                span.record("op", String::from_utf8_lossy(arg.as_ref()).as_ref());
             }
             invocation.arg(arg);
         }
@@ -518,6 +528,13 @@ impl RedisStore {
         result
     }
 
+    /// [`now_arg`](Self::now_arg) for a packed call: -1 for the server's clock.
+    fn now_us(&self) -> f64 {
+        self.clock
+            .as_ref()
+            .map_or(-1.0, |c| c.now().as_micros() as f64)
+    }
+
     pub(crate) fn now_arg(&self) -> String {
         match &self.clock {
             Some(c) => c.now().as_micros().to_string(),
@@ -534,6 +551,55 @@ struct Anonymous {
     min: u64,
     /// Do nothing if the name has no stored config (else run under the caller's quota).
     configured_only: bool,
+}
+
+/// A 4-key reply of the token-bucket script: nine integers, eleven for a node's lease (the
+/// rate it holds and the leasers on record after them).
+fn four_key_reply(reply: &[u64]) -> Result<LeaseReply, StoreError> {
+    let bad = || StoreError::BadReply(format!("expected 9 or 11 integers, got {reply:?}"));
+    let (head, rate_mtps, leasers) = match reply.split_at_checked(9) {
+        Some((head, [])) => (head, 0, 0),
+        Some((head, &[rate_mtps, leasers])) => (head, rate_mtps, leasers),
+        _ => return Err(bad()),
+    };
+    let &[granted, remaining, retry_us, reset_us, share_mtps, rate, period, burst, source] = head
+    else {
+        return Err(bad());
+    };
+    Ok(LeaseReply {
+        granted,
+        remaining,
+        retry_after: Duration::from_micros(retry_us),
+        reset_after: Duration::from_micros(reset_us),
+        share_mtps,
+        rate_mtps,
+        leasers,
+        quota: Quota::with_parts(rate, Duration::from_micros(period), burst).map_err(|_| bad())?,
+        source: QuotaSource::from_code(source).ok_or_else(bad)?,
+        at: None,
+    })
+}
+
+/// A packed reply's integers: little-endian doubles, each truncated toward zero as Redis
+/// truncates a Lua number it makes an integer reply of (so both protocols read the same).
+fn unpacked(reply: &[u8]) -> Result<Vec<u64>, StoreError> {
+    let bad = || StoreError::BadReply(format!("expected packed integers, got {reply:?}"));
+    if !reply.len().is_multiple_of(8) {
+        return Err(bad());
+    }
+    reply
+        .chunks_exact(8)
+        .map(|b| {
+            let v = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+            // As a `u64` (Redis's integer is signed: a negative one fails to parse as one
+            // there). NaN fails both comparisons.
+            if v >= 0.0 && v < u64::MAX as f64 {
+                Ok(v as u64)
+            } else {
+                Err(bad())
+            }
+        })
+        .collect()
 }
 
 /// `op` and the quota: the script's first four arguments.
@@ -610,6 +676,36 @@ impl RedisStore {
                 .run_algorithm(name, req.client, quota, req.algorithm, op)
                 .await;
         }
+        let unconfigured = if req.fallback_to_caller { "" } else { "none" };
+        if let Some(n) = req.node {
+            let rate = match n.rate_mtps {
+                0 => -1.0,
+                r => r as f64,
+            };
+            let numbers = [
+                quota.rate() as f64,
+                quota.period_us() as f64,
+                quota.burst() as f64,
+                req.want as f64,
+                req.min as f64,
+                self.now_us(),
+                n.held as f64,
+                n.demand_mtps as f64,
+                micros(n.horizon) as f64,
+                micros(n.ttl) as f64,
+                rate,
+            ];
+            return self
+                .run_packed(
+                    name,
+                    req.client,
+                    "node_lease",
+                    numbers,
+                    node_key(n.id),
+                    unconfigured,
+                )
+                .await;
+        }
         let node = match req.node {
             Some(n) => [
                 node_key(n.id),
@@ -635,7 +731,7 @@ impl RedisStore {
             demand,
             horizon,
             ttl,
-            if req.fallback_to_caller { "" } else { "none" }.to_owned(),
+            unconfigured.to_owned(),
             rate,
         ];
         // Arguments the script accepts (else every key: it answers the error).
@@ -660,6 +756,31 @@ impl RedisStore {
             let op = protocol::release_op(req)?;
             return self
                 .run_algorithm(name, req.client, quota, req.algorithm, op)
+                .await;
+        }
+        if let Some(n) = req.node {
+            let numbers = [
+                quota.rate() as f64,
+                quota.period_us() as f64,
+                quota.burst() as f64,
+                req.tokens as f64,
+                0.0,
+                self.now_us(),
+                n.seq as f64,
+                f64::from(u8::from(n.leaving)),
+                0.0,
+                0.0,
+                0.0,
+            ];
+            return self
+                .run_packed(
+                    name,
+                    req.client,
+                    "node_release",
+                    numbers,
+                    node_key(n.id),
+                    "",
+                )
                 .await;
         }
         let (id, seq, leaving) = match req.node {

@@ -41,12 +41,18 @@ pub struct Script {
     pub optional_keys: usize,
     /// Full argument vectors; the driver cuts them short or extends them now and then.
     pub args: BoxedStrategy<Vec<String>>,
+    /// Turns an argument vector into the call's arguments, for a script that takes binary
+    /// ones (a packed call); `None`: sent as they are.
+    pub encode: Option<Encode>,
     /// Checks a successful reply to a call with `keys` and `args`.
     pub reply: ReplyCheck,
     /// Checks the state under `keys` (one instance's keys) after a call: first the commands
     /// that read it (sent as one MULTI/EXEC pipeline), then the check of their replies.
     pub state: StateCheck,
 }
+
+/// Makes a call's (binary) arguments of an argument vector.
+pub type Encode = fn(&[String]) -> Vec<Vec<u8>>;
 
 /// Checks a successful reply to a call with `keys` and `args`.
 pub type ReplyCheck =
@@ -136,10 +142,11 @@ pub fn run(script: &Script, con: &mut redis::Connection, cases: u32) -> Outcome 
                     None => {}
                 }
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&sha)
-                    .arg(call_keys.len())
-                    .arg(&call_keys)
-                    .arg(&args);
+                cmd.arg(&sha).arg(call_keys.len()).arg(&call_keys);
+                match script.encode {
+                    Some(encode) => cmd.arg(encode(&args)),
+                    None => cmd.arg(&args),
+                };
                 // MULTI/EXEC, so a key cannot expire between two of the reads.
                 let mut pipe = redis::pipe();
                 pipe.atomic();
