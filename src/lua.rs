@@ -55,7 +55,7 @@ mod tests {
             names.split(',').map(|n| n.trim().to_string()).collect()
         };
         let defined: Vec<String> = HELPERS.lines().flat_map(defines).collect();
-        assert_eq!(defined.len(), 16, "{defined:?}");
+        assert_eq!(defined.len(), 17, "{defined:?}");
         for (name, script, prelude) in scripts {
             assert!(script.starts_with(HELPERS), "{name}");
             assert_eq!(
