@@ -63,8 +63,10 @@ impl Task {
     /// `rate_ask::renew_after`: a young rate was granted on young shares), or sooner
     /// (`early_gap` after it, at least a review: see `review_after`) if the node's demand,
     /// capped by its share, moved 2× away from the rate it holds — it grew (a node that wants
-    /// more) or fell (the rest is wasted on it and held from the fleet). `None` without a rate
-    /// lease.
+    /// more) or fell (the rest is wasted on it and held from the fleet). Always a review
+    /// before the lease's local expiry: half the ttl of terms adopted since the grant (a new
+    /// quota's) may lie past it, and an expired lease is given back, not renewed. `None`
+    /// without a rate lease.
     pub(super) fn renew_due(&self) -> Option<Instant> {
         if self.drip.rate_mtps() == 0 {
             return None;
@@ -74,7 +76,11 @@ impl Task {
         let measured = self.demand.first_at().map_or(Duration::ZERO, |first| {
             sent.saturating_duration_since(first)
         });
-        let renew = sent + renew_after(measured, &terms);
+        let mut renew = sent + renew_after(measured, &terms);
+        if let Some(expires) = self.expires {
+            let review = review_after(terms.horizon);
+            renew = renew.min(expires.checked_sub(review).unwrap_or(expires));
+        }
         let wanted = capped(self.sizing_demand(None), self.share);
         let held = self.drip.per_second();
         if wanted > 2.0 * held || wanted < held / 2.0 {
