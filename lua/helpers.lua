@@ -17,6 +17,7 @@
 --   int_val(x, lo, hi)  x as an integer in [lo, hi], or nil
 --   int_arg(i, lo, hi)  int_val(ARGV[i], lo, hi)
 --   int_str(x)          an integer as a string with every digit, for redis.call
+--   server_now()        the Redis server clock (TIME) in µs
 --   now_arg(i, hi)      the time in µs: the Redis server clock (TIME) if ARGV[i] is absent or
 --                       "", else int_arg(i, 0, hi) (nil if that is not valid)
 --   floor_div(a, b), ceil_div(a, b)  exact integer division, rounded down / up

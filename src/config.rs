@@ -21,7 +21,9 @@
 //! admits at most `burst_old + rate_old × t1 + rate_new × t2` over a run, where `t1` runs up to
 //! the first store call under the new config and `t2` after it (an active hybrid fleet makes
 //! one per lease horizon, so `t1` ends within one horizon of the change; pure-mode callers
-//! within the config refresh).
+//! within the config refresh). A node holding a rate lease keeps its old rate until its own
+//! next call, its renewal (at most half a ttl away): for rates `t1` runs to each rated
+//! node's renewal.
 //!
 //! Tokens leased out (outstanding) stay counted across a change. If a new capacity is below
 //! what is outstanding, nothing is taken back: those tokens were granted under the old quota

@@ -111,7 +111,8 @@
 //!
 //! Every store call runs in a `DEBUG` span named `store_call`: [`RedisStore`](crate::RedisStore)
 //! records `store = "redis"`, `key` (the script's first key), `op` (the script's first
-//! argument: `lease`, `release`, `config_get`, …), `script` (its SHA-1) and, if the call failed,
+//! argument: `lease`, `release`, `config_get`, …; a node's lease and release, which go packed,
+//! `node_lease` and `node_release`), `script` (its SHA-1) and, if the call failed,
 //! `error`; [`MemoryStore`](crate::MemoryStore) records `store = "memory"`, `limiter` and `op`.
 //!
 //! # Recorders

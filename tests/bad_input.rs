@@ -435,13 +435,15 @@ fn token_bucket_packed_script() -> fuzz::Script {
                 .collect();
             let len = if args[0] == "node_lease" { 11 } else { 9 };
             if bytes.len() == 8 * len
-                && values.iter().all(|v| v.is_finite() && *v >= 0.0)
+                && values
+                    .iter()
+                    .all(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0)
                 && values[8] <= 2.0
             {
                 Ok(())
             } else {
                 Err(format!(
-                    "expected {len} non-negative doubles, got {values:?}"
+                    "expected {len} non-negative integers, got {values:?}"
                 ))
             }
         },

@@ -120,8 +120,9 @@ async fn a_fleet_adopts_a_new_rate_within_one_horizon_and_stays_in_bounds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_leasing_fleet_adopts_a_new_rate_at_its_renewals_and_stays_in_bounds() {
     // The default: this tight burst (0.1 s of the rate, 3 nodes) leases rates, and a rated
-    // node learns of the change at its renewal, at most half its ttl (1 s) away.
-    a_fleet_adopts_a_new_rate(None, Duration::from_millis(650)).await;
+    // node learns of the change at its renewal, at most half its ttl (1 s) away (and a round
+    // trip; the rest is room for a busy machine's timers).
+    a_fleet_adopts_a_new_rate(None, Duration::from_millis(750)).await;
 }
 
 /// Three hybrid nodes under 400/s, cut to 100/s in the store while they are busy: every one

@@ -78,8 +78,11 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
         1 => config.clone().prop_map(Step::Init),
         1 => config.prop_map(Step::Modify),
         1 => Just(Step::Delete),
-        4 => (1..=burst * 2, 1..=burst + 1, node_lease)
-            .prop_map(|(want, min, n)| Step::Lease(LeaseRequest::new(want, min).by(n))),
+        4 => (1..=burst * 2, 1..=burst + 1, node_lease, prop::bool::weighted(0.2)).prop_map(
+            |(want, min, n, only)| {
+                Step::Lease(LeaseRequest::new(want, min).by(n).configured_only(only))
+            }
+        ),
         1 => (0..=burst * 3, client)
             .prop_map(|(tokens, c)| Step::Release(ReleaseRequest::new(tokens).for_client(c))),
         2 => (0..=burst + 1, node_release)

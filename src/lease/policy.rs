@@ -308,10 +308,13 @@ impl AdaptiveLease {
     /// nodes (the most the store has reported holding leases: [`CallContext::fleet`]); off
     /// otherwise. There rate leases cost a quarter of a point of utilization or less for 2–30
     /// times fewer store calls (a burst of rate / 20 shared by 10 nodes: 0.6 % of pure mode's
-    /// calls where token leases make 18 %); with a burst of a second, or in a larger fleet,
-    /// they cost more than they save (1 000 nodes: a point of utilization and a tenth of the
-    /// first second for 40 % fewer calls; SIMULATIONS.md, "Rate leases by default for tight
-    /// bursts"). Like every lease on terms, they need the token bucket.
+    /// calls where token leases make 18 %); with a burst of a second they save little (10
+    /// nodes: even), and in a larger fleet they cost more than they save (1 000 nodes: about
+    /// a point of utilization and 0.02–0.08 of the first second for 36–40 % fewer calls;
+    /// SIMULATIONS.md, "Rate leases by default for tight bursts"). The fleet is the most
+    /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
+    /// rolling restart's overlap) leases tokens from then on. Like every lease on terms, they
+    /// need the token bucket.
     ///
     /// What a rated node does not call for, it learns late: a change of the stored config
     /// reaches it at its renewal, at most half a ttl away (its old rate is its own until
@@ -324,13 +327,15 @@ impl AdaptiveLease {
         self
     }
 
-    /// Whether a call in `call`'s context asks for a rate (see
-    /// [`rate_leases`](Self::rate_leases)): as set, else whether the burst is tight and the
-    /// fleet small.
-    fn rate_leases_at(&self, call: &CallContext) -> bool {
+    /// Whether a call in `call`'s context, on terms that ask for a rate or not (`asked`),
+    /// asks for one (see [`rate_leases`](Self::rate_leases)): as set, else if the terms ask or
+    /// the burst is tight and the fleet small.
+    fn rate_leases_at(&self, asked: bool, call: &CallContext) -> bool {
         self.rate_leases.unwrap_or_else(|| {
             let fill = call.quota.burst() as f64 / call.quota.per_second_f64();
-            fill < AUTO_RATE_FILL.as_secs_f64() && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
+            asked
+                || fill < AUTO_RATE_FILL.as_secs_f64()
+                    && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
         })
     }
 
@@ -437,8 +442,12 @@ impl LeasePolicy for AdaptiveLease {
     /// handed the burst to the first nodes answered, and with a tight burst a lease of 16
     /// round trips of a 5 ms store could not be granted at all (SIMULATIONS.md, "A lease waits
     /// longer than a caller").
+    ///
+    /// Whether the call asks for a rate is decided here too (see
+    /// [`rate_leases`](Self::rate_leases)): as set, else automatically — on where the burst is
+    /// tight in a small fleet, or where `terms` (a wrapping policy's, say) already ask for one.
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
-        let rate_leases = self.rate_leases_at(call);
+        let rate_leases = self.rate_leases_at(terms.rate_leases, call);
         LeaseTerms {
             horizon: by_share(terms.horizon, call, terms.ttl, !rate_leases),
             rate_leases,

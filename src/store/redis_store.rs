@@ -556,7 +556,7 @@ struct Anonymous {
 /// A 4-key reply of the token-bucket script: nine integers, eleven for a node's lease (the
 /// rate it holds and the leasers on record after them).
 fn four_key_reply(reply: &[u64]) -> Result<LeaseReply, StoreError> {
-    let bad = || StoreError::BadReply(format!("expected 9 or 11 integers, got {reply:?}"));
+    let bad = || StoreError::BadReply(format!("expected 9 or 11 values, got {reply:?}"));
     let (head, rate_mtps, leasers) = match reply.split_at_checked(9) {
         Some((head, [])) => (head, 0, 0),
         Some((head, &[rate_mtps, leasers])) => (head, rate_mtps, leasers),
