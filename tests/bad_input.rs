@@ -113,6 +113,13 @@ fn bucket_keys(key: &str) -> Vec<String> {
     ]
 }
 
+/// The keys of fuzzed token-bucket instance `i`: its bucket's and its config's.
+fn fuzz_keys(i: u8) -> Vec<String> {
+    let mut keys = bucket_keys(&format!("fuzz{{{i}}}"));
+    keys.push(format!("fuzz{{{i}}}:config"));
+    keys
+}
+
 /// Whether the bucket state at `key` is valid (see [`BUCKET_STATE`]); prints why not.
 fn state_is_valid(con: &mut redis::Connection, key: &str) -> bool {
     let keys = bucket_keys(key);
@@ -315,11 +322,7 @@ fn token_bucket_script() -> fuzz::Script {
     fuzz::Script {
         name: "token_bucket.lua",
         source: TOKEN_BUCKET_LUA,
-        keys: |i| {
-            let mut keys = bucket_keys(&format!("fuzz{{{i}}}"));
-            keys.push(format!("fuzz{{{i}}}:config"));
-            keys
-        },
+        keys: fuzz_keys,
         // The config key: without it the script runs the 3-key protocol.
         optional_keys: 1,
         args: args.boxed(),
@@ -416,11 +419,7 @@ fn token_bucket_packed_script() -> fuzz::Script {
     fuzz::Script {
         name: "token_bucket.lua, packed",
         source: TOKEN_BUCKET_LUA,
-        keys: |i| {
-            let mut keys = bucket_keys(&format!("fuzz{{{i}}}"));
-            keys.push(format!("fuzz{{{i}}}:config"));
-            keys
-        },
+        keys: fuzz_keys,
         // A packed call sends every key; with three it is refused.
         optional_keys: 1,
         args: args.boxed(),

@@ -101,9 +101,9 @@ fn same<T: PartialEq>(mem: &Result<T, StoreError>, red: &Result<T, StoreError>) 
     }
 }
 
-#[test]
-fn memory_store_and_lua_script_agree() {
-    let server = RedisServer::start();
+/// A current-thread runtime, a fake clock and a store on `server` whose calls pass the clock's
+/// time (at 1 700 000 000 s).
+fn runtime_and_store(server: &RedisServer) -> (tokio::runtime::Runtime, FakeClock, RedisStore) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -117,6 +117,13 @@ fn memory_store_and_lua_script_agree() {
             .await
             .unwrap()
     });
+    (rt, clock, redis)
+}
+
+#[test]
+fn memory_store_and_lua_script_agree() {
+    let server = RedisServer::start();
+    let (rt, clock, redis) = runtime_and_store(&server);
     let case = AtomicU64::new(0);
     let compared = std::cell::Cell::new(0u64);
     let stored_quota = std::cell::Cell::new(0u64);
@@ -347,19 +354,7 @@ fn packed_and_text_node_calls_run_the_same_step() {
     // name must get the same replies and leave the same state, config operations and
     // anonymous calls (one path for both) in between.
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
-    let redis = rt.block_on(async {
-        RedisStore::builder(server.url())
-            .response_timeout(Duration::from_secs(5))
-            .explicit_clock(clock.clone())
-            .connect()
-            .await
-            .unwrap()
-    });
+    let (rt, clock, redis) = runtime_and_store(&server);
     let con = std::cell::RefCell::new(server.connection());
     let case = AtomicU64::new(0);
     let (compared, granted) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
