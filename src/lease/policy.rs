@@ -224,6 +224,11 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   sooner than four expected gaps between requests). Tokens still held when a lease is
 ///   about to expire are given back then too.
 /// - `headroom` (1.25): how much more than a horizon of demand to ask for.
+///
+/// Whatever the share, a token lease brings at least 0.35 of the policy's own horizon of the
+/// node's demand, so a node whose share lags its demand (back from idle, or one of the largest
+/// shares of a large fleet start) does not refill many times a horizon while the store has
+/// tokens above its reserve to give.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveLease {
     horizon: Option<Duration>,
@@ -363,6 +368,32 @@ impl AdaptiveLease {
     }
 }
 
+impl AdaptiveLease {
+    /// The fewest tokens a lease brings a node with `demand` (tokens per second) and no rate
+    /// lease: [`MIN_LEASE_LIFE`] of the policy's own horizon at that demand, whatever the
+    /// share last reported. A lease capped at a horizon of a share below the demand lasts
+    /// `share / demand` of a horizon while the store grants what is asked (the bucket above
+    /// its reserve), and the node calls that much more often: a node back from an idle
+    /// give-back reports a demand still warming up, so a share of a few tokens a second, and
+    /// leased a token or a few at a time (bursty: 22 calls in its first busy second); the
+    /// largest shares of a 10 000-node start, a third of their demand over a horizon halved
+    /// for their share, leased every 42 ms (27 calls a second). Below the reserve the store
+    /// grants by credit (the share) whatever is asked, so shares under contention are kept.
+    fn lasting(&self, ctx: &LeaseContext, demand: f64) -> f64 {
+        if ctx.rate_held > 0.0 || demand <= 0.0 {
+            return 0.0;
+        }
+        demand * self.horizon_for(&ctx.quota).as_secs_f64() * MIN_LEASE_LIFE
+    }
+}
+
+/// The part of [`AdaptiveLease`]'s own horizon (before `terms_at` shortens it for a large
+/// share) a token lease lasts at least at the node's demand (see `AdaptiveLease::lasting`):
+/// at most about 1 / (0.35 × 250 ms) = 11 refills a second with a second of burst. Half made
+/// 12–13 calls a second at the busiest node but held enough more tokens at a 1 000-node start
+/// to cost its first second 0.01–0.014; a quarter left 10 000 nodes' busiest at 21–23.
+const MIN_LEASE_LIFE: f64 = 0.35;
+
 impl LeasePolicy for AdaptiveLease {
     fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
         let burst = ctx.quota.burst();
@@ -375,7 +406,8 @@ impl LeasePolicy for AdaptiveLease {
         let rate = capped(demand, ctx.share);
         // What a rate lease drips needs no token lease: tokens (and the mark) for the rest.
         let rate = (rate - ctx.rate_held).max(0.0);
-        let target = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
+        let target = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
+            .max(self.lasting(ctx, ctx.demand));
         let want = (target.ceil() as u64).saturating_sub(ctx.local);
         let want = want.max(ctx.denied).clamp(1, burst);
         let lead = (3.0 * ctx.rtt.as_secs_f64())
@@ -396,7 +428,8 @@ impl LeasePolicy for AdaptiveLease {
         }
         let horizon = self.horizon_of(ctx).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
-        let lease = rate * (horizon * self.headroom + ctx.rtt.as_secs_f64());
+        let lease = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
+            .max(self.lasting(ctx, ctx.demand));
         Some((2.0 * lease).ceil() as u64)
     }
 
