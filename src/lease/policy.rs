@@ -366,11 +366,9 @@ impl AdaptiveLease {
         self.headroom = at_least(headroom, 1.0);
         self
     }
-}
 
-impl AdaptiveLease {
-    /// The fewest tokens a lease brings a node with `demand` (tokens per second) and no rate
-    /// lease: [`MIN_LEASE_LIFE`] of the policy's own horizon at that demand, whatever the
+    /// The fewest tokens a lease brings a node with the context's demand (tokens per second)
+    /// and no rate lease: [`MIN_LEASE_LIFE`] of the policy's own horizon at that demand, whatever the
     /// share last reported. A lease capped at a horizon of a share below the demand lasts
     /// `share / demand` of a horizon while the store grants what is asked (the bucket above
     /// its reserve), and the node calls that much more often: a node back from an idle
@@ -379,11 +377,11 @@ impl AdaptiveLease {
     /// largest shares of a 10 000-node start, a third of their demand over a horizon halved
     /// for their share, leased every 42 ms (27 calls a second). Below the reserve the store
     /// grants by credit (the share) whatever is asked, so shares under contention are kept.
-    fn lasting(&self, ctx: &LeaseContext, demand: f64) -> f64 {
-        if ctx.rate_held > 0.0 || demand <= 0.0 {
+    fn lasting(&self, ctx: &LeaseContext) -> f64 {
+        if ctx.rate_held > 0.0 || ctx.demand <= 0.0 {
             return 0.0;
         }
-        demand * self.horizon_for(&ctx.quota).as_secs_f64() * MIN_LEASE_LIFE
+        ctx.demand * self.horizon_for(&ctx.quota).as_secs_f64() * MIN_LEASE_LIFE
     }
 }
 
@@ -407,7 +405,7 @@ impl LeasePolicy for AdaptiveLease {
         // What a rate lease drips needs no token lease: tokens (and the mark) for the rest.
         let rate = (rate - ctx.rate_held).max(0.0);
         let target = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
-            .max(self.lasting(ctx, ctx.demand));
+            .max(self.lasting(ctx));
         let want = (target.ceil() as u64).saturating_sub(ctx.local);
         let want = want.max(ctx.denied).clamp(1, burst);
         let lead = (3.0 * ctx.rtt.as_secs_f64())
@@ -429,7 +427,7 @@ impl LeasePolicy for AdaptiveLease {
         let horizon = self.horizon_of(ctx).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
         let lease = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
-            .max(self.lasting(ctx, ctx.demand));
+            .max(self.lasting(ctx));
         Some((2.0 * lease).ceil() as u64)
     }
 
@@ -698,6 +696,32 @@ pub(crate) mod tests {
             idle_after: Duration::from_millis(500),
             rate_leases: true,
         }
+    }
+
+    #[test]
+    fn a_token_lease_lasts_a_part_of_a_horizon_whatever_the_share() {
+        // 100 000/s, burst 100 000: the policy's horizon 250 ms. A node with 20 000/s of
+        // demand and a share of 2 000/s (one back from idle, or a large share of a large
+        // fleet start): capped by its share, a lease of 627 tokens would last 31 ms of its
+        // demand; it asks for at least 0.35 of a horizon of its demand, 1 750 (88 ms).
+        let q = Quota::per_second(100_000).unwrap();
+        let p = AdaptiveLease::new();
+        let lagging = p.ask(&ctx(q, 0, 0, 20_000.0, Some(2_000.0)));
+        assert_eq!(lagging.want, 1_750);
+        // … and holds as much without trimming it away (twice the lease, as for any lease).
+        let most = p.most_worth_holding(&ctx(q, 0, 0, 20_000.0, Some(2_000.0)));
+        assert_eq!(most, Some(3_500));
+        // A share above the demand: a horizon of demand and the round trip, as before.
+        let ample = p.ask(&ctx(q, 0, 0, 20_000.0, Some(50_000.0)));
+        assert_eq!(ample.want, 6_252);
+        // Holding a rate, or nothing measured: no floor (the share caps the lease).
+        let rated = p.ask(&LeaseContext {
+            rate_held: 1_000.0,
+            ..ctx(q, 0, 0, 20_000.0, Some(2_000.0))
+        });
+        assert!(rated.want < 1_750, "{rated:?}");
+        let unmeasured = p.ask(&ctx(q, 0, 0, 0.0, Some(2_000.0)));
+        assert!(unmeasured.want < 100, "{unmeasured:?}");
     }
 
     #[test]
