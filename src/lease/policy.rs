@@ -404,8 +404,8 @@ impl LeasePolicy for AdaptiveLease {
         let rate = capped(demand, ctx.share);
         // What a rate lease drips needs no token lease: tokens (and the mark) for the rest.
         let rate = (rate - ctx.rate_held).max(0.0);
-        let target = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
-            .max(self.lasting(ctx));
+        let target =
+            (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64())).max(self.lasting(ctx));
         let want = (target.ceil() as u64).saturating_sub(ctx.local);
         let want = want.max(ctx.denied).clamp(1, burst);
         let lead = (3.0 * ctx.rtt.as_secs_f64())
@@ -426,8 +426,8 @@ impl LeasePolicy for AdaptiveLease {
         }
         let horizon = self.horizon_of(ctx).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
-        let lease = (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64()))
-            .max(self.lasting(ctx));
+        let lease =
+            (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64())).max(self.lasting(ctx));
         Some((2.0 * lease).ceil() as u64)
     }
 
