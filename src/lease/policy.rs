@@ -225,8 +225,8 @@ pub const MAX_AUTO_HORIZON: Duration = Duration::from_millis(250);
 ///   about to expire are given back then too.
 /// - `headroom` (1.25): how much more than a horizon of demand to ask for.
 ///
-/// Whatever the share, a token lease brings at least 0.35 of the policy's own horizon of the
-/// node's demand, so a node whose share lags its demand (back from idle, or one of the largest
+/// Whatever the share, a node on terms asks to hold at least 0.35 of the policy's own horizon
+/// of its demand (at most the rate), so a node whose share lags its demand (back from idle, or one of the largest
 /// shares of a large fleet start) does not refill many times a horizon while the store has
 /// tokens above its reserve to give.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -367,21 +367,26 @@ impl AdaptiveLease {
         self
     }
 
-    /// The fewest tokens a lease brings a node with the context's demand (tokens per second)
-    /// and no rate lease: [`MIN_LEASE_LIFE`] of the policy's own horizon at that demand, whatever the
-    /// share last reported. A lease capped at a horizon of a share below the demand lasts
+    /// The fewest tokens a node on terms with no rate lease asks to hold: [`MIN_LEASE_LIFE`]
+    /// of the policy's own horizon at its demand (at most the rate), whatever the share last
+    /// reported. A lease capped at a horizon of a share below the demand lasts
     /// `share / demand` of a horizon while the store grants what is asked (the bucket above
     /// its reserve), and the node calls that much more often: a node back from an idle
     /// give-back reports a demand still warming up, so a share of a few tokens a second, and
     /// leased a token or a few at a time (bursty: 22 calls in its first busy second); the
     /// largest shares of a 10 000-node start, a third of their demand over a horizon halved
     /// for their share, leased every 42 ms (27 calls a second). Below the reserve the store
-    /// grants by credit (the share) whatever is asked, so shares under contention are kept.
+    /// grants by credit (the share) whatever is asked, so shares under contention are kept;
+    /// above it grants are first come, so the demand counts only up to the rate (a spike of
+    /// the estimate, or a storm of retries, takes at most a tenth of a burst of a second
+    /// more). Not for anonymous leases (keyed limiters, `ctx.horizon` `None`): nothing
+    /// counts their tokens as outstanding, and their batch is bounded by the share.
     fn lasting(&self, ctx: &LeaseContext) -> f64 {
-        if ctx.rate_held > 0.0 || ctx.demand <= 0.0 {
+        if ctx.horizon.is_none() || ctx.rate_held > 0.0 || ctx.demand <= 0.0 {
             return 0.0;
         }
-        ctx.demand * self.horizon_for(&ctx.quota).as_secs_f64() * MIN_LEASE_LIFE
+        let demand = ctx.demand.min(ctx.quota.per_second_f64());
+        demand * self.horizon_for(&ctx.quota).as_secs_f64() * MIN_LEASE_LIFE
     }
 }
 
@@ -700,27 +705,36 @@ pub(crate) mod tests {
 
     #[test]
     fn a_token_lease_lasts_a_part_of_a_horizon_whatever_the_share() {
-        // 100 000/s, burst 100 000: the policy's horizon 250 ms. A node with 20 000/s of
-        // demand and a share of 2 000/s (one back from idle, or a large share of a large
-        // fleet start): capped by its share, a lease of 627 tokens would last 31 ms of its
-        // demand; it asks for at least 0.35 of a horizon of its demand, 1 750 (88 ms).
+        // 100 000/s, burst 100 000: the policy's horizon 250 ms. A node on terms with
+        // 20 000/s of demand and a share of 2 000/s (one back from idle, or a large share of a
+        // large fleet start): capped by its share, a lease of 626 tokens would last 31 ms of
+        // its demand; it asks for at least 0.35 of a horizon of its demand, 1 750 (88 ms).
         let q = Quota::per_second(100_000).unwrap();
         let p = AdaptiveLease::new();
-        let lagging = p.ask(&ctx(q, 0, 0, 20_000.0, Some(2_000.0)));
-        assert_eq!(lagging.want, 1_750);
+        let on_terms = |demand: f64, share: f64| LeaseContext {
+            horizon: Some(Duration::from_millis(250)),
+            ..ctx(q, 0, 0, demand, Some(share))
+        };
+        assert_eq!(p.ask(&on_terms(20_000.0, 2_000.0)).want, 1_750);
         // … and holds as much without trimming it away (twice the lease, as for any lease).
-        let most = p.most_worth_holding(&ctx(q, 0, 0, 20_000.0, Some(2_000.0)));
-        assert_eq!(most, Some(3_500));
+        assert_eq!(
+            p.most_worth_holding(&on_terms(20_000.0, 2_000.0)),
+            Some(3_500)
+        );
         // A share above the demand: a horizon of demand and the round trip, as before.
-        let ample = p.ask(&ctx(q, 0, 0, 20_000.0, Some(50_000.0)));
-        assert_eq!(ample.want, 6_252);
-        // Holding a rate, or nothing measured: no floor (the share caps the lease).
+        assert_eq!(p.ask(&on_terms(20_000.0, 50_000.0)).want, 6_252);
+        // A demand estimate above the rate (a spike, retries) counts up to the rate: 8 750.
+        assert_eq!(p.ask(&on_terms(1e6, 2_000.0)).want, 8_750);
+        // Anonymous (a keyed limiter's leases: nothing counts them outstanding), holding a
+        // rate, or nothing measured: no floor (the share caps the lease).
+        let anonymous = p.ask(&ctx(q, 0, 0, 20_000.0, Some(2_000.0)));
+        assert_eq!(anonymous.want, 626);
         let rated = p.ask(&LeaseContext {
             rate_held: 1_000.0,
-            ..ctx(q, 0, 0, 20_000.0, Some(2_000.0))
+            ..on_terms(20_000.0, 2_000.0)
         });
         assert!(rated.want < 1_750, "{rated:?}");
-        let unmeasured = p.ask(&ctx(q, 0, 0, 0.0, Some(2_000.0)));
+        let unmeasured = p.ask(&on_terms(0.0, 2_000.0));
         assert!(unmeasured.want < 100, "{unmeasured:?}");
     }
 
