@@ -4,14 +4,13 @@
 //! makes a small fraction of the store calls token leases alone need. A rated node whose quota
 //! changes renews its lease before it expires.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+mod wrapped;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ratelease::{
-    AdaptiveLease, ConfigStore, HybridLimiter, LeaseReply, LeaseRequest, LeaseStore, MemoryStore,
-    Quota, ReleaseRequest, StoreError, TokioClock,
-};
+use ratelease::{AdaptiveLease, ConfigStore, HybridLimiter, MemoryStore, Quota, TokioClock};
+use wrapped::Wrapped;
 
 /// One run: per-millisecond admissions of the whole fleet, and store calls made.
 struct Run {
@@ -116,51 +115,15 @@ async fn rate_leases_keep_the_bound_with_few_store_calls() {
     );
 }
 
-/// A store that counts the releases of nodes leaving (their record removed): a lease given
-/// back at its expiry rather than renewed.
-#[derive(Clone)]
-struct CountsLeaving {
-    inner: MemoryStore,
-    leaving: Arc<AtomicU64>,
-}
-
-impl LeaseStore for CountsLeaving {
-    async fn lease(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &LeaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        self.inner.lease(name, quota, req).await
-    }
-
-    async fn release(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &ReleaseRequest,
-    ) -> Result<LeaseReply, StoreError> {
-        if req.node.is_some_and(|n| n.leaving) {
-            self.leaving.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.release(name, quota, req).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
     // A tight burst (a rate lease by default, 1 s ttl) becomes a loose one (a second of the
     // rate: token leases, a longer ttl, whose half lies past the rated lease's local expiry).
     // The node must renew before that expiry, not give its lease back at it and leave.
-    let inner = MemoryStore::with_clock(TokioClock::new());
+    let store = Wrapped::new(Duration::ZERO);
     let tight = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
     let loose = Quota::with_parts(2_000, Duration::from_secs(1), 2_000).unwrap();
-    inner.init_config("q", &tight).await.unwrap();
-    let leaving = Arc::new(AtomicU64::new(0));
-    let store = CountsLeaving {
-        inner: inner.clone(),
-        leaving: leaving.clone(),
-    };
+    store.inner.init_config("q", &tight).await.unwrap();
     let fleet: Vec<_> = (0..3)
         .map(|i| {
             HybridLimiter::builder("q", tight, store.clone())
@@ -184,13 +147,13 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
     busy(2_000).await;
     let rated = fleet.iter().filter(|l| l.stats().rate_mtps > 0).count();
     assert!(rated > 0, "no node holds a rate");
-    inner.modify_config("q", &loose).await.unwrap();
+    store.inner.modify_config("q", &loose).await.unwrap();
     busy(4_000).await;
     for limiter in &fleet {
         assert_eq!(limiter.quota(), loose);
     }
     assert_eq!(
-        leaving.load(Ordering::Relaxed),
+        store.leaving.load(Ordering::SeqCst),
         0,
         "leases given back at expiry"
     );

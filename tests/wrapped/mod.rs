@@ -23,6 +23,8 @@ pub struct Wrapped {
     pub in_flight: Arc<AtomicU64>,
     /// Most calls seen in flight at once.
     pub max_in_flight: Arc<AtomicU64>,
+    /// Releases of nodes leaving (their record removed): a lease given back, not renewed.
+    pub leaving: Arc<AtomicU64>,
 }
 
 impl Wrapped {
@@ -33,6 +35,7 @@ impl Wrapped {
             failing: Arc::default(),
             in_flight: Arc::default(),
             max_in_flight: Arc::default(),
+            leaving: Arc::default(),
         }
     }
 
@@ -70,6 +73,9 @@ impl LeaseStore for Wrapped {
         quota: &Quota,
         req: &ReleaseRequest,
     ) -> Result<LeaseReply, StoreError> {
+        if req.node.is_some_and(|n| n.leaving) {
+            self.leaving.fetch_add(1, Ordering::SeqCst);
+        }
         self.call(self.inner.release(name, quota, req)).await
     }
 }
