@@ -335,29 +335,42 @@ impl RedisStore {
     }
 
     /// A node's lease or release as a packed call (see "Packed node calls" in
-    /// `lua/token_bucket.lua`): `numbers` are the text protocol's ARGV[2..7], ARGV[9..12] and
-    /// ARGV[14] in that order (now -1 for the server's clock, the rate -1 for none), sent as one
-    /// string of little-endian doubles and answered as one. Every value is at most
-    /// [`MAX_VALUE`] or refused by the script (a larger integer does not round below it), so
-    /// the doubles carry them exactly.
+    /// `lua/token_bucket.lua`): the text protocol's ARGV[2..7], ARGV[9..12] and ARGV[14] —
+    /// the quota, `asked` (want and min, or the tokens returned and 0), the time (-1 for the
+    /// server's clock) and `node`'s five numbers (the rate -1 for none) — sent as one string
+    /// of little-endian doubles, and answered as one. Every value is at most [`MAX_VALUE`] or
+    /// refused by the script (a larger integer does not round below it), so the doubles carry
+    /// them exactly.
+    #[allow(clippy::too_many_arguments)]
     async fn run_packed(
         &self,
         name: &str,
         client: Option<u64>,
+        quota: &Quota,
         op: &str,
-        numbers: [f64; 11],
-        node: String,
+        asked: [f64; 2],
+        node: [f64; 5],
+        id: u64,
         unconfigured: &str,
     ) -> Result<LeaseReply, StoreError> {
+        let now = self.now_us().map_or(-1.0, |t| t as f64);
+        let head = [
+            quota.rate() as f64,
+            quota.period_us() as f64,
+            quota.burst() as f64,
+        ];
         let keys = self.keys(name, client);
-        let mut packed = Vec::with_capacity(88);
-        for n in numbers {
-            packed.extend_from_slice(&n.to_le_bytes());
-        }
+        let packed = head
+            .into_iter()
+            .chain(asked)
+            .chain([now])
+            .chain(node)
+            .flat_map(f64::to_le_bytes)
+            .collect();
         let args = [
             op.as_bytes().to_vec(),
             packed,
-            node.into_bytes(),
+            node_key(id).into_bytes(),
             unconfigured.as_bytes().to_vec(),
         ];
         let reply: Vec<u8> = self.eval(&SCRIPT, &keys, &args).await?;
@@ -528,18 +541,14 @@ impl RedisStore {
         result
     }
 
-    /// [`now_arg`](Self::now_arg) for a packed call: -1 for the server's clock.
-    fn now_us(&self) -> f64 {
-        self.clock
-            .as_ref()
-            .map_or(-1.0, |c| c.now().as_micros() as f64)
+    /// The time to pass the scripts, µs: the explicit clock's, or `None` for the server's.
+    fn now_us(&self) -> Option<u128> {
+        self.clock.as_ref().map(|c| c.now().as_micros())
     }
 
+    /// [`now_us`](Self::now_us) as a text argument ("" for the server's clock).
     pub(crate) fn now_arg(&self) -> String {
-        match &self.clock {
-            Some(c) => c.now().as_micros().to_string(),
-            None => String::new(),
-        }
+        self.now_us().map_or_else(String::new, |t| t.to_string())
     }
 }
 
@@ -682,65 +691,39 @@ impl RedisStore {
                 0 => -1.0,
                 r => r as f64,
             };
-            let numbers = [
-                quota.rate() as f64,
-                quota.period_us() as f64,
-                quota.burst() as f64,
-                req.want as f64,
-                req.min as f64,
-                self.now_us(),
+            let node = [
                 n.held as f64,
                 n.demand_mtps as f64,
                 micros(n.horizon) as f64,
                 micros(n.ttl) as f64,
                 rate,
             ];
+            let asked = [req.want as f64, req.min as f64];
             return self
                 .run_packed(
                     name,
                     req.client,
+                    quota,
                     "node_lease",
-                    numbers,
-                    node_key(n.id),
+                    asked,
+                    node,
+                    n.id,
                     unconfigured,
                 )
                 .await;
         }
-        let node = match req.node {
-            Some(n) => [
-                node_key(n.id),
-                n.held.to_string(),
-                n.demand_mtps.to_string(),
-                micros(n.horizon).to_string(),
-                micros(n.ttl).to_string(),
-                if n.rate_mtps == 0 {
-                    String::new()
-                } else {
-                    n.rate_mtps.to_string()
-                },
-            ],
-            None => Default::default(),
-        };
-        let [id, held, demand, horizon, ttl, rate] = node;
-        let args = [
-            req.want.to_string(),
-            req.min.to_string(),
-            self.now_arg(),
-            id,
-            held,
-            demand,
-            horizon,
-            ttl,
-            unconfigured.to_owned(),
-            rate,
-        ];
+        // An anonymous lease: want, min, now, and ARGV[13] (the node's arguments empty).
+        let mut args: [String; 10] = Default::default();
+        args[0] = req.want.to_string();
+        args[1] = req.min.to_string();
+        args[2] = self.now_arg();
+        args[8] = unconfigured.to_owned();
         // Arguments the script accepts (else every key: it answers the error).
         let valid = 1 <= req.min && req.min <= req.want && req.want <= MAX_VALUE;
-        let anonymous =
-            (req.node.is_none() && valid && req.min <= quota.burst()).then_some(Anonymous {
-                min: req.min,
-                configured_only: !req.fallback_to_caller,
-            });
+        let anonymous = (valid && req.min <= quota.burst()).then_some(Anonymous {
+            min: req.min,
+            configured_only: !req.fallback_to_caller,
+        });
         self.run(name, req.client, quota, "lease", anonymous, args)
             .await
     }
@@ -759,51 +742,27 @@ impl RedisStore {
                 .await;
         }
         if let Some(n) = req.node {
-            let numbers = [
-                quota.rate() as f64,
-                quota.period_us() as f64,
-                quota.burst() as f64,
-                req.tokens as f64,
-                0.0,
-                self.now_us(),
-                n.seq as f64,
-                f64::from(u8::from(n.leaving)),
-                0.0,
-                0.0,
-                0.0,
-            ];
+            let node = [n.seq as f64, f64::from(u8::from(n.leaving)), 0.0, 0.0, 0.0];
+            let asked = [req.tokens as f64, 0.0];
             return self
                 .run_packed(
                     name,
                     req.client,
+                    quota,
                     "node_release",
-                    numbers,
-                    node_key(n.id),
+                    asked,
+                    node,
+                    n.id,
                     "",
                 )
                 .await;
         }
-        let (id, seq, leaving) = match req.node {
-            Some(n) => (
-                node_key(n.id),
-                n.seq.to_string(),
-                u8::from(n.leaving).to_string(),
-            ),
-            None => Default::default(),
-        };
-        let args = [
-            req.tokens.to_string(),
-            "0".to_owned(),
-            self.now_arg(),
-            id,
-            seq,
-            leaving,
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-        ];
-        let anonymous = (req.node.is_none() && req.tokens <= MAX_VALUE).then_some(Anonymous {
+        // An anonymous release: tokens, 0, now (the node's arguments empty).
+        let mut args: [String; 10] = Default::default();
+        args[0] = req.tokens.to_string();
+        args[1] = "0".to_owned();
+        args[2] = self.now_arg();
+        let anonymous = (req.tokens <= MAX_VALUE).then_some(Anonymous {
             min: 0,
             configured_only: false,
         });
