@@ -309,11 +309,6 @@ fn text_call(
 
 /// A reply as the integers of the script's 4-key reply (see `text_call`).
 fn integers(reply: &LeaseReply, node_lease: bool) -> Vec<u64> {
-    let source = match reply.source {
-        QuotaSource::Caller => 0,
-        QuotaSource::Stored => 1,
-        QuotaSource::Absent => 2,
-    };
     let mut out = vec![
         reply.granted,
         reply.remaining,
@@ -323,7 +318,7 @@ fn integers(reply: &LeaseReply, node_lease: bool) -> Vec<u64> {
         reply.quota.rate(),
         reply.quota.period_us(),
         reply.quota.burst(),
-        source,
+        reply.source.code(),
     ];
     if node_lease {
         out.extend([reply.rate_mtps, reply.leasers]);

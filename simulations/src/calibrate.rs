@@ -273,6 +273,7 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
     // argument, the reply integers, as another language's client sends it), on the same
     // bucket: what packing a node's call saves.
     let text = redis::Script::new(ratelease::TOKEN_BUCKET_LUA);
+    // (The first row's bucket; the release row below uses it too.)
     let name = format!("lease{leasers}");
     let bucket = store.key(&name);
     let keys = [
@@ -336,7 +337,6 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
         );
     }
 
-    let name = format!("lease{leasers}");
     costs.push(
         run_op(&mut admin, "node release", &["evalsha"], plan, |i| {
             let store = store.clone();
