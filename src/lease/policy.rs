@@ -367,6 +367,13 @@ impl AdaptiveLease {
         self
     }
 
+    /// The tokens a lease at `rate` over a horizon of `horizon_s` seconds should hold: the
+    /// horizon with its headroom and the round trip, at least what [`lasting`](Self::lasting)
+    /// says (what `ask` targets, and twice of which a trim keeps).
+    fn lease_of(&self, ctx: &LeaseContext, rate: f64, horizon_s: f64) -> f64 {
+        (rate * (horizon_s * self.headroom + ctx.rtt.as_secs_f64())).max(self.lasting(ctx))
+    }
+
     /// The fewest tokens a node on terms with no rate lease asks to hold: [`MIN_LEASE_LIFE`]
     /// of the policy's own horizon at its demand (at most the rate), whatever the share last
     /// reported. A lease capped at a horizon of a share below the demand lasts
@@ -409,8 +416,7 @@ impl LeasePolicy for AdaptiveLease {
         let rate = capped(demand, ctx.share);
         // What a rate lease drips needs no token lease: tokens (and the mark) for the rest.
         let rate = (rate - ctx.rate_held).max(0.0);
-        let target =
-            (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64())).max(self.lasting(ctx));
+        let target = self.lease_of(ctx, rate, horizon);
         let want = (target.ceil() as u64).saturating_sub(ctx.local);
         let want = want.max(ctx.denied).clamp(1, burst);
         let lead = (3.0 * ctx.rtt.as_secs_f64())
@@ -431,8 +437,7 @@ impl LeasePolicy for AdaptiveLease {
         }
         let horizon = self.horizon_of(ctx).as_secs_f64();
         let rate = capped(ctx.demand, ctx.share);
-        let lease =
-            (rate * (horizon * self.headroom + ctx.rtt.as_secs_f64())).max(self.lasting(ctx));
+        let lease = self.lease_of(ctx, rate, horizon);
         Some((2.0 * lease).ceil() as u64)
     }
 
