@@ -858,3 +858,209 @@ fn the_scripts_write_large_integers_with_every_digit() {
     assert_eq!(score, (now + ttl).to_string());
     assert!(state_is_valid(&mut con, key));
 }
+
+/// One number of a token-bucket call set to `value`, the rest valid: what the script answers,
+/// in the text protocol (`packed: false`, every number a decimal argument) or packed (eleven
+/// doubles): `None` if it ran the call, else the field its error names.
+fn checked_field(
+    con: &mut redis::Connection,
+    key: &str,
+    packed: bool,
+    field: &EdgeField,
+    value: f64,
+    text: &str,
+) -> Option<String> {
+    // The call's numbers in the packed order: rate, period, burst, want (a release's tokens),
+    // min, now (-1: the server's), held (seq), demand (leaving), horizon, ttl, rate asked (-1:
+    // none). A quota of 1 000 000 per second with a burst of 1: every edge of rate, period and
+    // burst stays within the capacity's limit.
+    let mut numbers = [1e6, 1e6, 1.0, 1.0, 1.0, -1.0, 0.0, 1000.0, 1e5, 1e6, -1.0];
+    if !field.lease {
+        numbers = [1e6, 1e6, 1.0, 1.0, 0.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0];
+    }
+    numbers[field.place] = value;
+    let mut keys = bucket_keys(key);
+    keys.push(format!("{key}:config"));
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(TOKEN_BUCKET_LUA).arg(4).arg(&keys);
+    if packed {
+        let op = if field.lease {
+            "node_lease"
+        } else {
+            "node_release"
+        };
+        let bytes: Vec<u8> = numbers.iter().flat_map(|x| x.to_le_bytes()).collect();
+        cmd.arg(op).arg(bytes).arg("n1").arg("");
+    } else {
+        let mut args: Vec<String> = numbers
+            .iter()
+            .map(|x| match *x {
+                -1.0 => String::new(),
+                x => format!("{x:.0}"),
+            })
+            .collect();
+        args[field.place] = text.to_string();
+        let op = if field.lease { "lease" } else { "release" };
+        // The text protocol's places: the op, the first six numbers, the node, the next four,
+        // the unconfigured setting, then the rate asked.
+        cmd.arg(op).arg(&args[..6]).arg("n1").arg(&args[6..10]);
+        cmd.arg("").arg(&args[10]);
+    }
+    match cmd.query::<redis::Value>(con) {
+        Ok(_) => None,
+        Err(e) => {
+            let e = ratelease::StoreError::from(e).to_string();
+            let name = e.strip_prefix("script rejected the call: invalid argument ");
+            Some(name.unwrap_or(&e).to_string())
+        }
+    }
+}
+
+/// A number of a token-bucket call and its documented range.
+struct EdgeField {
+    /// The name an error gives it.
+    name: &'static str,
+    /// A node's lease (else its release).
+    lease: bool,
+    /// Its place among the packed numbers (see [`checked_field`]).
+    place: usize,
+    lo: f64,
+    hi: f64,
+    /// Whether "" (text) and -1 (packed) mean "none" (the server's clock; no rate asked).
+    optional: bool,
+}
+
+/// Each number of a node's token-bucket call is checked at the edges of its documented range,
+/// in the text protocol and packed: one at a time is set to each edge and just past it, to a
+/// fraction, ±0, NaN, ±infinity and (text) junk, the others valid. The call runs exactly when
+/// the number is an integer in range (or the "none" of an optional one), and is otherwise
+/// refused with the field's own name — the same answer either way.
+#[test]
+fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
+    const MAX: f64 = 4_503_599_627_370_496.0; // 2^52
+    const MAX_TIME: f64 = 9_007_199_254_740_992.0; // 2^53
+    let server = RedisServer::start();
+    let mut con = server.connection();
+    let field = |name, lease, place, lo, hi| EdgeField {
+        name,
+        lease,
+        place,
+        lo,
+        hi,
+        optional: false,
+    };
+    let fields = [
+        field("rate", true, 0, 1.0, MAX),
+        field("period_us", true, 1, 1.0, MAX),
+        field("burst", true, 2, 1.0, MAX),
+        field("want", true, 3, 1.0, MAX),
+        // At most want (1 here).
+        field("min", true, 4, 1.0, 1.0),
+        EdgeField {
+            optional: true,
+            ..field("now_us", true, 5, 0.0, MAX_TIME)
+        },
+        field("held", true, 6, 0.0, MAX),
+        field("demand", true, 7, 0.0, MAX),
+        field("horizon_us", true, 8, 1.0, MAX),
+        field("ttl_us", true, 9, 1.0, MAX),
+        EdgeField {
+            optional: true,
+            ..field("rate_mtps", true, 10, 0.0, MAX)
+        },
+        field("tokens", false, 3, 0.0, MAX),
+        field("seq", false, 6, 0.0, MAX),
+        field("leaving", false, 7, 0.0, 1.0),
+    ];
+    let mut case = 0;
+    let (mut ran, mut refused) = (0, 0);
+    for f in &fields {
+        // Just past the top: 2^53 + 1 is no double, so past 2^53 is 2^53 + 2.
+        let past = if f.hi == MAX_TIME {
+            f.hi + 2.0
+        } else {
+            f.hi + 1.0
+        };
+        let mut values = vec![
+            (f.lo - 1.0, format!("{:.0}", f.lo - 1.0)),
+            (f.lo, format!("{:.0}", f.lo)),
+            (f.hi, format!("{:.0}", f.hi)),
+            (past, format!("{past:.0}")),
+            (f.lo + 0.5, format!("{}", f.lo + 0.5)),
+            (-0.0, "-0".to_string()),
+            (f64::NAN, "nan".to_string()),
+            (f64::INFINITY, "inf".to_string()),
+            (f64::NEG_INFINITY, "-inf".to_string()),
+        ];
+        if f.lo == 0.0 && f.hi == MAX {
+            values.push((MAX - 0.5, format!("{}", MAX - 0.5)));
+        }
+        for (value, text) in values {
+            let in_range = value >= f.lo && value <= f.hi && value.fract() == 0.0;
+            for packed in [false, true] {
+                case += 1;
+                let key = format!("edge{{{case}}}");
+                let got = checked_field(&mut con, &key, packed, f, value, &text);
+                // -1 packed is "none" where the number is optional.
+                let none = packed && f.optional && value == -1.0;
+                let expected = (!(in_range || none)).then(|| f.name.to_string());
+                assert_eq!(
+                    got,
+                    expected,
+                    "{} = {text} ({}): expected {}",
+                    f.name,
+                    if packed { "packed" } else { "text" },
+                    if expected.is_some() {
+                        "a refusal"
+                    } else {
+                        "a run"
+                    }
+                );
+                if got.is_some() {
+                    refused += 1;
+                    assert!(
+                        redis::cmd("EXISTS")
+                            .arg(bucket_keys(&key))
+                            .query::<u64>(&mut con)
+                            .unwrap()
+                            == 0,
+                        "a refused call wrote"
+                    );
+                } else {
+                    ran += 1;
+                }
+            }
+        }
+        // Junk and, unless optional, nothing at all: refused in the text protocol.
+        let mut junk = vec!["abc", "1x", "0x"];
+        if !f.optional {
+            junk.push("");
+        }
+        for text in junk {
+            case += 1;
+            let key = format!("edge{{{case}}}");
+            let got = checked_field(&mut con, &key, false, f, f64::NAN, text);
+            assert_eq!(got.as_deref(), Some(f.name), "{} = {text:?}", f.name);
+        }
+        // Nothing at all where it is optional: the server's clock, no rate asked.
+        if f.optional {
+            case += 1;
+            let key = format!("edge{{{case}}}");
+            assert_eq!(checked_field(&mut con, &key, false, f, -1.0, ""), None);
+        }
+    }
+    assert!(ran >= 70 && refused >= 180, "ran {ran}, refused {refused}");
+    // -0 is stored as 0: a packed lease holding -0 tokens at a demand of -0.
+    let key = "edge{zero}";
+    let hold = field("held", true, 6, 0.0, MAX);
+    assert_eq!(checked_field(&mut con, key, true, &hold, -0.0, ""), None);
+    let demand = field("demand", true, 7, 0.0, MAX);
+    assert_eq!(checked_field(&mut con, key, true, &demand, -0.0, ""), None);
+    let raw: Vec<u8> = redis::cmd("HGET")
+        .arg(format!("{key}:leasers"))
+        .arg("n1")
+        .query(&mut con)
+        .unwrap();
+    let record = decode_leaser_record(&raw).expect("a leaser record");
+    assert!(record.iter().all(|x| x.is_sign_positive()), "{record:?}");
+}
