@@ -171,9 +171,17 @@
 
 if #KEYS ~= 1 and #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 1, 3 or 4') end
 local op = ARGV[1]
--- The call's arguments by their place in the text protocol: ARGV itself, or a packed node
--- call's numbers put in those places (see "Packed node calls" above), so one parse serves both.
-local A = ARGV
+-- The call's numbers by their place in the text protocol (`a2` is ARGV[2], … `a14` ARGV[14]):
+-- each argument read with `tonumber` (nil if it is not a number), or a packed node call's
+-- numbers as they come (see "Packed node calls" above), so one check serves both. The checks
+-- are written out, not calls of `int_val`: a function call costs Redis's Lua more than the
+-- check itself, and a lease checks eleven numbers. (A check `x >= lo and x <= hi and x % 1 ==
+-- 0` also refuses NaN and ±inf, as `int_val` does; `+ 0` turns -0 into 0 where 0 is allowed.)
+local a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14
+-- The node id ("" anonymous) and what to do without a stored config (ARGV[8] and ARGV[13]).
+local node, unconfigured
+-- Whether the call gives its own time (else the server's clock), and asks to hold a rate.
+local explicit_now, rate_asked
 local packed_call = op == 'node_lease' or op == 'node_release'
 -- A packed call's arguments and its replies (a node's lease, and anything else).
 local PACKED, REPLY11, REPLY9 = '<ddddddddddd', '<ddddddddddd', '<ddddddddd'
@@ -181,10 +189,18 @@ if packed_call then
   if #KEYS ~= 4 then return bad('keys: a packed call sends 4') end
   local p = ARGV[2]
   if type(p) ~= 'string' or #p ~= 88 then return bad('packed') end
-  local r, pe, b, w, m, t, h, d, hz, tt, rt = struct.unpack(PACKED, p)
+  a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14 = struct.unpack(PACKED, p)
   if op == 'node_lease' then op = 'lease' else op = 'release' end
-  A = { op, r, pe, b, w, m, t, ARGV[3], h, d, hz, tt, ARGV[4], rt }
-  if A[8] == nil or A[8] == '' then return bad('node') end
+  node, unconfigured = ARGV[3], ARGV[4]
+  if node == nil or node == '' then return bad('node') end
+  explicit_now, rate_asked = a7 ~= -1, a14 ~= -1
+else
+  a2, a3, a4, a5, a6 = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+    tonumber(ARGV[5]), tonumber(ARGV[6])
+  explicit_now = not (ARGV[7] == nil or ARGV[7] == '')
+  if explicit_now then a7 = tonumber(ARGV[7]) end
+  node, unconfigured = ARGV[8] or '', ARGV[13]
+  rate_asked = not (ARGV[14] == nil or ARGV[14] == '')
 end
 local config_op = op == 'config_get' or op == 'config_init' or op == 'config_set'
   or op == 'config_delete'
@@ -196,65 +212,78 @@ end
 local CONFIG = KEYS[4]
 if config_op and #KEYS == 1 then CONFIG = KEYS[1] end
 
--- The caller's quota and the call's arguments, parsed before anything else is defined: a
+-- The caller's quota and the call's arguments, checked before anything else is defined: a
 -- pure-mode decision (below) needs no more, and every function a script defines is built
 -- anew on each call (a closure, with its upvalues found and closed), which for the six the
 -- general path defines before its bucket is loaded cost more than the decision's arithmetic.
 -- Config operations take no quota, time or node (their ARGV[2..4] are checked by init/set).
 local rate, period, burst, scale, inc, cap
 if op ~= 'config_get' and op ~= 'config_delete' then
-  rate = int_val(A[2], 1, MAX)
-  if not rate then return bad('rate') end
-  period = int_val(A[3], 1, MAX)
-  if not period then return bad('period_us') end
-  burst = int_val(A[4], 1, MAX)
-  if not burst then return bad('burst') end
+  rate, period, burst = a2, a3, a4
+  if not (rate and rate >= 1 and rate <= MAX and rate % 1 == 0) then return bad('rate') end
+  if not (period and period >= 1 and period <= MAX and period % 1 == 0) then
+    return bad('period_us')
+  end
+  if not (burst and burst >= 1 and burst <= MAX and burst % 1 == 0) then return bad('burst') end
   scale, inc, cap = fixed_point(rate, period, burst)
   if not scale then return bad('burst') end
 end
 
-local want, min, now, explicit_now
-local node = ''
+local want, min, now
 local held, demand, horizon, ttl, seq, leaving, want_rate
 if not config_op then
+  want = a5
   if op == 'lease' then
-    want = int_val(A[5], 1, MAX)
-    if not want then return bad('want') end
-    min = int_val(A[6], 1, want)
-    if not min or min > burst then return bad('min') end
+    if not (want and want >= 1 and want <= MAX and want % 1 == 0) then return bad('want') end
+    min = a6
+    if not (min and min >= 1 and min <= want and min % 1 == 0) or min > burst then
+      return bad('min')
+    end
   else
-    want = int_val(A[5], 0, MAX)
-    if not want then return bad('tokens') end
+    if not (want and want >= 0 and want <= MAX and want % 1 == 0) then return bad('tokens') end
+    want = want + 0
   end
 
   -- The server's clock ("" or, packed, -1), else a time given by the caller.
-  local t = A[7]
-  explicit_now = not (t == nil or t == '' or t == -1)
-  if explicit_now then now = int_val(t, 0, MAX_TIME) else now = server_now() end
-  if not now then return bad('now_us') end
+  if explicit_now then
+    now = a7
+    if not (now and now >= 0 and now <= MAX_TIME and now % 1 == 0) then return bad('now_us') end
+    now = now + 0
+  else
+    now = server_now()
+  end
 
-  node = A[8] or ''
   if #node > 128 then return bad('node') end
   if #KEYS == 1 and node ~= '' then return bad('keys: a leaser sends 3 or 4') end
   if node ~= '' then
+    if not packed_call then
+      a9, a10, a11, a12 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]),
+        tonumber(ARGV[12])
+      if rate_asked then a14 = tonumber(ARGV[14]) end
+    end
     if op == 'lease' then
-      held = int_val(A[9], 0, MAX)
-      if not held then return bad('held') end
-      demand = int_val(A[10], 0, MAX)
-      if not demand then return bad('demand') end
-      horizon = int_val(A[11], 1, MAX)
-      if not horizon then return bad('horizon_us') end
-      ttl = int_val(A[12], 1, MAX)
-      if not ttl then return bad('ttl_us') end
-      if A[14] ~= nil and A[14] ~= '' and A[14] ~= -1 then
-        want_rate = int_val(A[14], 0, MAX)
-        if not want_rate then return bad('rate_mtps') end
+      held, demand, horizon, ttl = a9, a10, a11, a12
+      if not (held and held >= 0 and held <= MAX and held % 1 == 0) then return bad('held') end
+      if not (demand and demand >= 0 and demand <= MAX and demand % 1 == 0) then
+        return bad('demand')
+      end
+      if not (horizon and horizon >= 1 and horizon <= MAX and horizon % 1 == 0) then
+        return bad('horizon_us')
+      end
+      if not (ttl and ttl >= 1 and ttl <= MAX and ttl % 1 == 0) then return bad('ttl_us') end
+      held, demand = held + 0, demand + 0
+      if rate_asked then
+        want_rate = a14
+        if not (want_rate and want_rate >= 0 and want_rate <= MAX and want_rate % 1 == 0) then
+          return bad('rate_mtps')
+        end
+        want_rate = want_rate + 0
       end
     else
-      seq = int_val(A[9], 0, MAX)
-      if not seq then return bad('seq') end
-      leaving = int_val(A[10], 0, 1)
-      if not leaving then return bad('leaving') end
+      seq, leaving = a9, a10
+      if not (seq and seq >= 0 and seq <= MAX and seq % 1 == 0) then return bad('seq') end
+      if not (leaving == 0 or leaving == 1) then return bad('leaving') end
+      seq, leaving = seq + 0, leaving + 0
     end
   end
 end
@@ -265,15 +294,19 @@ local STATE2, STATE2_LEN = '<Bdddddddddd', 81
 
 -- An anonymous lease from a bucket at `level`: all or nothing below `min`, at most `want`.
 -- Returns the tokens granted, the level left and the units a lease of `min` still lacks (0 or
--- less: none), for the caller to turn into a wait at the refill it knows.
-local function take_anonymous(level)
-  local granted = 0
-  local whole = floor_div(level, scale)
-  if whole >= min then
-    granted = math.min(whole, want)
-    level = level - granted * scale
+-- less: none), for the caller to turn into a wait at the refill it knows. Built for anonymous
+-- calls only: it captures four locals, which a node's call would pay for and never use.
+local take_anonymous
+if node == '' then
+  take_anonymous = function(level)
+    local granted = 0
+    local whole = floor_div(level, scale)
+    if whole >= min then
+      granted = math.min(whole, want)
+      level = level - granted * scale
+    end
+    return granted, level, min * scale - level
   end
-  return granted, level, min * scale - level
 end
 
 -- A pure-mode decision: an anonymous lease under the caller's quota (no config key) on a bucket
@@ -333,7 +366,8 @@ end
 
 -- The stored config: a quota (nil if none or invalid) and whether one is stored. `caller`, if
 -- given, is returned as it is when the stored fields are the very strings the caller sent (as
--- they are once a client follows the config): no parse, no new table.
+-- they are once a client follows the config): no parse, no new table. (The caller's numbers
+-- are read from `caller`, not captured: see `fill_time` on upvalues.)
 local function stored_config(caller)
   local c = redis.pcall('HMGET', CONFIG, 'rate', 'period_us', 'burst')
   -- Not a hash (a wrong key, say): an invalid config, never a runtime error.
@@ -342,10 +376,11 @@ local function stored_config(caller)
   if caller then
     -- Text sent as the very strings stored: equal as they are; packed, as numbers.
     if packed_call then
-      if tonumber(c[1]) == rate and tonumber(c[2]) == period and tonumber(c[3]) == burst then
+      if tonumber(c[1]) == caller.rate and tonumber(c[2]) == caller.period
+          and tonumber(c[3]) == caller.burst then
         return caller, true
       end
-    elseif c[1] == A[2] and c[2] == A[3] and c[3] == A[4] then
+    elseif c[1] == ARGV[2] and c[2] == ARGV[3] and c[3] == ARGV[4] then
       return caller, true
     end
   end
@@ -382,7 +417,7 @@ if #KEYS == 4 then
   if present and not c then return redis.error_reply('RATELEASE invalid stored config') end
   if c then
     q, source = c, 1
-  elseif A[13] == 'none' then
+  elseif unconfigured == 'none' then
     -- (A 4-key reply, packed or not: see the end of the script.)
     if packed_call then
       if held then return struct.pack(REPLY11, 0, 0, 0, 0, 0, rate, period, burst, 2, 0, 0) end
@@ -390,7 +425,7 @@ if #KEYS == 4 then
     end
     if held then return { 0, 0, 0, 0, 0, rate, period, burst, 2, 0, 0 } end
     return { 0, 0, 0, 0, 0, rate, period, burst, 2 }
-  elseif A[13] ~= nil and A[13] ~= '' and A[13] ~= 'caller' then
+  elseif unconfigured ~= nil and unconfigured ~= '' and unconfigured ~= 'caller' then
     return bad('unconfigured')
   end
 end
@@ -457,12 +492,6 @@ local first = q
 -- The latest lease expiry on record: nil while unknown (leaser records may exist).
 local latest = nil
 local v, s, t, o, d, r, p, b, x
--- Only a key of another type is read as absent (WRONGTYPE); any other error (a refused
--- command, say) fails the call, never reads as a full bucket.
-local function wrong_type(reply)
-  return type(reply) == 'table' and reply.err ~= nil
-    and string.sub(reply.err, 1, 9) == 'WRONGTYPE'
-end
 local raw = redis.pcall('GET', KEYS[1])
 local packed = type(raw) == 'string' and (#raw == STATE_LEN or #raw == STATE2_LEN)
 if packed then
@@ -483,15 +512,21 @@ if packed then
   end
   if not (x >= 0 and x <= MAX_TIME and x % 1 == 0) then x = nil end
   if v then res = rr end
-elseif wrong_type(raw) then
+elseif type(raw) == 'table' and raw.err ~= nil then
+  -- Only a key of another type is read as absent (WRONGTYPE: a hash, say); any other error
+  -- (a refused command, say) fails the call, never reads as a full bucket. (Built here, where
+  -- it is used, not on every call.)
+  local function wrong_type(reply)
+    return type(reply) == 'table' and reply.err ~= nil
+      and string.sub(reply.err, 1, 9) == 'WRONGTYPE'
+  end
+  if not wrong_type(raw) then return raw end
   local h = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'o', 'd', 'r', 'p', 'b')
   if type(h) == 'table' and h.err == nil then
     v, s, t, o, d, r, p, b = h[1], h[2], h[3], h[4] or 0, h[5] or 0, h[6], h[7], h[8]
   elseif not wrong_type(h) then
     return h
   end
-elseif type(raw) == 'table' and raw.err ~= nil then
-  return raw
 end
 if not packed then
   v, s, t = int_val(v, 0, MAX), int_val(s, 1, MAX), int_val(t, 0, MAX_TIME)
@@ -813,15 +848,18 @@ elseif op == 'lease' then
     out = out + granted
     r.o = r.o + granted
     r.c = mmax(0, r.c - mmax(0, granted - free) * scale)
-    free = mmax(0, floor_div(mmax(0, level - hold), scale) - reserve)
+    whole = floor_div(mmax(0, level - hold), scale)
+    free = mmax(0, whole - reserve)
     -- The next ask will be for about the node's whole target (what it held plus what it
     -- wanted), not for what was left of this one: pace it for that.
     need = mmax(min, mmin(mfloor(rho * horizon / scale), want + held, burst))
   end
+  -- A quarter horizon: the step a rate lease drips in, and the least a retry waits for tokens
+  -- that come back only as other nodes report what they spent.
+  local step = floor_div(horizon, 4)
   -- A rate lease, if asked for: at most its share (any rate while the bucket sat at its
   -- ceiling: what no leaser holds would only be lost), the rate no other leaser holds, and what
   -- its counted tokens can carry (two steps' worth of them).
-  local step = floor_div(horizon, 4)
   if want_rate and want_rate > 0 and step > 0 then
     local fleet = mmin(mfloor(rate * 1e9 / period), MAX)
     local fits = mfloor(floor_div(r.o, 2) * 1e9 / step)
@@ -851,13 +889,15 @@ elseif op == 'lease' then
   -- `need`; or, if the bucket is already above the reserve (the fleet is not keeping up with
   -- the refill), first come first served once it holds `need` above it. Below the reserve
   -- that second way is a mirage: other nodes drain the bucket long before it gets there.
+  -- (The bucket's ceiling, as it stays for the rest of this call: `out` is final here.)
+  local top = ceiling(q, out)
   local short = need * scale + hold - level
   if short > 0 then
     retry = fill_time(q, short)
     -- Refill stops at capacity − outstanding: past that, tokens come back only as other nodes
     -- report what they spent (at their next lease, about a horizon away) or return it, so
     -- asking sooner would only come back empty.
-    if need * scale + hold > ceiling(q, out) then retry = mmax(retry, floor_div(horizon, 4)) end
+    if need * scale + hold > top then retry = mmax(retry, step) end
   end
   if free < need then
     local credit_short = (need - free) * scale - r.c
@@ -876,7 +916,7 @@ elseif op == 'lease' then
     end
   end
   local above = (reserve + need) * scale + hold
-  if floor_div(mmax(0, level - hold), scale) >= reserve and above <= ceiling(q, out) then
+  if whole >= reserve and above <= top then
     local by_free = 0
     if above > level then by_free = fill_time(q, above - level) end
     if by_free < retry then retry = by_free end
@@ -889,9 +929,9 @@ elseif op == 'lease' then
   -- longer due, it ends.
   local step_units = need * scale
   if granted == 0 and rho > 0 and hold == 0 and r.c >= step_units and step_units > level
-      and step_units <= ceiling(q, out) then
+      and step_units <= top then
     claim = { node = node, units = step_units,
-      untl = mmin(now + retry + floor_div(horizon, 4), r.exp) }
+      untl = mmin(now + retry + step, r.exp) }
     meta_dirty = true
   elseif mine then
     claim = nil
