@@ -1,6 +1,6 @@
 -- ratelease concurrency limit: at most `limit` permits held across a fleet at once.
--- Sent after lua/helpers.lua (MAX, int_arg, int_str, bad, …): the crate's CONCURRENCY_LUA is
--- the two put together.
+-- Sent after lua/helpers.lua (MAX, int_str, bad, …) and lua/arguments.lua (int_arg, now_arg):
+-- the crate's CONCURRENCY_LUA is the three put together.
 --
 -- KEYS[1]  the holders hash  <prefix>{<name>}:conc         field <holder> = "count aseq rseq",
 --                                                           field "#total" = sum of the counts

@@ -1,6 +1,6 @@
 -- ratelease fixed window: at most `rate` tokens in each window of `period`.
--- Sent after lua/helpers.lua and lua/prelude.lua, which reads the arguments and documents
--- the shared protocol.
+-- Sent after lua/helpers.lua, lua/arguments.lua and lua/prelude.lua, which reads the
+-- arguments and documents the shared protocol.
 --
 -- A window opens with the first lease after the previous one ended (as the usual INCRBY +
 -- EXPIRE counter: the first request starts the count) and lasts period_us on the store's clock. Tokens

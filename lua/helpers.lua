@@ -1,7 +1,8 @@
 -- ratelease helpers: the head of every script but lock.lua.
 --
--- Each of token_bucket.lua and concurrency.lua is sent as this file followed by the script;
--- fixed_window.lua, sliding_window.lua and leaky_bucket.lua as this file, then prelude.lua (the
+-- token_bucket.lua is sent as this file followed by the script; concurrency.lua as this file,
+-- then arguments.lua (readers of text arguments), then the script; fixed_window.lua,
+-- sliding_window.lua and leaky_bucket.lua as this file, arguments.lua, then prelude.lua (the
 -- arguments they share), then the script. The crate's TOKEN_BUCKET_LUA, CONCURRENCY_LUA,
 -- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are those texts put together; a
 -- client in another language concatenates the files the same way (nothing in between). Each
@@ -15,11 +16,8 @@
 --   MAX_TIME    2^53, the largest time in µs where a script allows one beyond MAX
 --   SLACK_MS    how many ms stored state outlives the time it could matter
 --   int_val(x, lo, hi)  x as an integer in [lo, hi], or nil
---   int_arg(i, lo, hi)  int_val(ARGV[i], lo, hi)
 --   int_str(x)          an integer as a string with every digit, for redis.call
 --   server_now()        the Redis server clock (TIME) in µs
---   now_arg(i, hi)      the time in µs: the Redis server clock (TIME) if ARGV[i] is absent or
---                       "", else int_arg(i, 0, hi) (nil if that is not valid)
 --   floor_div(a, b), ceil_div(a, b)  exact integer division, rounded down / up
 --   fixed_point(r, p, b)  a quota's units (rate r per period p µs, burst b; integers in
 --                       1 ..= 2^52): one token is `scale = p / gcd(r, p)` units, one µs adds
@@ -52,15 +50,6 @@ local function int_val(x, lo, hi)
   return v + 0
 end
 
--- int_val(ARGV[i], lo, hi), written out: it runs a dozen times a call.
-local function int_arg(i, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= v or v < lo or v > hi or v % 1 ~= 0 then
-    return nil
-  end
-  return v + 0
-end
-
 -- An integer as a string with every digit. Lua's own conversion (tostring, ..) uses %.14g, which
 -- rounds values above 1e14, such as a time in µs. A count of ms stays below 1e14, where %.14g
 -- writes every digit: it goes as `ms .. ''`, a string.format less. (Never as a Lua number:
@@ -76,12 +65,6 @@ end
 local function server_now()
   local t = redis.call('TIME')
   return t[1] * 1000000 + t[2]
-end
-
--- The time of the call: the server's clock, or the explicit time of a test or replay.
-local function now_arg(i, hi)
-  if ARGV[i] == nil or ARGV[i] == '' then return server_now() end
-  return int_arg(i, 0, hi)
 end
 
 -- Exact floor(a / b) and ceil(a / b) for integers 0 <= a, b <= 2^53 whose products stay exact.

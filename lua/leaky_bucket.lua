@@ -1,6 +1,6 @@
 -- ratelease leaky bucket (a funnel) as GCRA: one theoretical arrival time per key.
--- Sent after lua/helpers.lua and lua/prelude.lua, which reads the arguments and documents
--- the shared protocol.
+-- Sent after lua/helpers.lua, lua/arguments.lua and lua/prelude.lua, which reads the
+-- arguments and documents the shared protocol.
 --
 -- The funnel holds `burst` tokens and leaks `rate` tokens per `period`. A lease of n pours n
 -- tokens in if they fit, else nothing. The funnel's whole state is its theoretical arrival time

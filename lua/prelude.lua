@@ -1,9 +1,9 @@
 -- ratelease: the head of fixed_window.lua, sliding_window.lua and leaky_bucket.lua.
 --
--- Each of those scripts is sent as lua/helpers.lua, then this file, then its own (the crate's
--- FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are the three put together; a
--- client in another language concatenates them the same way). This file reads the arguments
--- the three share, with the helpers of helpers.lua:
+-- Each of those scripts is sent as lua/helpers.lua, lua/arguments.lua, then this file, then its
+-- own (the crate's FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA and LEAKY_BUCKET_LUA are the four put
+-- together; a client in another language concatenates them the same way). This file reads the
+-- arguments the three share, with the helpers of helpers.lua and the readers of arguments.lua:
 --
 -- ARGV[1]  op: "lease", "release" or "peek" (changes nothing, reports the budget)
 -- ARGV[2]  rate       tokens per period                   (integer, 1 ..= 2^52)

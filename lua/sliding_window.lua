@@ -1,6 +1,6 @@
 -- ratelease sliding window: at most `rate` tokens in any window of `period` (Redisson's log).
--- Sent after lua/helpers.lua and lua/prelude.lua, which reads the arguments and documents
--- the shared protocol.
+-- Sent after lua/helpers.lua, lua/arguments.lua and lua/prelude.lua, which reads the
+-- arguments and documents the shared protocol.
 --
 -- Every grant is logged with the time it was made; a grant counts until `period` after it, so
 -- at any moment the tokens counted are those granted in the last `period`, and a lease is

@@ -1,5 +1,5 @@
 -- ratelease token bucket: the one atomic step shared by every process.
--- Sent after lua/helpers.lua (MAX, int_arg, floor_div, bad, …): the crate's TOKEN_BUCKET_LUA
+-- Sent after lua/helpers.lua (MAX, int_val, floor_div, bad, …): the crate's TOKEN_BUCKET_LUA
 -- is the two put together.
 --
 -- KEYS[1]  the bucket        (one packed string: level, scale, time, tokens leased out and not

@@ -22,7 +22,7 @@
 //!
 //! The three window and leaky-bucket scripts share one protocol, and one head that reads it (`lua/prelude.lua`,
 //! sent before each, after the helpers of `lua/helpers.lua` that every script but the lock's
-//! starts with):
+//! starts with and the argument readers of `lua/arguments.lua`):
 //! `KEYS` = the state keys; `ARGV` = `op` (`lease`, `release` or `peek`), `rate`, `period_us`,
 //! `burst`, `want` or `tokens`, `min` or `at`, `now_us` (empty: the server's `TIME`); the reply
 //! is `{granted, remaining, retry_after_us, reset_after_us, at_us}`, redis-cell's fields plus
@@ -91,15 +91,16 @@ use crate::quota::{Quota, MAX_VALUE};
 /// header for the argument protocol), or concatenate the two files the same way.
 pub const TOKEN_BUCKET_LUA: &str = lua_script!("token_bucket.lua");
 
-/// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
-/// `lua/fixed_window.lua`, concatenated in that order.
-pub const FIXED_WINDOW_LUA: &str = lua_script!("prelude.lua", "fixed_window.lua");
-/// The complete sliding-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
-/// `lua/sliding_window.lua`, concatenated in that order.
-pub const SLIDING_WINDOW_LUA: &str = lua_script!("prelude.lua", "sliding_window.lua");
-/// The complete leaky-bucket (GCRA) script, ready for `EVAL`: `lua/helpers.lua`, `lua/prelude.lua` and
-/// `lua/leaky_bucket.lua`, concatenated in that order.
-pub const LEAKY_BUCKET_LUA: &str = lua_script!("prelude.lua", "leaky_bucket.lua");
+/// The complete fixed-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/arguments.lua`,
+/// `lua/prelude.lua` and `lua/fixed_window.lua`, concatenated in that order.
+pub const FIXED_WINDOW_LUA: &str = lua_script!("arguments.lua", "prelude.lua", "fixed_window.lua");
+/// The complete sliding-window script, ready for `EVAL`: `lua/helpers.lua`, `lua/arguments.lua`,
+/// `lua/prelude.lua` and `lua/sliding_window.lua`, concatenated in that order.
+pub const SLIDING_WINDOW_LUA: &str =
+    lua_script!("arguments.lua", "prelude.lua", "sliding_window.lua");
+/// The complete leaky-bucket (GCRA) script, ready for `EVAL`: `lua/helpers.lua`, `lua/arguments.lua`,
+/// `lua/prelude.lua` and `lua/leaky_bucket.lua`, concatenated in that order.
+pub const LEAKY_BUCKET_LUA: &str = lua_script!("arguments.lua", "prelude.lua", "leaky_bucket.lua");
 
 /// Largest explicit time (µs) the window and leaky-bucket scripts accept: 2^52.
 pub const MAX_NOW_US: u64 = MAX_VALUE;

@@ -15,10 +15,10 @@ use super::holders::{self, Op, Reply};
 use crate::error::StoreError;
 use crate::store::{MemoryStore, RedisStore};
 
-/// The complete concurrency script, ready for `EVAL`: `lua/helpers.lua` followed by
-/// `lua/concurrency.lua`. Other languages can run it against the same keys (see the latter's
-/// header for the argument protocol), or concatenate the two files the same way.
-pub const CONCURRENCY_LUA: &str = lua_script!("concurrency.lua");
+/// The complete concurrency script, ready for `EVAL`: `lua/helpers.lua`, `lua/arguments.lua`
+/// and `lua/concurrency.lua`. Other languages can run it against the same keys (see the last
+/// one's header for the argument protocol), or concatenate the three files the same way.
+pub const CONCURRENCY_LUA: &str = lua_script!("arguments.lua", "concurrency.lua");
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONCURRENCY_LUA));
 
