@@ -859,9 +859,8 @@ fn the_scripts_write_large_integers_with_every_digit() {
     assert!(state_is_valid(&mut con, key));
 }
 
-/// One number of a token-bucket call set to `value`, the rest valid: what the script answers,
-/// in the text protocol (`packed: false`, every number a decimal argument) or packed (eleven
-/// doubles): `None` if it ran the call, else the field its error names.
+/// One number of a token-bucket call set to `value` (`text` in the text protocol), the rest
+/// valid: what the script answers (see [`checked_fields`]).
 fn checked_field(
     con: &mut redis::Connection,
     key: &str,
@@ -870,25 +869,37 @@ fn checked_field(
     value: f64,
     text: &str,
 ) -> Option<String> {
+    checked_fields(con, key, packed, field.lease, &[(field.place, value, text)])
+}
+
+/// A node's token-bucket call (a lease, else a release) with the numbers at the places of `set`
+/// set to their value (packed) or text, the rest valid: what the script answers, in the text
+/// protocol (`packed: false`, every number a decimal argument) or packed (eleven doubles):
+/// `None` if it ran the call, else the field its error names.
+fn checked_fields(
+    con: &mut redis::Connection,
+    key: &str,
+    packed: bool,
+    lease: bool,
+    set: &[(usize, f64, &str)],
+) -> Option<String> {
     // The call's numbers in the packed order: rate, period, burst, want (a release's tokens),
     // min, now (-1: the server's), held (seq), demand (leaving), horizon, ttl, rate asked (-1:
     // none). A quota of 1 000 000 per second with a burst of 1: every edge of rate, period and
     // burst stays within the capacity's limit.
     let mut numbers = [1e6, 1e6, 1.0, 1.0, 1.0, -1.0, 0.0, 1000.0, 1e5, 1e6, -1.0];
-    if !field.lease {
+    if !lease {
         numbers = [1e6, 1e6, 1.0, 1.0, 0.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0];
     }
-    numbers[field.place] = value;
+    for &(place, value, _) in set {
+        numbers[place] = value;
+    }
     let mut keys = bucket_keys(key);
     keys.push(format!("{key}:config"));
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(TOKEN_BUCKET_LUA).arg(4).arg(&keys);
     if packed {
-        let op = if field.lease {
-            "node_lease"
-        } else {
-            "node_release"
-        };
+        let op = if lease { "node_lease" } else { "node_release" };
         let bytes: Vec<u8> = numbers.iter().flat_map(|x| x.to_le_bytes()).collect();
         cmd.arg(op).arg(bytes).arg("n1").arg("");
     } else {
@@ -899,8 +910,10 @@ fn checked_field(
                 x => format!("{x:.0}"),
             })
             .collect();
-        args[field.place] = text.to_string();
-        let op = if field.lease { "lease" } else { "release" };
+        for &(place, _, text) in set {
+            args[place] = text.to_string();
+        }
+        let op = if lease { "lease" } else { "release" };
         // The text protocol's places: the op, the first six numbers, the node, the next four,
         // the unconfigured setting, then the rate asked.
         cmd.arg(op).arg(&args[..6]).arg("n1").arg(&args[6..10]);
@@ -1050,6 +1063,38 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
         }
     }
     assert!(ran >= 70 && refused >= 180, "ran {ran}, refused {refused}");
+    // Two numbers out of range at once: the error names the one the script checks first,
+    // which is the order `fields` lists them in.
+    let mut pairs = 0;
+    for (i, first) in fields.iter().enumerate() {
+        for second in fields[i + 1..].iter().filter(|f| f.lease == first.lease) {
+            let past = |f: &EdgeField| {
+                let v = if f.hi == MAX_TIME {
+                    f.hi + 2.0
+                } else {
+                    f.hi + 1.0
+                };
+                (f.place, v, format!("{v:.0}"))
+            };
+            let (a, b) = (past(first), past(second));
+            for packed in [false, true] {
+                case += 1;
+                let key = format!("edge{{{case}}}");
+                let set = [(a.0, a.1, a.2.as_str()), (b.0, b.1, b.2.as_str())];
+                let got = checked_fields(&mut con, &key, packed, first.lease, &set);
+                assert_eq!(
+                    got.as_deref(),
+                    Some(first.name),
+                    "{} and {}",
+                    first.name,
+                    second.name
+                );
+                pairs += 1;
+            }
+        }
+    }
+    // Eleven numbers of a lease, three of a release, each pair in both protocols.
+    assert_eq!(pairs, 2 * (11 * 10 / 2 + 3 * 2 / 2));
     // -0 is stored as 0: a packed lease holding -0 tokens at a demand of -0.
     let key = "edge{zero}";
     let hold = field("held", true, 6, 0.0, MAX);
