@@ -179,11 +179,11 @@ async fn surge(store: &MemoryStore, name: &str, quota: &Quota) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_node_leases_a_rate_once_a_surge_of_leasers_has_passed() {
+async fn a_node_leases_a_rate_again_once_a_surge_of_leasers_has_passed() {
     // A tight burst, where a fleet of at most 100 leases rates by default. 150 other leasers
     // (a surge, its leases renewed every second for five seconds) make the fleet too large
     // for that; once they are gone and the count has stayed small for one to two minutes, the
-    // node leases a rate.
+    // node leases a rate again.
     let store = MemoryStore::with_clock(TokioClock::new());
     let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
     surge(&store, "surge", &quota).await;

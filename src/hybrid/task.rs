@@ -263,7 +263,7 @@ impl Task {
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
         let call = CallContext::new(self.quota, self.share)
             .with_leasers(self.leasers)
-            .with_fleet(self.fleet.lately());
+            .with_fleet(self.fleet.lately(Instant::now()));
         self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 

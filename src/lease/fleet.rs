@@ -7,30 +7,23 @@
 //!   decides per request ([`LeaseContext::fleet`](super::policy::LeaseContext::fleet)). Nodes
 //!   that do drop out of the count, so a count that fell would let them leave that regime a
 //!   few at a time; the largest fleet seen keeps their decisions exact, the safe side.
-//! - **lately**, the most heard within one to two windows of [`FLEET_WINDOW`] before the
-//!   last report, decides whether a node leases a rate by default
-//!   ([`CallContext::fleet`](super::policy::CallContext::fleet)): what that default must
-//!   bound is how many nodes hold rates at once, and nodes that hold none — nodes that decide
-//!   per request, idle nodes that gave their lease back — hold no rate either. A rated node
-//!   holds a lease, so its own rate leases do not lower the count, and a fleet that shrank —
-//!   after a surge, a rolling restart's overlap or a scale-in — gets its rate leases back
-//!   within two windows instead of never. The other side of it: a large fleet whose nodes
-//!   holding leases stay at 100 or fewer for two windows (most of them idle or deciding per
-//!   request) leases rates by default, and goes back to token leases for at least a window
-//!   whenever the count passes 100 again. The simulator's scenarios last at most a minute, so
-//!   none reaches that regime yet.
+//! - **lately**, the most heard within the last one to two windows of [`FLEET_WINDOW`],
+//!   decides whether a node leases a rate by default
+//!   ([`CallContext::fleet`](super::policy::CallContext::fleet)). A rated node holds a lease,
+//!   so rate leases do not move the count, and a fleet that shrank — after a surge, a rolling
+//!   restart's overlap or a scale-in — gets its rate leases back within two windows instead of
+//!   never.
 //!
-//! The recent reading is the greater of two counts: the window of the last report's and the
-//! one before it (a sliding maximum in two registers, no history kept), taken at each report,
-//! so it changes only when a reply arrives, as the count itself does.
+//! The recent reading is the greater of two counts: the current window's and the one before
+//! it (a sliding maximum in two registers, no history kept).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 /// The window of the recent reading: a count is remembered for one to two of these. Longer
-/// than a lease's ttl (unless one is set longer), so a node that stopped leasing has left the
-/// store's count before the window forgets what it was.
+/// than a lease's ttl, so a node that stopped leasing has left the store's count before the
+/// window forgets what it was.
 pub(crate) const FLEET_WINDOW: Duration = Duration::from_secs(60);
 
 /// The most leasers the store has reported to one node: ever, and lately.
@@ -79,10 +72,14 @@ impl FleetSize {
         self.ever
     }
 
-    /// The most leasers reported in the window of the last report and the one before it (0:
-    /// none yet).
-    pub(crate) fn lately(&self) -> u64 {
-        self.current.max(self.previous)
+    /// The most leasers reported in the current window and the one before it, as of `now`
+    /// (0: none in that time).
+    pub(crate) fn lately(&self, now: Instant) -> u64 {
+        match self.windows_since_start(now) {
+            0 => self.current.max(self.previous),
+            1 => self.current,
+            _ => 0,
+        }
     }
 
     /// Whole windows from the current one's start to `now` (saturating; a clock never runs
@@ -102,26 +99,25 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut fleet = FleetSize::new(t0);
-        assert_eq!((fleet.ever(), fleet.lately()), (0, 0));
+        assert_eq!((fleet.ever(), fleet.lately(t0)), (0, 0));
         fleet.observe(150, at(10));
         fleet.observe(40, at(30));
-        assert_eq!((fleet.ever(), fleet.lately()), (150, 150));
+        assert_eq!((fleet.ever(), fleet.lately(at(30))), (150, 150));
         // The next window still remembers the surge, heard in the window before it.
         fleet.observe(40, at(70));
-        fleet.observe(40, at(119));
-        assert_eq!(fleet.lately(), 150);
+        assert_eq!(fleet.lately(at(119)), 150);
         // Two windows on, the surge's window is gone: what was heard since.
-        fleet.observe(40, at(120));
-        assert_eq!((fleet.ever(), fleet.lately()), (150, 40));
+        assert_eq!(fleet.lately(at(120)), 40);
         fleet.observe(45, at(125));
-        assert_eq!(fleet.lately(), 45);
+        assert_eq!((fleet.ever(), fleet.lately(at(125))), (150, 45));
+        // Nothing heard for two whole windows: nothing known lately.
+        assert_eq!(fleet.lately(at(240)), 0);
         // A long silence, then a count: windows skipped, the new count alone.
         fleet.observe(30, at(1_000));
-        assert_eq!((fleet.ever(), fleet.lately()), (150, 30));
-        fleet.observe(20, at(1_059));
-        assert_eq!(fleet.lately(), 30);
+        assert_eq!((fleet.ever(), fleet.lately(at(1_000))), (150, 30));
+        assert_eq!(fleet.lately(at(1_059)), 30);
         // A larger count raises both at once.
         fleet.observe(500, at(1_061));
-        assert_eq!((fleet.ever(), fleet.lately()), (500, 500));
+        assert_eq!((fleet.ever(), fleet.lately(at(1_061))), (500, 500));
     }
 }

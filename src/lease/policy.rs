@@ -62,12 +62,11 @@ pub struct CallContext {
     /// Nodes holding a lease on the bucket, as the store last reported
     /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
     pub leasers: u64,
-    /// The most nodes the store has reported holding a lease lately (0: none yet): within one
-    /// to two minutes before its last report, where [`LeaseContext::fleet`] counts since the
-    /// node started. Like that count it misses the nodes that hold no lease (deciding per
-    /// request, or idle after giving theirs back), which hold no rate either. It decides
-    /// whether a node leases a rate by default ([`AdaptiveLease::rate_leases`]), so a fleet
-    /// that shrank gets its rate leases back.
+    /// The most nodes the store has reported holding a lease lately (0: none in that time):
+    /// within the last one to two minutes, where [`LeaseContext::fleet`] counts since the
+    /// node started. It decides whether a node leases a rate by default
+    /// ([`AdaptiveLease::rate_leases`]), which does not move the count (a rated node holds a
+    /// lease), so a fleet that shrank gets its rate leases back.
     pub fleet: u64,
 }
 
@@ -858,8 +857,8 @@ pub(crate) mod tests {
             assert!(!p.terms(&q).unwrap().rate_leases);
         }
         let tight = q.with_burst(100).unwrap();
-        // A fleet of up to 100 nodes (the most the store has reported lately); none known yet,
-        // or more than 100 (even if fewer hold leases now): token leases.
+        // A fleet of up to 100 nodes (the most the store has reported); none known yet, or
+        // more than 100 (even if fewer hold leases now): token leases.
         for (fleet, on) in [
             (0, false),
             (1, true),
