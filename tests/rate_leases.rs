@@ -9,10 +9,7 @@ mod wrapped;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ratelease::{
-    AdaptiveLease, ConfigStore, HybridLimiter, LeaseRequest, LeaseStore, MemoryStore, NodeLease,
-    Quota, TokioClock,
-};
+use ratelease::{AdaptiveLease, ConfigStore, HybridLimiter, MemoryStore, Quota, TokioClock};
 use wrapped::Wrapped;
 
 /// One run: per-millisecond admissions of the whole fleet, and store calls made.
@@ -160,61 +157,4 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
         0,
         "leases given back at expiry"
     );
-}
-
-/// 150 nodes of a surge each take (or renew) a one-second lease of `name`.
-async fn surge(store: &MemoryStore, name: &str, quota: &Quota) {
-    for id in 0..150 {
-        let node = NodeLease {
-            id: 1_000_000 + id,
-            held: 0,
-            demand_mtps: 1_000,
-            horizon: Duration::from_millis(100),
-            ttl: Duration::from_secs(1),
-            rate_mtps: 0,
-        };
-        let request = LeaseRequest::new(1, 1).by(node);
-        store.lease(name, quota, &request).await.unwrap();
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_node_leases_a_rate_again_once_a_surge_of_leasers_has_passed() {
-    // A tight burst, where a fleet of at most 100 leases rates by default. 150 other leasers
-    // (a surge, its leases renewed every second for five seconds) make the fleet too large
-    // for that; once they are gone and the count has stayed small for one to two minutes, the
-    // node leases a rate again.
-    let store = MemoryStore::with_clock(TokioClock::new());
-    let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
-    surge(&store, "surge", &quota).await;
-    let limiter = HybridLimiter::builder("surge", quota, store.clone())
-        .seed(1)
-        .build()
-        .unwrap();
-    // 1 500/s of demand for 150 s.
-    for ms in (0..150_000u64).step_by(2) {
-        if ms < 5_000 && ms % 1_000 == 0 {
-            surge(&store, "surge", &quota).await;
-        }
-        for _ in 0..3 {
-            let _ = limiter.try_acquire(1);
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        if ms == 3_000 {
-            let during = limiter.stats();
-            assert!(during.tokens_leased > 0, "{during:?}");
-            assert_eq!(during.rate_mtps, 0, "a rate in a fleet of 151: {during:?}");
-        }
-        if ms == 100_000 {
-            // The surge is gone but was heard in the window before this one: tokens still.
-            let within = limiter.stats();
-            assert_eq!(within.rate_mtps, 0, "{within:?}");
-            assert_eq!(within.tokens_dripped, 0, "{within:?}");
-        }
-    }
-    // Two windows on, the node has heard only itself: a rate, and tokens dripped from it.
-    let after = limiter.stats();
-    assert!(after.rate_mtps > 0, "no rate after the surge: {after:?}");
-    assert!(after.tokens_dripped > 0, "{after:?}");
-    limiter.shutdown().await;
 }

@@ -11,7 +11,6 @@ use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::drip::Drip;
-use crate::lease::fleet::FleetSize;
 use crate::lease::policy::{CallContext, LeaseContext, LeaseTerms};
 use crate::lease::rate_ask::rate_ask;
 use crate::lease::refill::Wake;
@@ -41,7 +40,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         recent: RecentRate::new(),
         share: None,
         leasers: 0,
-        fleet: FleetSize::new(Instant::now()),
+        fleet: 0,
         fallback_share_mtps: 0,
         release_seq: 0,
         expires: None,
@@ -110,11 +109,12 @@ struct Task {
     share: Option<f64>,
     /// Nodes holding a lease, as the store last reported (0: not known).
     leasers: u64,
-    /// The most nodes the store has reported holding a lease: ever, for deciding per request
-    /// (`LeaseContext::fleet`; a fleet that shrank, or doubled for a rolling restart's
-    /// overlap, keeps deciding per request where its old size would have: exact decisions,
-    /// the safe side), and lately, for leasing a rate by default (`CallContext::fleet`).
-    fleet: FleetSize,
+    /// The most nodes the store has reported holding a lease (see `LeaseContext::fleet`). It
+    /// never falls: nodes that decide per request are not counted, so a count that fell
+    /// would let them leave the regime a few at a time. A fleet that shrank (or doubled for
+    /// a rolling restart's overlap) keeps deciding per request where its old size would
+    /// have: exact decisions, the safe side.
+    fleet: u64,
     /// The last non-zero share, millitokens per second, that the fallback of
     /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).
     fallback_share_mtps: u64,
@@ -263,7 +263,7 @@ impl Task {
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
         let call = CallContext::new(self.quota, self.share)
             .with_leasers(self.leasers)
-            .with_fleet(self.fleet.lately(Instant::now()));
+            .with_fleet(self.fleet);
         self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
     }
 
@@ -464,7 +464,7 @@ impl Task {
             rate_held: self.drip.per_second(),
             horizon: self.call_terms(s).map(|t| t.horizon),
             leasers: self.leasers,
-            fleet: self.fleet.ever(),
+            fleet: self.fleet,
         }
     }
 
@@ -593,7 +593,7 @@ impl Task {
             }
             self.share = Some(reply.share_mtps as f64 / 1_000.0);
             self.leasers = reply.leasers;
-            self.fleet.observe(reply.leasers, Instant::now());
+            self.fleet = self.fleet.max(reply.leasers);
             if let (true, Some(local)) = (s.failure.learns_share(), &s.fallback) {
                 // The fallback follows the last non-zero share (0: no demand reported, nothing
                 // learnt).

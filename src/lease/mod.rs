@@ -8,7 +8,6 @@
 //!   handshake that makes sure no request is lost while the task works.
 //! - [`policy`]: how much to lease, when, and on what terms ([`LeasePolicy`](policy::LeasePolicy)).
 //! - [`demand`]: the node's measured demand, reported to the store so fair shares follow it.
-//! - [`fleet`]: the fleet's size as the store reports it to a node, ever and lately.
 //! - [`rate_ask`]: whether a node asks for a rate lease, and how the rate shapes its token lease.
 //! - [`drip`]: what a rate lease earns, added to the local bucket by the node between calls.
 //!
@@ -16,7 +15,6 @@
 
 pub(crate) mod demand;
 pub(crate) mod drip;
-pub(crate) mod fleet;
 pub(crate) mod local;
 pub(crate) mod policy;
 pub(crate) mod rate_ask;

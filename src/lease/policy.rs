@@ -62,11 +62,8 @@ pub struct CallContext {
     /// Nodes holding a lease on the bucket, as the store last reported
     /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
     pub leasers: u64,
-    /// The most nodes the store has reported holding a lease lately (0: none in that time):
-    /// within the last one to two minutes, where [`LeaseContext::fleet`] counts since the
-    /// node started. It decides whether a node leases a rate by default
-    /// ([`AdaptiveLease::rate_leases`]), which does not move the count (a rated node holds a
-    /// lease), so a fleet that shrank gets its rate leases back.
+    /// The most nodes the store has reported holding a lease since this node started (0:
+    /// none yet; see [`LeaseContext::fleet`]).
     pub fleet: u64,
 }
 
@@ -89,7 +86,7 @@ impl CallContext {
     }
 
     /// The same context, with a fleet of `fleet` nodes: the most the store has reported
-    /// holding a lease lately (never below `leasers`).
+    /// holding a lease (never below `leasers`).
     pub fn with_fleet(mut self, fleet: u64) -> Self {
         self.fleet = fleet.max(self.leasers);
         self
@@ -313,16 +310,16 @@ impl AdaptiveLease {
     ///
     /// Default: automatic — on where the burst is **tight** (it fills in under a quarter of a
     /// second of the rate, so token leases would last under 83 ms) in a fleet of at most 100
-    /// nodes (the most the store has reported holding leases lately: [`CallContext::fleet`]); off
+    /// nodes (the most the store has reported holding leases: [`CallContext::fleet`]); off
     /// otherwise. There rate leases cost a quarter of a point of utilization or less for 2–30
     /// times fewer store calls (a burst of rate / 20 shared by 10 nodes: 0.6 % of pure mode's
     /// calls where token leases make 18 %); with a burst of a second they save little (10
     /// nodes: even), and in a larger fleet they cost more than they save (1 000 nodes: about
     /// a point of utilization and 0.02–0.08 of the first second for 36–40 % fewer calls;
     /// SIMULATIONS.md, "Rate leases by default for tight bursts"). The fleet is the most
-    /// leasers a node has heard of in the last one to two minutes: one that saw more than
-    /// 100 (a surge, a rolling restart's overlap) leases tokens until the count has stayed at
-    /// 100 or fewer that long. Like every lease on terms, they need the token bucket.
+    /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
+    /// rolling restart's overlap) leases tokens from then on. Like every lease on terms, they
+    /// need the token bucket.
     ///
     /// What a rated node does not call for, it learns late: a change of the stored config
     /// reaches it at its renewal, at most half a ttl away (its old rate is its own until
@@ -538,7 +535,7 @@ const ROOM_PER_LEASER: f64 = 4.0;
 /// store calls a second or more (see [`AdaptiveLease::rate_leases`]).
 const AUTO_RATE_FILL: Duration = Duration::from_millis(250);
 
-/// The largest fleet (the most leasers the store has reported to a node lately) in which
+/// The largest fleet (the most leasers the store has reported to a node) in which
 /// [`AdaptiveLease`] leases a rate by default: with 10–100 nodes rate leases cost a tight burst
 /// at most a quarter of a point of utilization; with 300, 0.4–0.9 points; with 1 000, a
 /// point (SIMULATIONS.md, "Rate leases by default for tight bursts").
