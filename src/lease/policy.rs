@@ -318,8 +318,10 @@ impl AdaptiveLease {
     /// a point of utilization and 0.02–0.08 of the first second for 36–40 % fewer calls;
     /// SIMULATIONS.md, "Rate leases by default for tight bursts"). The fleet is the most
     /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
-    /// rolling restart's overlap) leases tokens from then on. Like every lease on terms, they
-    /// need the token bucket.
+    /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
+    /// holding a lease, so a recent count reads a large fleet of mostly idle nodes as small;
+    /// rate leases there cost 5 points of utilization: SIMULATIONS.md, "Tried: the fleet
+    /// counted lately".) Like every lease on terms, they need the token bucket.
     ///
     /// What a rated node does not call for, it learns late: a change of the stored config
     /// reaches it at its renewal, at most half a ttl away (its old rate is its own until
