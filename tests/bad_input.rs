@@ -943,6 +943,18 @@ struct EdgeField {
     optional: bool,
 }
 
+impl EdgeField {
+    /// The nearest double above the range: `hi + 1`, but 2^53 + 2 past 2^53 (2^53 + 1 is no
+    /// double).
+    fn past(&self) -> f64 {
+        if self.hi >= 9_007_199_254_740_992.0 {
+            self.hi + 2.0
+        } else {
+            self.hi + 1.0
+        }
+    }
+}
+
 /// Each number of a node's token-bucket call is checked at the edges of its documented range,
 /// in the text protocol and packed: one at a time is set to each edge and just past it, to a
 /// fraction, ±0, NaN, ±infinity and (text) junk, the others valid. The call runs exactly when
@@ -988,12 +1000,7 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
     let mut case = 0;
     let (mut ran, mut refused) = (0, 0);
     for f in &fields {
-        // Just past the top: 2^53 + 1 is no double, so past 2^53 is 2^53 + 2.
-        let past = if f.hi == MAX_TIME {
-            f.hi + 2.0
-        } else {
-            f.hi + 1.0
-        };
+        let past = f.past();
         let mut values = vec![
             (f.lo - 1.0, format!("{:.0}", f.lo - 1.0)),
             (f.lo, format!("{:.0}", f.lo)),
@@ -1068,14 +1075,7 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
     let mut pairs = 0;
     for (i, first) in fields.iter().enumerate() {
         for second in fields[i + 1..].iter().filter(|f| f.lease == first.lease) {
-            let past = |f: &EdgeField| {
-                let v = if f.hi == MAX_TIME {
-                    f.hi + 2.0
-                } else {
-                    f.hi + 1.0
-                };
-                (f.place, v, format!("{v:.0}"))
-            };
+            let past = |f: &EdgeField| (f.place, f.past(), format!("{:.0}", f.past()));
             let (a, b) = (past(first), past(second));
             for packed in [false, true] {
                 case += 1;
