@@ -436,11 +436,6 @@ scale, inc, cap = q.scale, q.inc, q.cap
 -- less this. Set when the bucket is loaded (never on the pure-mode decision above: no leasers).
 local res = 0
 
--- Units per µs left to a bucket under quota `p` while `res` is held by leasers (0 or less: none).
-local function unreserved(p)
-  return p.inc - res * p.scale / 1e9
-end
-
 -- Microseconds until a bucket under quota `p` gains `units` while `res` is held by leasers, but
 -- never more than RESERVED_RETRY_US beyond the time at the whole rate.
 --
@@ -456,12 +451,16 @@ local function fill_time(p, units)
   -- could sleep through that.
   local RESERVED_RETRY_US = 100000
   local most = ceil_div(units, p.inc) + RESERVED_RETRY_US
-  local eff = unreserved(p)
+  -- Units per µs left to the bucket (0 or less: none), written out here and in `refill`: as a
+  -- function it cost more to build and call than its arithmetic (see the note above).
+  local eff = p.inc - res * p.scale / 1e9
   if eff <= 0 then return most end
   return math.min(math.ceil(units / eff), most)
 end
 
--- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0.
+-- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0. (Under
+-- the call's quota, on a lease's path, written out as `mmax(0, cap - out * scale)`: a
+-- function call costs Redis's Lua more than its arithmetic, see `fill_time`.)
 local function ceiling(p, o)
   return mmax(0, p.cap - o * p.scale)
 end
@@ -566,7 +565,8 @@ local function refill(p, to)
       if res == 0 then
         if dt >= ceil_div(room, p.inc) then level = level + room else level = level + dt * p.inc end
       else
-        local eff = unreserved(p)
+        -- (Units per µs left to the bucket, as in `fill_time`.)
+        local eff = p.inc - res * p.scale / 1e9
         if eff > 0 then
           if dt >= math.ceil(room / eff) then
             level = level + room
@@ -792,7 +792,7 @@ elseif op == 'lease' and node == '' then
 elseif op == 'lease' then
   -- Whether the bucket sits at its ceiling (its refill lost) before this call reports what the
   -- node spent: a rate lease may then take beyond the share (below).
-  local at_ceiling = level >= ceiling(q, out)
+  local at_ceiling = level >= mmax(0, cap - out * scale)
   local r = parse(own_raw)
   local fresh = r == nil
   if fresh then r = { o = 0, d = 0, c = 0, tc = now, exp = 0, rseq = 0, rt = 0 } end
@@ -841,7 +841,9 @@ elseif op == 'lease' then
   -- a call for nothing. A refused node is still told when its whole step is there: coming back
   -- for seven eighths would serve it smaller steps, more often, than first-come takers of the
   -- level above the reserve.
-  local enough = mmax(min, floor_tokens - floor_div(floor_tokens + 7, 8))
+  -- (Divided by a power of two, an integer below 2^53 is exact in a double, so `mfloor` of it
+  -- is the exact quotient: no `floor_div`, whose call costs more than the division.)
+  local enough = mmax(min, floor_tokens - mfloor((floor_tokens + 7) / 8))
   if avail >= enough then
     granted = mmin(want, avail)
     level = level - granted * scale
@@ -856,13 +858,13 @@ elseif op == 'lease' then
   end
   -- A quarter horizon: the step a rate lease drips in, and the least a retry waits for tokens
   -- that come back only as other nodes report what they spent.
-  local step = floor_div(horizon, 4)
+  local step = mfloor(horizon / 4)
   -- A rate lease, if asked for: at most its share (any rate while the bucket sat at its
   -- ceiling: what no leaser holds would only be lost), the rate no other leaser holds, and what
   -- its counted tokens can carry (two steps' worth of them).
   if want_rate and want_rate > 0 and step > 0 then
     local fleet = mmin(mfloor(rate * 1e9 / period), MAX)
-    local fits = mfloor(floor_div(r.o, 2) * 1e9 / step)
+    local fits = mfloor(mfloor(r.o / 2) * 1e9 / step)
     local most = share
     -- Anonymous demand counts in the share of the rate a lease may hold (not in its credit):
     -- what it asked for in the last whole window, or in this one if more, as millitokens per
@@ -890,7 +892,7 @@ elseif op == 'lease' then
   -- the refill), first come first served once it holds `need` above it. Below the reserve
   -- that second way is a mirage: other nodes drain the bucket long before it gets there.
   -- (The bucket's ceiling, as it stays for the rest of this call: `out` is final here.)
-  local top = ceiling(q, out)
+  local top = mmax(0, cap - out * scale)
   local short = need * scale + hold - level
   if short > 0 then
     retry = fill_time(q, short)
@@ -938,7 +940,15 @@ elseif op == 'lease' then
     meta_dirty = true
   end
   record = encode(r)
-  added = redis.call('ZADD', KEYS[3], int_str(r.exp), node)
+  -- The expiry as the score's text with every digit, written out here, in the call a fleet
+  -- makes most (`int_str` costs a function call and a '%.0f': 2 600 instructions more): its
+  -- hundred-millions, then the rest as eight digits with their zeros, each a C long even on
+  -- 32-bit builds (below 2^27 and 10^8). `exp / 1e8` never rounds up to the next integer (the
+  -- quotient lies at least 1e-8 below it, and below 2^27 a double rounds by at most 0.75e-8),
+  -- so the rest is in 0 ..= 10^8 - 1. A score with leading zeros (an explicit time below 10^8)
+  -- reads as the same number.
+  local hi = mfloor(r.exp / 1e8)
+  added = redis.call('ZADD', KEYS[3], string.format('%d%08d', hi, r.exp - hi * 1e8), node)
   if count then count = count + added end
   if r.exp < earliest then
     earliest = r.exp
@@ -962,7 +972,7 @@ else
   end
 end
 
-local reset = fill_time(q, ceiling(q, out) - level)
+local reset = fill_time(q, mmax(0, cap - out * scale) - level)
 -- The latest lease expiry on record (0 if none): read back if a record may have gone.
 if latest == nil or forgot then
   latest = 0

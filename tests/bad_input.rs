@@ -831,32 +831,44 @@ fn a_lease_at_the_end_of_time_still_sets_a_valid_expiry() {
 /// Numbers the script writes as text keep every digit: a lease's expiry near the end of
 /// representable time (above 10^15 µs, where Redis's own number-to-text conversion rounds to 14
 /// digits) is stored in the expiry index exactly, and an expiry index entry, read back as an
-/// integer, is the time of the call plus the lease's TTL.
+/// integer, is the time of the call plus the lease's TTL. The script writes an expiry as its
+/// hundred-millions and the rest (eight digits with their zeros), so the cases include both
+/// sides of a multiple of 10^8, an expiry below 10^8 and 2^53 itself.
 #[test]
 fn the_scripts_write_large_integers_with_every_digit() {
     let server = RedisServer::start();
     let mut con = server.connection();
-    let key = "digits{k}";
-    // now = 2^53 - 1 234 567 µs, TTL 1 000 001 µs: their sum, 9 007 199 254 506 426, is far
-    // from any number of 14 significant digits.
-    let now: u64 = (1u64 << 53) - 1_234_567;
-    let ttl: u64 = 1_000_001;
-    let (now_arg, ttl_arg) = (now.to_string(), ttl.to_string());
-    let args: Vec<String> = [
-        "lease", "1000", "1000000", "10", "10", "1", &now_arg, "n0", "0", "1000", "100000",
-        &ttl_arg,
-    ]
-    .map(String::from)
-    .to_vec();
-    let reply = eval(&mut con, key, &args).unwrap();
-    assert_eq!(reply[0], 10, "{reply:?}");
-    let score: String = redis::cmd("ZSCORE")
-        .arg(format!("{key}:expiry"))
-        .arg("n0")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(score, (now + ttl).to_string());
-    assert!(state_is_valid(&mut con, key));
+    let max: u64 = 1 << 53;
+    // (now, ttl); the first sum, 9 007 199 254 506 426, is far from any number of 14
+    // significant digits.
+    let cases: [(u64, u64); 7] = [
+        (max - 1_234_567, 1_000_001),
+        (0, 1_234),
+        (0, 99_999_999),
+        (1, 99_999_999),
+        (9_007_199_199_999_999 - 1_000_001, 1_000_001),
+        (9_007_199_200_000_000 - 1_000_001, 1_000_001),
+        (max - 1_000_001, 1_000_001),
+    ];
+    for (i, (now, ttl)) in cases.into_iter().enumerate() {
+        let key = format!("digits{i}{{k}}");
+        let (now_arg, ttl_arg) = (now.to_string(), ttl.to_string());
+        let args: Vec<String> = [
+            "lease", "1000", "1000000", "10", "10", "1", &now_arg, "n0", "0", "1000", "100000",
+            &ttl_arg,
+        ]
+        .map(String::from)
+        .to_vec();
+        let reply = eval(&mut con, &key, &args).unwrap();
+        assert_eq!(reply[0], 10, "{reply:?}");
+        let score: String = redis::cmd("ZSCORE")
+            .arg(format!("{key}:expiry"))
+            .arg("n0")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(score, (now + ttl).to_string(), "now {now}, ttl {ttl}");
+        assert!(state_is_valid(&mut con, &key));
+    }
 }
 
 /// One number of a token-bucket call set to `value` (`text` in the text protocol), the rest
