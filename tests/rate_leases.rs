@@ -158,3 +158,65 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
         "leases given back at expiry"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() {
+    // Two nodes under a tight burst, each asked for 1 500/s: both come to hold rates. Then one
+    // stops. The rate it held is refill the fleet could spend: it must end within a tenth of a
+    // second (a few expected gaps between requests, at least a review), not decay renewal by
+    // renewal as the demand estimate falls. The busy node's rate never ends meanwhile.
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
+    let fleet: Vec<_> = (0..2u64)
+        .map(|i| {
+            HybridLimiter::builder("quiet", quota, store.clone())
+                .policy(AdaptiveLease::new().rate_leases(true))
+                .seed(i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let (quiet, busy) = (&fleet[0], &fleet[1]);
+    let mut busy_rated_since = None;
+    for ms in 0..3_000u64 {
+        for limiter in &fleet {
+            // 1 500/s: two requests in odd milliseconds, one in even ones.
+            for _ in 0..1 + ms % 2 {
+                let _ = limiter.try_acquire(1);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if busy.stats().rate_mtps > 0 {
+            busy_rated_since.get_or_insert(ms);
+        } else if let Some(since) = busy_rated_since {
+            panic!("the busy node's rate ended at {ms} ms (held since {since} ms)");
+        }
+    }
+    assert!(
+        quiet.stats().rate_mtps > 0,
+        "the node to go quiet holds no rate"
+    );
+    let calls_before = quiet.stats().leases;
+    let mut ended_after = None;
+    for ms in 0..1_000u64 {
+        for _ in 0..1 + ms % 2 {
+            let _ = busy.try_acquire(1);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if quiet.stats().rate_mtps == 0 {
+            ended_after.get_or_insert(ms);
+        }
+        assert!(
+            busy.stats().rate_mtps > 0,
+            "the busy node's rate ended at {ms} ms"
+        );
+    }
+    let ended_after = ended_after.expect("the quiet node's rate never ended");
+    assert!(
+        ended_after < 100,
+        "the quiet node's rate ended {ended_after} ms after its last request"
+    );
+    // One call ended it (and the give-back of its tokens, later, one more at most).
+    let calls = quiet.stats().leases - calls_before;
+    assert!(calls <= 2, "{calls} lease calls after going quiet");
+}

@@ -65,7 +65,10 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         task.expire(&s, now).await;
         task.trim(&s, now).await;
         task.add_drip(&s, now);
-        let renew = task.renew_due().is_some_and(|at| now >= at);
+        let renew = [task.renew_due(), task.quiet_due()]
+            .into_iter()
+            .flatten()
+            .any(|at| now >= at);
         if !s.signal.is_requested() && !renew {
             task.give_back_if_idle(&s, now).await;
             continue;
@@ -191,10 +194,15 @@ impl Task {
         // The rate lease's drips, full bucket or not (callers spend it without waking the
         // task, and a drip covers one step at most), and its renewal; the next look at the
         // demand while misses are decisions in the store.
-        let rate = [self.drip.due(), self.renew_due(), self.per_request_review]
-            .into_iter()
-            .flatten()
-            .min();
+        let rate = [
+            self.drip.due(),
+            self.renew_due(),
+            self.quiet_due(),
+            self.per_request_review,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         if local == 0 {
             // Nothing to expire or give back; a caller's denial wakes the task too.
             return rate;
@@ -289,7 +297,14 @@ impl Task {
         }
         while let Some(due) = self.drip.due().filter(|&due| due < deadline) {
             tokio::time::sleep_until(due).await;
-            self.add_drip(s, Instant::now());
+            let now = Instant::now();
+            self.add_drip(s, now);
+            // A node gone quiet ends its rate now, not at the renewal (see `quiet_at`). (Looked
+            // for without a sample: the estimate is sampled where it always was.)
+            self.demand.note(now, Self::demanded(s));
+            if self.quiet_due().is_some_and(|at| now >= at) {
+                return;
+            }
         }
         tokio::time::sleep_until(deadline).await;
         self.add_drip(s, Instant::now());
@@ -504,8 +519,9 @@ impl Task {
         let at_send = ctx.local;
         let mut ask = s.policy.ask(&ctx);
         let terms = self.call_terms(s);
+        // A node gone quiet asks for no rate (see `quiet_at`).
         let rate = terms
-            .filter(|t| t.rate_leases)
+            .filter(|t| t.rate_leases && self.quiet_at().is_none_or(|at| paused < at))
             .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));
         let (rate_ask, capacity) = match rate {
             Some(r) => {

@@ -26,6 +26,8 @@ pub(crate) struct DemandEstimator {
     sampled: bool,
     last_at: Instant,
     last_count: u64,
+    /// The running total as last seen, by a sample or by [`note`](Self::note).
+    seen: u64,
     last_change: Instant,
     /// When demand was first seen (again, after a restart of the warm-up; `None` before).
     first_at: Option<Instant>,
@@ -40,6 +42,7 @@ impl DemandEstimator {
             sampled: false,
             last_at: now,
             last_count: 0,
+            seen: 0,
             last_change: now,
             first_at: None,
         }
@@ -55,10 +58,7 @@ impl DemandEstimator {
 
     /// Feeds the running total of demanded tokens; returns the estimate in tokens per second.
     pub(crate) fn observe(&mut self, now: Instant, count: u64) -> f64 {
-        if count != self.last_count {
-            self.last_change = now;
-            self.first_at.get_or_insert(now);
-        }
+        self.note(now, count);
         let dt = now.saturating_duration_since(self.last_at);
         if dt < MIN_SAMPLE {
             return self.rate;
@@ -74,6 +74,20 @@ impl DemandEstimator {
         self.last_at = now;
         self.last_count = count;
         self.rate
+    }
+
+    /// Feeds the running total without taking a sample: only [`last_change`] (and
+    /// [`first_at`]) follow it, so a caller may look for demand more often than the estimate
+    /// is sampled and leave the estimate as it was.
+    ///
+    /// [`last_change`]: Self::last_change
+    /// [`first_at`]: Self::first_at
+    pub(crate) fn note(&mut self, now: Instant, count: u64) {
+        if count != self.seen {
+            self.seen = count;
+            self.last_change = now;
+            self.first_at.get_or_insert(now);
+        }
     }
 
     /// Starts timing the estimate's warm-up again from the next demand (see [`first_at`]).
@@ -230,6 +244,33 @@ mod tests {
             "{before} -> {after}"
         );
         assert_eq!(e.last_change(), t0 + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_note_moves_the_last_change_on_new_demand_only_and_takes_no_sample() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut e = DemandEstimator::new(ms(300), t0);
+        e.observe(t0 + ms(100), 100);
+        let rate = e.rate();
+        // New demand between samples: the last change follows it, the estimate does not.
+        e.note(t0 + ms(110), 120);
+        assert_eq!(e.last_change(), t0 + ms(110));
+        assert_eq!(e.rate(), rate);
+        // Looks that find no more demand leave it where it was, noted or sampled.
+        e.note(t0 + ms(150), 120);
+        e.observe(t0 + ms(200), 120);
+        assert_eq!(e.last_change(), t0 + ms(110));
+        // The sample after the note still counts the noted demand: 20 tokens in 100 ms.
+        let alpha = 1.0 - (-100.0f64 / 300.0).exp();
+        let expected = rate + alpha * (200.0 - rate);
+        assert!(
+            (e.rate() - expected).abs() < 1e-6,
+            "{} not {expected}",
+            e.rate()
+        );
+        e.observe(t0 + ms(210), 121);
+        assert_eq!(e.last_change(), t0 + ms(210));
     }
 
     #[test]

@@ -89,6 +89,36 @@ impl Task {
         }
         Some(renew)
     }
+
+    /// When the rate lease ends because its node went quiet (see [`quiet_at`](Self::quiet_at)),
+    /// unless demand comes before: the task looks then. `None` without a rate lease.
+    pub(super) fn quiet_due(&self) -> Option<Instant> {
+        if self.drip.rate_mtps() == 0 {
+            return None;
+        }
+        self.quiet_at()
+    }
+
+    /// When this node counts as gone quiet: no demand for [`QUIET_GAPS`] expected gaps between
+    /// its requests (at its demand estimate, which lags a fall, so the gaps are short when it
+    /// has just stopped), and at least a review. Its rate lease ends then: the task looks at
+    /// that time (`quiet_due`, and between drips while it waits: `Task::pause`) and asks for no
+    /// rate (`Task::lease`). A rate held by a node whose demand stopped is refill no one spends,
+    /// and the renewals alone would end it only as the estimate decays, halving it each time
+    /// (on a fleet whose nodes are busy one second in twenty, rate leases admitted half of
+    /// what they may). A node quiet for longer gives its tokens back too (`idle_at`); one
+    /// asked a few times a second reaches that first.
+    /// `None` without terms (no leases on terms, no rate).
+    pub(super) fn quiet_at(&self) -> Option<Instant> {
+        let terms = self.terms?;
+        let rate = self.demand.rate();
+        let gaps = if rate > 0.0 {
+            Duration::from_secs_f64(QUIET_GAPS / rate)
+        } else {
+            Duration::ZERO
+        };
+        Some(self.demand.last_change() + gaps.max(review_after(terms.horizon)))
+    }
 }
 
 /// Puts `add` tokens a rate lease earned into the local bucket, counted as leased and dripped.
@@ -99,3 +129,9 @@ fn dripped<S>(s: &Shared<S>, add: u64) {
         s.counters.tokens_dripped.fetch_add(add, Ordering::Relaxed);
     }
 }
+
+/// How many expected gaps between a node's requests without one make it quiet. On Poisson
+/// traffic a gap that long comes once in e^20 (5 × 10^8) gaps: a node asked 1 000 times a second
+/// reads as quiet by chance about once in six days. Eight gaps (once in 3 000) ended busy
+/// nodes' rates every few seconds in the tight-burst scenario.
+const QUIET_GAPS: f64 = 20.0;
