@@ -320,8 +320,11 @@ impl AdaptiveLease {
     /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
     /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
     /// holding a lease, so a recent count reads a large fleet of mostly idle nodes as small;
-    /// rate leases there cost 5 points of utilization: SIMULATIONS.md, "Tried: the fleet
-    /// counted lately".) Like every lease on terms, they need the token bucket.
+    /// rate leases there admit 0.92 of the budget where token leases admit 0.997:
+    /// SIMULATIONS.md, "sparse-tight-fleet".) A rate ends when its node goes quiet (no
+    /// request for twenty expected gaps, and for at least a quarter horizon held between 10
+    /// and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
+    /// token bucket.
     ///
     /// What a rated node does not call for, it learns late: a change of the stored config
     /// reaches it at its renewal, at most half a ttl away (its old rate is its own until

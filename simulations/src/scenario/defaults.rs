@@ -26,14 +26,15 @@ pub(super) fn default_rtt_us() -> f64 {
 /// Since then the scripts were cut by more than such timings can see (±20 % between runs on
 /// that machine), so these are the timed values scaled by the instructions Redis counts per
 /// call before and after (`scripts/script-instructions.sh`): a pure decision 16.5 µs ×
-/// 100 036 / 121 490, a node lease 31.5 µs × 213 629 / 277 716 and a release 25.9 µs ×
-/// 172 614 / 215 933 (arguments checked written out; 13.9, 26.7 and 22.7 µs before, and
-/// before packed node calls 27.9 and 23.2 µs). Timed in alternated pairs, an earlier cut of
+/// 99 139 / 121 490, a node lease 31.5 µs × 207 374 / 277 716 and a release 25.9 µs ×
+/// 170 265 / 215 933 (a lease without its tiny function calls; 13.6, 24.2 and 20.7 µs before,
+/// 13.9, 26.7 and 22.7 before the arguments were checked written out, and before packed node
+/// calls 27.9 and 23.2 µs). Timed in alternated pairs, an earlier cut of
 /// the node lease read 0.86× the Redis CPU per call against the 0.88× counted.
 pub const MEASURED_SERVICE_US: ServiceUs = ServiceUs {
-    lease: 24.2,
-    pure: 13.6,
-    release: 20.7,
+    lease: 23.5,
+    pure: 13.5,
+    release: 20.4,
     command: 5.0,
 };
 
