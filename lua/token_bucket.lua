@@ -459,8 +459,9 @@ local function fill_time(p, units)
 end
 
 -- The highest level the bucket may reach under quota `p`: capacity − outstanding, ≥ 0. (Under
--- the call's quota, on a lease's path, written out as `mmax(0, cap - out * scale)`: a
--- function call costs Redis's Lua more than its arithmetic, see `fill_time`.)
+-- the call's quota, where a node's lease needs it and for every call's reset, written out as
+-- `mmax(0, cap - out * scale)`: a function call costs Redis's Lua more than its arithmetic,
+-- see `fill_time`.)
 local function ceiling(p, o)
   return mmax(0, p.cap - o * p.scale)
 end

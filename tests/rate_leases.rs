@@ -159,12 +159,12 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() {
-    // Two nodes under a tight burst, each asked for 1 500/s: both come to hold rates. Then one
-    // stops. The rate it held is refill the fleet could spend: it must end within a tenth of a
-    // second (a few expected gaps between requests, at least a review), not decay renewal by
-    // renewal as the demand estimate falls. The busy node's rate never ends meanwhile.
+/// Two nodes under a tight burst with rate leases; the first is asked `quiet_per_s` times a
+/// second, the second 1 500, for three seconds; then the first stops. Returns when the first's
+/// rate ended (ms after its last request) and its lease calls and releases by then, after
+/// checking that both held rates, that the busy node's rate never ended, and that it grew
+/// once the quiet node's was free.
+async fn quiet_node(quiet_per_s: u64) -> (u64, u64, u64) {
     let store = MemoryStore::with_clock(TokioClock::new());
     let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
     let fleet: Vec<_> = (0..2u64)
@@ -177,13 +177,17 @@ async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() 
         })
         .collect();
     let (quiet, busy) = (&fleet[0], &fleet[1]);
+    // Requests in millisecond `ms`: 1 500/s for the busy node (two in odd milliseconds, one in
+    // even ones), `quiet_per_s` spread evenly for the other.
+    let busy_at = |ms: u64| 1 + ms % 2;
+    let quiet_at = |ms: u64| (ms + 1) * quiet_per_s / 1_000 - ms * quiet_per_s / 1_000;
     let mut busy_rated_since = None;
     for ms in 0..3_000u64 {
-        for limiter in &fleet {
-            // 1 500/s: two requests in odd milliseconds, one in even ones.
-            for _ in 0..1 + ms % 2 {
-                let _ = limiter.try_acquire(1);
-            }
+        for _ in 0..quiet_at(ms) {
+            let _ = quiet.try_acquire(1);
+        }
+        for _ in 0..busy_at(ms) {
+            let _ = busy.try_acquire(1);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
         if busy.stats().rate_mtps > 0 {
@@ -196,27 +200,55 @@ async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() 
         quiet.stats().rate_mtps > 0,
         "the node to go quiet holds no rate"
     );
-    let calls_before = quiet.stats().leases;
-    let mut ended_after = None;
+    let busy_rate = busy.stats().rate_mtps;
+    let (leases, releases) = (quiet.stats().leases, quiet.stats().releases);
+    let mut ended = None;
     for ms in 0..1_000u64 {
-        for _ in 0..1 + ms % 2 {
+        for _ in 0..busy_at(ms) {
             let _ = busy.try_acquire(1);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
-        if quiet.stats().rate_mtps == 0 {
-            ended_after.get_or_insert(ms);
+        let q = quiet.stats();
+        if q.rate_mtps == 0 && ended.is_none() {
+            ended = Some((ms, q.leases - leases, q.releases - releases));
         }
         assert!(
             busy.stats().rate_mtps > 0,
             "the busy node's rate ended at {ms} ms"
         );
     }
-    let ended_after = ended_after.expect("the quiet node's rate never ended");
+    let ended = ended.expect("the quiet node's rate never ended");
+    // What the quiet node held is the busy node's to take: its rate grew at a renewal.
     assert!(
-        ended_after < 100,
-        "the quiet node's rate ended {ended_after} ms after its last request"
+        busy.stats().rate_mtps > busy_rate,
+        "the busy node's rate stayed at {busy_rate} mtps"
     );
-    // One call ended it (and the give-back of its tokens, later, one more at most).
-    let calls = quiet.stats().leases - calls_before;
-    assert!(calls <= 2, "{calls} lease calls after going quiet");
+    ended
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() {
+    // A node asked 1 500 times a second stops: the rate it held is refill the fleet could
+    // spend. It must end within a tenth of a second (twenty expected gaps, at least a review),
+    // by one lease call, not decay renewal by renewal as the demand estimate falls.
+    let (after, leases, releases) = quiet_node(1_500).await;
+    assert!(
+        after < 100,
+        "the quiet node's rate ended {after} ms after its last request"
+    );
+    assert_eq!((leases, releases), (1, 0), "calls that ended it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slower_node_that_goes_quiet_waits_twenty_gaps_before_its_rate_ends() {
+    // At 100 requests a second twenty expected gaps are 200 ms, which the node must wait
+    // out as its estimate was when its demand stopped (the estimate itself decays meanwhile,
+    // and would stretch the wait past the idle give-back at 500 ms).
+    let (after, leases, _) = quiet_node(100).await;
+    assert!(
+        (150..400).contains(&after),
+        "the quiet node's rate ended {after} ms after its last request"
+    );
+    // (Its estimate halves within those 200 ms, which renews the rate smaller first.)
+    assert!(leases <= 2, "{leases} lease calls before its rate ended");
 }

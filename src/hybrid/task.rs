@@ -519,9 +519,11 @@ impl Task {
         let at_send = ctx.local;
         let mut ask = s.policy.ask(&ctx);
         let terms = self.call_terms(s);
-        // A node gone quiet asks for no rate (see `quiet_at`).
+        // A rated node gone quiet asks for no rate (see `quiet_at`).
+        // (Rated as held before the call: the drip is suspended by now.)
+        let quiet = rated && self.quiet_at().is_some_and(|at| paused >= at);
         let rate = terms
-            .filter(|t| t.rate_leases && self.quiet_at().is_none_or(|at| paused < at))
+            .filter(|t| t.rate_leases && !quiet)
             .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));
         let (rate_ask, capacity) = match rate {
             Some(r) => {
@@ -637,6 +639,13 @@ impl Task {
             Ok(reply) if reply.source == QuotaSource::Absent => {
                 s.recovered();
                 Some(Instant::now() + Unconfigured::RECHECK)
+            }
+            Ok(reply) if quiet && reply.granted == 0 => {
+                // The call that ended a quiet node's rate, with no tokens: not a refusal.
+                // Nothing waits on it, and the node's next demand leases at once.
+                s.recovered();
+                self.backoff.reset();
+                None
             }
             Ok(reply) if reply.granted > 0 || reply.rate_mtps > 0 => {
                 s.recovered();

@@ -29,6 +29,8 @@ pub(crate) struct DemandEstimator {
     /// The running total as last seen, by a sample or by [`note`](Self::note).
     seen: u64,
     last_change: Instant,
+    /// The estimate when the total last changed (see [`rate_at_change`](Self::rate_at_change)).
+    rate_at_change: f64,
     /// When demand was first seen (again, after a restart of the warm-up; `None` before).
     first_at: Option<Instant>,
 }
@@ -44,6 +46,7 @@ impl DemandEstimator {
             last_count: 0,
             seen: 0,
             last_change: now,
+            rate_at_change: 0.0,
             first_at: None,
         }
     }
@@ -73,6 +76,9 @@ impl DemandEstimator {
         }
         self.last_at = now;
         self.last_count = count;
+        if self.last_change == now {
+            self.rate_at_change = self.rate;
+        }
         self.rate
     }
 
@@ -86,6 +92,7 @@ impl DemandEstimator {
         if count != self.seen {
             self.seen = count;
             self.last_change = now;
+            self.rate_at_change = self.rate;
             self.first_at.get_or_insert(now);
         }
     }
@@ -105,6 +112,13 @@ impl DemandEstimator {
     /// When the demanded total last changed.
     pub(crate) fn last_change(&self) -> Instant {
         self.last_change
+    }
+
+    /// The estimate as it was when the demanded total last changed (with the sample taken
+    /// then, if one was): how busy the node was when it last saw demand, which the estimate
+    /// itself forgets as it decays through a quiet spell.
+    pub(crate) fn rate_at_change(&self) -> f64 {
+        self.rate_at_change
     }
 }
 
@@ -269,8 +283,13 @@ mod tests {
             "{} not {expected}",
             e.rate()
         );
+        // The estimate at the last change stays as it was then while the estimate moves.
+        assert_eq!(e.rate_at_change(), rate);
         e.observe(t0 + ms(210), 121);
         assert_eq!(e.last_change(), t0 + ms(210));
+        // A change with a sample: the estimate after it.
+        assert_eq!(e.rate_at_change(), e.rate());
+        assert_ne!(e.rate_at_change(), rate);
     }
 
     #[test]

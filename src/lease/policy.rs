@@ -118,8 +118,8 @@ pub struct LeaseTerms {
     /// Whether each lease also asks to hold a rate (a *rate lease*: the store carves the
     /// node's share out of the shared bucket's refill and the node adds what it earns to its
     /// local bucket itself, renewing it every half ttl — sooner while its demand has been
-    /// measured for less than that), so a node needs a store call per half ttl rather than per
-    /// batch of tokens. A policy may decide it per call ([`LeasePolicy::terms_at`]), as
+    /// measured for less than that, and asking for no rate once its requests stop), so a node
+    /// needs a store call per half ttl rather than per batch of tokens. A policy may decide it per call ([`LeasePolicy::terms_at`]), as
     /// [`AdaptiveLease`] does by default.
     pub rate_leases: bool,
 }

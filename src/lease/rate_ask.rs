@@ -33,9 +33,9 @@
 //! it last gave its lease back for idleness: its estimate warms up again from there (bursty,
 //! rate leases: Jain 0.9966 → 0.9991, min/max acceptance 0.848 → 0.904, 5 more calls in 60 s).
 //!
-//! A rate ends as soon as its node goes quiet: no request for twenty expected gaps at its
-//! demand estimate, and at least a review (the background task's `quiet_at`); the node then
-//! renews asking for no rate. Renewals alone end a rate only as the estimate decays, halving
+//! A rate ends when its node goes quiet: no request for twenty expected gaps at its demand
+//! estimate as it was at its last request, and at least a review (the background task's
+//! `quiet_at`); the node then renews asking for no rate. Renewals alone end a rate only as the estimate decays, halving
 //! it call by call over a second or so, and where demand comes and goes across a fleet that
 //! held rate is refill no one spends: 1 000 nodes each busy one second in twenty admitted
 //! half their budget with rate leases (`sparse-tight-fleet` in SIMULATIONS.md).

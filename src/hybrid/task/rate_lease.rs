@@ -100,20 +100,23 @@ impl Task {
     }
 
     /// When this node counts as gone quiet: no demand for [`QUIET_GAPS`] expected gaps between
-    /// its requests (at its demand estimate, which lags a fall, so the gaps are short when it
-    /// has just stopped), and at least a review. Its rate lease ends then: the task looks at
-    /// that time (`quiet_due`, and between drips while it waits: `Task::pause`) and asks for no
-    /// rate (`Task::lease`). A rate held by a node whose demand stopped is refill no one spends,
+    /// its requests (at its demand estimate as it was at its last demand: the estimate decays
+    /// through the quiet spell, which would stretch the gaps as they are waited out), and at
+    /// least a review; at most its ttl. Its rate lease ends then: the task looks at that time
+    /// (`quiet_due`, and between drips while it waits: `Task::pause`) and asks for no rate
+    /// (`Task::lease`). A rate held by a node whose demand stopped is refill no one spends,
     /// and the renewals alone would end it only as the estimate decays, halving it each time
     /// (on a fleet whose nodes are busy one second in twenty, rate leases admitted half of
-    /// what they may). A node quiet for longer gives its tokens back too (`idle_at`); one
-    /// asked a few times a second reaches that first.
-    /// `None` without terms (no leases on terms, no rate).
+    /// what they may). A node quiet for longer gives its tokens back too (`idle_at`): one
+    /// asked fewer than about 40 times a second (20 gaps over the default `idle_after` of
+    /// 500 ms) reaches that first. `None` without terms (no leases on terms, no rate).
     pub(super) fn quiet_at(&self) -> Option<Instant> {
         let terms = self.terms?;
-        let rate = self.demand.rate();
+        let rate = self.demand.rate_at_change();
+        // (Capped before it becomes a Duration: an estimate decays towards zero, never to it,
+        // and QUIET_GAPS over a subnormal is infinite.)
         let gaps = if rate > 0.0 {
-            Duration::from_secs_f64(QUIET_GAPS / rate)
+            Duration::from_secs_f64((QUIET_GAPS / rate).min(terms.ttl.as_secs_f64()))
         } else {
             Duration::ZERO
         };
