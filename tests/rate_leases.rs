@@ -20,18 +20,24 @@ struct Run {
     rated_nodes: usize,
 }
 
-async fn run(rate_leases: bool) -> Run {
+/// `n` limiters of one name on one in-memory store on tokio's clock, under a tight burst
+/// (2 000/s, burst 100), with rate leases on or off.
+fn tight_fleet(name: &str, n: u64, rate_leases: bool) -> Vec<HybridLimiter<MemoryStore>> {
     let store = MemoryStore::with_clock(TokioClock::new());
     let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
-    let nodes: Vec<_> = (0..6u64)
+    (0..n)
         .map(|i| {
-            HybridLimiter::builder("rate-leases", quota, store.clone())
+            HybridLimiter::builder(name, quota, store.clone())
                 .policy(AdaptiveLease::new().rate_leases(rate_leases))
                 .seed(i)
                 .build()
                 .unwrap()
         })
-        .collect();
+        .collect()
+}
+
+async fn run(rate_leases: bool) -> Run {
+    let nodes = tight_fleet("rate-leases", 6, rate_leases);
     // Zipf-like demand, 4 000/s in all, with Poisson arrivals (a fixed-seed generator).
     let weights: Vec<f64> = (1..=nodes.len()).map(|k| 1.0 / k as f64).collect();
     let total: f64 = weights.iter().sum();
@@ -165,17 +171,7 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
 /// checking that both held rates, that the busy node's rate never ended, and that it grew
 /// once the quiet node's was free.
 async fn quiet_node(quiet_per_s: u64) -> (u64, u64, u64) {
-    let store = MemoryStore::with_clock(TokioClock::new());
-    let quota = Quota::with_parts(2_000, Duration::from_secs(1), 100).unwrap();
-    let fleet: Vec<_> = (0..2u64)
-        .map(|i| {
-            HybridLimiter::builder("quiet", quota, store.clone())
-                .policy(AdaptiveLease::new().rate_leases(true))
-                .seed(i)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let fleet = tight_fleet("quiet", 2, true);
     let (quiet, busy) = (&fleet[0], &fleet[1]);
     // Requests in millisecond `ms`: 1 500/s for the busy node (two in odd milliseconds, one in
     // even ones), `quiet_per_s` spread evenly for the other.

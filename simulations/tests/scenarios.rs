@@ -37,6 +37,7 @@ fn every_shipped_scenario_parses() {
             "scale-out-in",
             "skewed",
             "skewed-small-burst",
+            "sparse-tight-fleet",
             "store-outage",
             "tight-burst",
             "tight-burst-fleet",
