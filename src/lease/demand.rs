@@ -82,11 +82,12 @@ impl DemandEstimator {
         self.rate
     }
 
-    /// Feeds the running total without taking a sample: only [`last_change`] (and
-    /// [`first_at`]) follow it, so a caller may look for demand more often than the estimate
-    /// is sampled and leave the estimate as it was.
+    /// Feeds the running total without taking a sample: only [`last_change`] (with
+    /// [`rate_at_change`]) and [`first_at`] follow it, so a caller may look for demand more
+    /// often than the estimate is sampled and leave the estimate as it was.
     ///
     /// [`last_change`]: Self::last_change
+    /// [`rate_at_change`]: Self::rate_at_change
     /// [`first_at`]: Self::first_at
     pub(crate) fn note(&mut self, now: Instant, count: u64) {
         if count != self.seen {
