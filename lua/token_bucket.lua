@@ -112,7 +112,8 @@
 -- Fairness. A node's share of the rate is proportional to its reported demand (rate × d / D),
 -- which gives every node the same acceptance ratio, as one shared bucket would. Each node has a
 -- credit that accrues at its share (capped at one horizon's worth, or `min` if larger). Tokens above a reserve of
--- half a horizon of the fleet rate are first come, first served; the reserve itself is handed
+-- half a horizon of the fleet rate (at most a quarter of the burst, however long a small share's
+-- horizon is stretched) are first come, first served; the reserve itself is handed
 -- out only against credit. (While the fleet wants more than the rate, credits are drawn as they
 -- accrue and the reserve is never spent: it is burst the fleet cannot use. Half a horizon keeps
 -- shares as fair as a whole one did and gives the rest back.) A node is served only when it can
@@ -830,9 +831,11 @@ elseif op == 'lease' then
   local mine = claim ~= nil and claim.node == node
   local hold = 0
   if claim and not mine then hold = claim.units end
-  -- Above the reserve: first come, first served. The reserve: against credit.
+  -- Above the reserve: first come, first served. The reserve: against credit. It is the fleet's,
+  -- not the caller's: half its horizon of the rate, at most burst / 4 (RESERVE_PARTS in the
+  -- Rust twin), however long a small share's horizon is stretched.
   local whole = floor_div(mmax(0, level - hold), scale)
-  local reserve = mmin(mfloor(rate * horizon / period / 2), burst)
+  local reserve = mmin(mfloor(rate * horizon / period / 2), mfloor(burst / 4))
   local free = mmax(0, whole - reserve)
   local avail = free + mmin(whole - free, floor_div(r.c, scale))
   local floor_tokens = mmin(mfloor(rho * horizon / scale), want, burst)

@@ -41,6 +41,16 @@ pub const MAX_NODE_LEN: usize = 128;
 /// of a second, holding nothing while the rates it waited on were renewed to their shares.
 pub const RESERVED_RETRY_US: u64 = 100_000;
 
+/// The reserve (the lowest tokens of the bucket, handed out only against credit) is half the
+/// caller's horizon of the rate, but never more than the burst over this. A horizon stretched
+/// for a small share (up to half a ttl) set up to the whole burst aside for that caller, so a
+/// node back from idle, whose share is small until its demand is reported, was held to its
+/// credit in a bucket that was full: a fleet of 1 000 nodes busy 2 s in 5 with a burst of half
+/// a second admitted 0.72 of its budget (SIMULATIONS.md, "A reserve for the fleet, not the
+/// caller"). The automatic horizon's reserve (a sixth of the burst at most, half of a third of
+/// the fill time) is under the cap: a sixth cost a 1 000-node start's first second 0.006.
+pub const RESERVE_PARTS: u64 = 4;
+
 /// How long one drip of a rate lease may cover, µs: a quarter of the node's horizon. A node
 /// adds the tokens its rate earned since its last drip, but never for more than this, so
 /// between two drips it can run ahead of a continuous bucket by at most one step's tokens.
@@ -608,8 +618,11 @@ pub fn step_with(
                 _ => 0,
             };
             let whole = level.saturating_sub(hold) / scale;
-            let reserve =
-                ((rate as f64 * horizon / period as f64 / 2.0).floor()).min(burst as f64) as u64;
+            // Half the caller's horizon of the rate, at most a quarter of the burst: the
+            // reserve is the fleet's, not the caller's, and a horizon stretched for a small
+            // share must not set more of the bucket aside.
+            let reserve = ((rate as f64 * horizon / period as f64 / 2.0).floor())
+                .min((burst / RESERVE_PARTS) as f64) as u64;
             let free = whole.saturating_sub(reserve);
             let avail = free + (whole - free).min(r.credit / scale);
             let floor_tokens = (rho * horizon / scale as f64)
@@ -1425,25 +1438,45 @@ mod tests {
 
     #[test]
     fn the_reserve_is_handed_out_against_credit_only() {
-        // 1 000/s, burst 50, horizon 100 ms: the reserve (half a horizon of the rate) is the
-        // whole bucket.
-        let q = Quota::per_second(1_000).unwrap().with_burst(50).unwrap();
+        // 1 000/s, burst 200, horizon 100 ms: the reserve is half a horizon of the rate, 50
+        // tokens (a quarter of the burst, the most it may be).
+        let q = Quota::per_second(1_000).unwrap().with_burst(200).unwrap();
         let mut st = Stored::default();
-        // Alone, a node's credit is the whole reserve.
+        // Alone, "z" takes what is above the reserve, first come, and its credit (a horizon
+        // of the whole rate, at least the reserve) takes the reserve too.
         assert_eq!(
-            node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0).granted,
-            50
+            node_lease(&mut st, &q, "z", 150, 0, 1_000_000, 0).granted,
+            150
         );
-        // Four nodes with equal demand: each may take its credit (a quarter of the rate for a
-        // horizon, 25 tokens), not the bucket.
+        // Three more join, each taking a token of the reserve against its credit.
+        for other in ["b", "c", "d"] {
+            assert_eq!(
+                node_lease(&mut st, &q, other, 1, 0, 1_000_000, 0).granted,
+                1
+            );
+        }
+        // Five nodes with equal demand: "a" may take its credit (a fifth of the rate for a
+        // horizon, 20 tokens), not the 47 left.
+        let a = node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0);
+        assert_eq!(a.granted, 20, "a's credit: {a:?}");
+        let again = node_lease(&mut st, &q, "a", 100, 20, 1_000_000, 0);
+        assert_eq!(again.granted, 0, "no credit left");
+        assert!(again.retry_after_us > 0);
+    }
+
+    #[test]
+    fn the_reserve_is_at_most_a_quarter_of_the_burst() {
+        // 1 000/s, burst 60, horizon 100 ms: half a horizon of the rate would be 50 tokens,
+        // most of the bucket; the reserve is 15 (`burst / RESERVE_PARTS`).
+        let q = Quota::per_second(1_000).unwrap().with_burst(60).unwrap();
         let mut st = Stored::default();
         for other in ["b", "c", "d"] {
             node_lease(&mut st, &q, other, 1, 0, 1_000_000, 0);
         }
+        // "a" (a quarter of the rate: 25 tokens of credit) finds 57: the 42 above the reserve
+        // first come, and the reserve's 15 against its credit. With the reserve at 50 it got
+        // 7 + 25 = 32.
         let a = node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0);
-        assert_eq!(a.granted, 25, "half the reserve: a's credit");
-        let again = node_lease(&mut st, &q, "a", 100, 25, 1_000_000, 0);
-        assert_eq!(again.granted, 0, "no credit left");
-        assert!(again.retry_after_us > 0);
+        assert_eq!(a.granted, 57, "{a:?}");
     }
 }
