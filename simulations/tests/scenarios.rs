@@ -25,6 +25,7 @@ fn every_shipped_scenario_parses() {
         names,
         [
             "bursty",
+            "bursty-fleet",
             "far-store",
             "fixed-window",
             "fleet-start",
