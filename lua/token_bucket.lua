@@ -831,9 +831,9 @@ elseif op == 'lease' then
   local mine = claim ~= nil and claim.node == node
   local hold = 0
   if claim and not mine then hold = claim.units end
-  -- Above the reserve: first come, first served. The reserve: against credit. It is the fleet's,
-  -- not the caller's: half its horizon of the rate, at most burst / 4 (RESERVE_PARTS in the
-  -- Rust twin), however long a small share's horizon is stretched.
+  -- Above the reserve: first come, first served. The reserve: against credit. Half the caller's
+  -- horizon of the rate, at most burst / 4 (RESERVE_PARTS in the Rust twin): bounded for the
+  -- fleet, however long a small share's horizon is stretched.
   local whole = floor_div(mmax(0, level - hold), scale)
   local reserve = mmin(mfloor(rate * horizon / period / 2), mfloor(burst / 4))
   local free = mmax(0, whole - reserve)

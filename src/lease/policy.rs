@@ -108,7 +108,8 @@ pub struct LeaseAsk {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTerms {
     /// How long one lease should last; the store grants about a horizon of the node's share
-    /// and keeps a reserve of half a horizon of the fleet rate for fair sharing.
+    /// and keeps a reserve of half a horizon of the fleet rate (at most a quarter of the
+    /// burst) for fair sharing.
     pub horizon: Duration,
     /// How long a lease is valid. The node stops spending its tokens before then (at 90 %);
     /// the store forgets them at expiry, so a crashed node's tokens are never re-admitted.
