@@ -240,6 +240,39 @@ async fn after_an_outage_a_key_far_from_its_limit_is_not_shed_while_its_leases_r
     assert_eq!((run.admitted, run.shed), (5_000, 0));
 }
 
+/// During an outage a key new to this process is answered by the failure policy at its first
+/// request, as a key seen before is: the default policy (the whole rate per key until a share
+/// is known) admits it. It was denied for want of the key's state, and the layer took that for
+/// the store's refusal: every new client's first request was a 429.
+#[tokio::test(start_paused = true)]
+async fn in_an_outage_a_new_keys_first_request_is_answered_by_the_failure_policy() {
+    let quota = Quota::per_second(10_000).unwrap().with_burst(100).unwrap();
+    let store = slow_store();
+    let keyed = KeyedHybridLimiter::new("http-outage-new", quota, store.clone()).unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(LimitLayer::keyed(keyed.clone(), HeaderKey::new(API_KEY)))
+        .service(counting(Arc::default()));
+    store.failing.store(true, Ordering::SeqCst);
+    for _ in 0..10 {
+        svc.clone().oneshot(as_key("seen")).await.unwrap();
+        if keyed.stats().circuit_open {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(keyed.stats().circuit_open, "{:?}", keyed.stats());
+    let degraded = keyed.stats().tokens_admitted_degraded;
+    for i in 0..8 {
+        let response = svc
+            .clone()
+            .oneshot(as_key(&format!("new-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "new key {i}");
+    }
+    assert_eq!(keyed.stats().tokens_admitted_degraded, degraded + 8);
+}
+
 #[tokio::test]
 async fn a_global_limit_sheds_with_headers_and_its_first_request_waits_for_the_lease() {
     let quota = Quota::per_minute(3).unwrap();

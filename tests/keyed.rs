@@ -396,6 +396,52 @@ async fn a_config_stored_under_a_keys_bucket_name_applies_to_that_key() {
     assert_eq!(admitted, [50, 5]);
 }
 
+/// A key new to this process while the circuit is open gets the policy's answer at its first
+/// request, as a key seen before does: admitted by a local fallback (its own bucket of the
+/// fallback rate), denied failing closed. It was denied for want of the key's state.
+#[tokio::test(start_paused = true)]
+async fn a_new_keys_first_request_in_an_outage_is_the_policys_to_answer() {
+    for (policy, admits) in [
+        (FailurePolicy::local_fallback(4), true),
+        (FailurePolicy::last_known_share(1), true),
+        (FailurePolicy::FailOpen, true),
+        (FailurePolicy::FailClosed, false),
+    ] {
+        let store = Wrapped::new(RTT);
+        let quota = Quota::per_second(1_000).unwrap().with_burst(100).unwrap();
+        let limiter =
+            KeyedHybridLimiter::<String, _>::builder("new-in-outage", quota, store.clone())
+                .on_store_failure(policy)
+                .build()
+                .unwrap();
+        store.failing.store(true, Ordering::SeqCst);
+        let _ = limiter
+            .try_acquire_for("seen", 1, Duration::from_millis(50))
+            .await;
+        assert!(limiter.stats().circuit_open, "{policy:?}");
+        for key in ["a", "b", "c"] {
+            let answer = limiter.try_acquire_local(key, 1).unwrap();
+            if admits {
+                assert_eq!(answer, LocalAnswer::Allowed, "{policy:?}, key {key}");
+            } else {
+                assert!(
+                    matches!(answer, LocalAnswer::Denied { .. }),
+                    "{policy:?}, key {key}: {answer:?}"
+                );
+            }
+        }
+        // A local fallback's rate is the key's own: 25 a key (burst 100 over 4 nodes), then
+        // its refill.
+        if policy == FailurePolicy::local_fallback(4) {
+            let admitted = (0..40)
+                .filter(|_| limiter.try_acquire_local("d", 1).unwrap() == LocalAnswer::Allowed)
+                .count();
+            assert_eq!(admitted, 25);
+        }
+        limiter.shutdown().await;
+    }
+}
+
 /// Callers that only wait (`acquire`, `try_acquire_for`) probe the store too: after an outage
 /// the circuit closes without any `try_acquire` call, under every policy.
 #[tokio::test(start_paused = true)]

@@ -357,6 +357,9 @@ where
             None => (Duration::ZERO, false),
         };
         let mut outcome = None;
+        // A key new to this process under an open circuit: its fallback rate answers once the
+        // key has state (created below, within the key cap), as for a key seen before.
+        let mut fallback_new = None;
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback, &state) {
                 (FailurePolicy::FailOpen, _, _) => Ok(()),
@@ -369,18 +372,20 @@ where
                     .map_err(|wait| (wait, Why::Policy)),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
+                    Some(rate),
+                    None,
+                ) if queue => {
+                    fallback_new = Some(rate);
+                    Err((self.rtt(), Why::Policy))
+                }
+                (
+                    FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     _,
                     _,
                 ) => Err((self.rtt(), Why::Policy)),
                 _ => Err((blocked.max(self.rtt()), Why::Failing)),
             };
-            outcome = Some(match admit {
-                Ok(()) => {
-                    count(&self.counters.admitted_degraded, n);
-                    Outcome::Allowed
-                }
-                Err((retry_after, why)) => Outcome::Denied { retry_after, why },
-            });
+            outcome = Some(self.by_policy(admit, n));
         } else if !blocked.is_zero() {
             outcome = Some(Outcome::Denied {
                 retry_after: blocked,
@@ -400,10 +405,28 @@ where
                 None => self.admit(key, n),
             }
         }
+        if let Some(rate) = fallback_new.filter(|_| self.map.contains_key(key)) {
+            let admit = self
+                .fallback_take(key, rate, n)
+                .map_err(|wait| (wait, Why::Policy));
+            outcome = Some(self.by_policy(admit, n));
+        }
         Ok(outcome.unwrap_or(Outcome::Denied {
             retry_after: self.rtt(),
             why: Why::Pending { refused },
         }))
+    }
+
+    /// The failure policy's answer for `n` tokens: admitted (and counted as such), or denied
+    /// for as long as `admit` says and why.
+    fn by_policy(&self, admit: Result<(), (Duration, Why)>, n: u64) -> Outcome {
+        match admit {
+            Ok(()) => {
+                count(&self.counters.admitted_degraded, n);
+                Outcome::Allowed
+            }
+            Err((retry_after, why)) => Outcome::Denied { retry_after, why },
+        }
     }
 
     /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
