@@ -357,7 +357,21 @@ impl std::fmt::Display for RedisFailure {
         if let Some(key) = &self.key {
             write!(f, " (key {key})")?;
         }
-        write!(f, ": {}", self.error)
+        // One line, whatever redis-rs's message holds (a parser's lists the bytes it met, one
+        // per line).
+        let message = self.error.to_string();
+        let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+        write!(f, ": {}", lines.next().unwrap_or_default())?;
+        for line in lines {
+            write!(f, "; {line}")?;
+        }
+        if self.error.kind() == redis::ErrorKind::Parse {
+            write!(
+                f,
+                " (the reply was not Redis's protocol: is this the Redis port?)"
+            )?;
+        }
+        Ok(())
     }
 }
 

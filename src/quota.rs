@@ -60,7 +60,8 @@ pub enum QuotaError {
     /// the largest burst (a rate that divides its period evenly allows the most).
     #[error(
         "burst {burst} is too large for {rate} tokens per {period:?}: at most {max_burst} with \
-         this rate and period (a rate that divides the period evenly allows more)"
+         this rate and period (a rate that divides the period evenly allows more; a quota's \
+         burst is its rate unless set with `with_burst`)"
     )]
     BurstTooLarge {
         /// Tokens per period.
@@ -268,7 +269,8 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "burst 1000000000 is too large for 1 tokens per 86400s: at most 52124 with this \
-             rate and period (a rate that divides the period evenly allows more)"
+             rate and period (a rate that divides the period evenly allows more; a quota's \
+             burst is its rate unless set with `with_burst`)"
         );
         // Just below the bound is fine.
         assert!(Quota::with_parts(1, Duration::from_secs(86_400), 52_124).is_ok());

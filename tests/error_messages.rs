@@ -110,6 +110,42 @@ async fn an_unreachable_redis_is_named_without_its_password() {
     assert!(!text.contains("hunter2"), "{text}");
 }
 
+/// A server that is not Redis (an HTTP server on the port, say): one line that says the reply
+/// was not Redis's protocol and asks whether this is the Redis port, not redis-rs's parser
+/// message over several lines.
+#[tokio::test]
+async fn a_server_that_is_not_redis_is_named_as_such_in_one_line() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}/");
+    let err = RedisStore::builder(&url)
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap_err();
+    let text = says_once(&err, &["store failed", &url, "is this the Redis port?"]);
+    assert!(
+        matches!(&err, BuildError::Store(StoreError::Redis(f)) if f.kind() == redis::ErrorKind::Parse),
+        "{err:?}: {text}"
+    );
+    server.abort();
+}
+
 #[tokio::test]
 async fn an_acl_denial_says_what_redis_refused() {
     let server = support::RedisServer::start();

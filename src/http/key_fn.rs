@@ -46,7 +46,7 @@ impl<'r> RequestHead<'r> {
 /// allocated per request, where [`HeaderKey`](super::HeaderKey) borrows it).
 ///
 /// ```
-/// use http::StatusCode;
+/// use http::StatusCode; // the `http` crate, also `axum::http::StatusCode`
 /// use ratelease::http::{KeyError, KeyFn};
 ///
 /// // One budget per tenant, the first path segment of `/tenants/<id>/…`.
