@@ -53,8 +53,9 @@ pub enum KeyError {
     /// The key header is missing.
     #[error("missing header {0}")]
     MissingHeader(HeaderName),
-    /// The key header is not visible ASCII, is empty, or is longer than allowed.
-    #[error("header {0} is not a valid key (visible ASCII, 1 to {1} bytes)")]
+    /// The key header is not visible ASCII (spaces and tabs allowed, as in any header value), is
+    /// empty, or is longer than allowed.
+    #[error("header {0} is not a valid key (visible ASCII and spaces, 1 to {1} bytes)")]
     InvalidHeader(HeaderName, usize),
     /// A custom extractor ([`KeyFn`](super::KeyFn)) found no key; the request is answered
     /// with `status`.
