@@ -253,6 +253,7 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
     report.write(&out)?;
     plots::write_all(&report, &out)?;
     print!("{}", report.table());
+    println!("{LEGEND}");
     println!(
         "{} requests, {:.1} s wall; report in {}",
         report.requests,
@@ -261,6 +262,15 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
     );
     Ok(())
 }
+
+/// The columns of the table a run prints, in a few words (`summary.md` and
+/// `simulations/src/metrics.rs` define them).
+const LEGEND: &str = "\
+util = admitted / min(demand, burst + rate x duration); 1st s = the same over the first second
+jain = Jain's index of per-node acceptance (1: every node alike); min/max = worst node's over best's
+overshoot = worst 1 s window's excess over burst + rate; calls/s/node = busiest node's busiest second
+Redis CPU = cores of Redis time; stranded = tokens lost with crashed nodes, expired leases or given-up calls
+idle denials = denials while another node held unused tokens; p50/p99/p999 = decision latency, µs";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
