@@ -812,20 +812,32 @@ fn the_failure_policy_defaults_to_the_last_known_share_and_reaches_pure_limiters
     );
 }
 
-/// A pure keyed limiter has no failure policy (its calls return the store's error), so a
-/// `[keyed.*]` table of mode "pure" that names one is refused rather than built without it;
-/// `[defaults]`' failure keys are skipped for it, as for the hybrid-only keys.
+/// A pure keyed limiter keeps no per-key state, so of the failure policies it takes only
+/// fail-open and fail-closed, named in its own `[keyed.*]` table; one that enforces a local
+/// rate (or sets `expected_nodes`) is refused rather than built without it, and `[defaults]`'
+/// failure keys are skipped for it, as for the hybrid-only keys.
 #[test]
-fn a_pure_keyed_table_refuses_a_failure_policy_it_would_not_use() {
+fn a_pure_keyed_table_takes_fail_open_or_closed_and_refuses_a_local_rate() {
+    for (key, policy) in [
+        ("fail-open", FailurePolicy::FailOpen),
+        ("fail-closed", FailurePolicy::FailClosed),
+    ] {
+        let text = format!("[keyed.k]\nrate = 5\nmode = \"pure\"\non_store_failure = \"{key}\"");
+        let file = LimitersConfig::from_toml(&text).unwrap();
+        let spec = file.keyed("k").unwrap();
+        assert_eq!(spec.pure_failure_policy(), Some(policy));
+        let built = spec.pure(MemoryStore::new()).unwrap();
+        assert_eq!(built.failure_policy(), Some(policy));
+    }
     for key in [
-        "on_store_failure = \"fail-open\"",
         "on_store_failure = \"last-known-share\"",
+        "on_store_failure = \"local-fallback\"",
         "expected_nodes = 4",
     ] {
         let field = key.split(' ').next().unwrap();
         let text = format!("[keyed.k]\nrate = 5\nmode = \"pure\"\n{key}");
         invalid(&text, "k", field);
-        invalid(&text, "k", "no failure policy");
+        invalid(&text, "k", "no per-key state");
         invalid(&text, "k", "mode = \"hybrid\"");
         // In hybrid mode the same keys are the limiter's policy.
         let hybrid = text.replace("\"pure\"", "\"hybrid\"");
@@ -836,7 +848,9 @@ fn a_pure_keyed_table_refuses_a_failure_policy_it_would_not_use() {
          [keyed.k]\nrate = 5\nmode = \"pure\"",
     )
     .unwrap();
-    assert_eq!(file.keyed("k").unwrap().mode(), Mode::Pure);
+    let spec = file.keyed("k").unwrap();
+    assert_eq!(spec.mode(), Mode::Pure);
+    assert_eq!(spec.pure_failure_policy(), None);
 }
 
 /// A layer over a file-built hybrid limiter waits for a first lease as over one built in code:

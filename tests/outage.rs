@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratelease::{
-    AcquireError, FailurePolicy, HybridLimiter, KeyedRedisLimiter, Quota, RedisLimiter, RedisStore,
+    AcquireError, BuildError, FailurePolicy, HybridLimiter, KeyedRedisLimiter, Quota, RedisLimiter,
+    RedisStore,
 };
 use support::RedisServer;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -248,4 +249,48 @@ async fn a_keyed_pure_limiters_keys_share_one_circuit() {
         slow <= 3,
         "{slow} of 100 calls waited like the first ({waited:?}): the keys share no circuit"
     );
+}
+
+/// A pure keyed limiter answers an outage by the policies that need no per-key state: failing
+/// open it admits every key's call, failing closed it denies them (not the store's error);
+/// the policies that enforce a local rate are refused at build, with the reason.
+#[tokio::test]
+async fn a_keyed_pure_limiter_fails_open_or_closed_as_told() {
+    let server = RedisServer::reserve(&[]);
+    let store = RedisStore::builder(server.url())
+        .lazy_connect()
+        .connect()
+        .await
+        .unwrap();
+    let quota = Quota::per_second(2).unwrap();
+    let open = KeyedRedisLimiter::new("keyed-open", quota, store.clone())
+        .unwrap()
+        .on_store_failure(FailurePolicy::FailOpen)
+        .unwrap();
+    let closed = KeyedRedisLimiter::new("keyed-closed", quota, store.clone())
+        .unwrap()
+        .on_store_failure(FailurePolicy::FailClosed)
+        .unwrap();
+    for i in 0..20 {
+        // Ten calls per key: more than the quota's burst of 2, so only the policy admits them.
+        let key = format!("user-{}", i % 2);
+        let admitted = open.acquire_now(&key, 1).await.unwrap();
+        assert!(admitted.is_allowed(), "fail open, call {i}: {admitted:?}");
+        let denied = closed.acquire_now(&key, 1).await.unwrap();
+        assert!(!denied.is_allowed(), "fail closed, call {i}: {denied:?}");
+    }
+    assert_eq!(open.failure_policy(), Some(FailurePolicy::FailOpen));
+    for policy in [
+        FailurePolicy::local_fallback(4),
+        FailurePolicy::last_known_share(1),
+    ] {
+        let err = KeyedRedisLimiter::new("keyed-rate", quota, store.clone())
+            .unwrap()
+            .on_store_failure(policy)
+            .unwrap_err();
+        assert!(
+            matches!(&err, BuildError::Config(m) if m.contains("no per-key state")),
+            "{policy:?}: {err}"
+        );
+    }
 }

@@ -71,8 +71,9 @@
 //!   this is for people, not for Redis.)
 //! - **`[defaults]` applies where the key means something, and is ignored elsewhere.**
 //!   `on_store_failure` and `expected_nodes` apply to every kind but pure keyed limiters,
-//!   which have no failure policy (their calls return the store's error while Redis is
-//!   failing). `mode`, `horizon` and `lease_size` apply to plain and keyed limiters.
+//!   which keep no per-key state for a local rate: they take only `"fail-open"` or
+//!   `"fail-closed"`, named in their own table (without one their calls return the store's
+//!   error while Redis is failing). `mode`, `horizon` and `lease_size` apply to plain and keyed limiters.
 //!   `algorithm`, `unconfigured`, `budget` and `prefetch` apply to plain limiters only: keyed
 //!   limiters are token buckets under their own quota, and lease per key when a key is first
 //!   seen.
@@ -84,8 +85,8 @@
 //! - **Settings of hybrid mode in a pure limiter's table are refused**, not ignored: a table
 //!   that sets `lease_size`, `horizon`, `prefetch`, `max_keys`, `idle_ttl`, `give_back_after`,
 //!   `max_in_flight`, `batch` or `idle_return` on a pure limiter asks for something it would
-//!   not get; so does `on_store_failure` or `expected_nodes` on a pure keyed limiter. Such keys
-//!   in `[defaults]` are skipped for pure limiters.
+//!   not get; so does a local-rate `on_store_failure` or `expected_nodes` on a pure keyed
+//!   limiter. Such keys in `[defaults]` are skipped for pure limiters.
 //! - **Values a builder would quietly raise are refused**: `max_keys = 0`,
 //!   `max_in_flight = 0`, an `idle_ttl` under 200 ms — the file would say one thing and the
 //!   limiter do another.

@@ -28,7 +28,7 @@ use crate::store::LeaseStore;
 use super::built::{AnyKeyedLimiter, AnyLimiter};
 use super::raw::{
     failure_policy, invalid, quota, reason, BudgetName, Common, ConcurrencyTable, Defaults,
-    KeyedTable, Lease, Table, UnconfiguredName,
+    FailureName, KeyedTable, Lease, Table, UnconfiguredName,
 };
 use super::{ConfigFileError, Mode};
 
@@ -193,6 +193,8 @@ pub struct KeyedSpec {
     quota: Quota,
     mode: Mode,
     failure: FailurePolicy,
+    /// A pure keyed limiter's policy, if its table names one (fail-open or fail-closed).
+    pure_failure: Option<FailurePolicy>,
     lease: Lease,
     max_keys: usize,
     idle_ttl: Option<Duration>,
@@ -224,23 +226,39 @@ impl KeyedSpec {
             ("give_back_after", table.give_back_after.is_some()),
             ("max_in_flight", table.max_in_flight.is_some()),
         ];
-        // A pure keyed limiter has no failure policy: it keeps no per-key state for a fallback
-        // rate to live in, so while the store is failing its calls return the store's error.
-        let failure_keys = [
-            ("on_store_failure", table.shared.on_store_failure.is_some()),
-            ("expected_nodes", table.shared.expected_nodes.is_some()),
-        ];
+        // A pure keyed limiter keeps no per-key state for a fallback rate to live in: it takes
+        // only the policies that need none, named in its own table (`[defaults]`' is for the
+        // limiters that keep state); otherwise its calls return the store's error while Redis
+        // is failing.
+        let mut pure_failure = None;
         if mode == Mode::Pure {
             if let Some((key, _)) = hybrid_only.iter().find(|(_, set)| *set) {
                 return Err(invalid(format!(
                     "{key} is for hybrid mode; this keyed limiter is pure (it keeps no keys)"
                 )));
             }
-            if let Some((key, _)) = failure_keys.iter().find(|(_, set)| *set) {
+            let rated = match table.shared.on_store_failure {
+                None => false,
+                Some(FailureName::FailOpen) => {
+                    pure_failure = Some(FailurePolicy::FailOpen);
+                    false
+                }
+                Some(FailureName::FailClosed) => {
+                    pure_failure = Some(FailurePolicy::FailClosed);
+                    false
+                }
+                Some(FailureName::LocalFallback | FailureName::LastKnownShare) => true,
+            };
+            if rated || table.shared.expected_nodes.is_some() {
+                let key = if rated {
+                    "on_store_failure"
+                } else {
+                    "expected_nodes"
+                };
                 return Err(invalid(format!(
-                    "{key} is for hybrid mode; a pure keyed limiter has no failure policy (its \
-                     calls return the store's error while Redis is failing): remove it, or set \
-                     mode = \"hybrid\""
+                    "{key}: a pure keyed limiter keeps no per-key state for a local rate; it \
+                     takes on_store_failure = \"fail-open\" or \"fail-closed\", or set mode = \
+                     \"hybrid\""
                 )));
             }
         }
@@ -261,6 +279,7 @@ impl KeyedSpec {
             quota,
             mode,
             failure,
+            pure_failure,
             lease,
             max_keys: table.max_keys.unwrap_or(DEFAULT_MAX_KEYS),
             idle_ttl: table.idle_ttl,
@@ -284,11 +303,17 @@ impl KeyedSpec {
         self.mode
     }
 
-    /// Its failure policy (hybrid mode). A pure keyed limiter has none: its calls return the
-    /// store's error while Redis is failing, and a pure `[keyed.*]` table that names a policy
-    /// is refused.
+    /// Its failure policy (hybrid mode). A pure keyed limiter's is
+    /// [`pure_failure_policy`](Self::pure_failure_policy).
     pub fn failure_policy(&self) -> FailurePolicy {
         self.failure
+    }
+
+    /// A pure keyed limiter's failure policy: fail-open or fail-closed if its table names one
+    /// (a pure `[keyed.*]` table that names another is refused); `None`, its calls return the
+    /// store's error while Redis is failing.
+    pub fn pure_failure_policy(&self) -> Option<FailurePolicy> {
+        self.pure_failure
     }
 
     /// Most keys held in memory (hybrid mode; [`DEFAULT_MAX_KEYS`] unless the file says).
@@ -339,7 +364,7 @@ impl KeyedSpec {
     }
 
     /// The pure keyed limiter of this spec, whatever its mode (pure keyed limiters have no
-    /// builder: a name, a quota and a store are all they take; no failure policy either).
+    /// builder: a name, a quota and a store, and the failure policy its table names).
     ///
     /// # Errors
     /// As [`KeyedRedisLimiter::new`] (the name was checked at load, so in practice none).
@@ -347,7 +372,11 @@ impl KeyedSpec {
         &self,
         store: S,
     ) -> Result<KeyedRedisLimiter<S>, BuildError> {
-        KeyedRedisLimiter::new(self.name.clone(), self.quota, store)
+        let limiter = KeyedRedisLimiter::new(self.name.clone(), self.quota, store)?;
+        match self.pure_failure {
+            Some(policy) => limiter.on_store_failure(policy),
+            None => Ok(limiter),
+        }
     }
 
     /// Builds the keyed limiter in its mode, with keys of type `K`.

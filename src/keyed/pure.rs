@@ -4,7 +4,10 @@
 //! builds the key's [`RedisLimiter`] (a name and a clone of the store) and asks it. No map, no
 //! eviction, no cap — memory does not grow with the number of keys. The keys share one circuit
 //! ([`crate::failure`]): while the store is failing, one call at a time probes it and the others
-//! return its last error at once. It is the exact
+//! return its last error at once — or, with [`KeyedRedisLimiter::on_store_failure`], are
+//! admitted ([`FailurePolicy::FailOpen`]) or denied ([`FailurePolicy::FailClosed`]); the
+//! policies that enforce a local rate need per-key state, which this limiter does not keep.
+//! It is the exact
 //! reference for [`KeyedHybridLimiter`](crate::KeyedHybridLimiter), as [`RedisLimiter`] is
 //! for [`HybridLimiter`](crate::HybridLimiter).
 
@@ -14,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{AcquireError, BuildError};
+use crate::failure::FailurePolicy;
 use crate::limiter::{Decision, KeyRef, KeyedLimiter};
 use crate::pure::{Outage, RedisLimiter};
 use crate::quota::Quota;
@@ -45,8 +49,11 @@ pub struct KeyedRedisLimiter<S = RedisStore> {
     /// limiter's name, never by key (see [`crate::telemetry`]).
     metrics: Arc<CallMetrics>,
     /// One circuit for every key: while the store is failing, one call at a time probes it
-    /// and the others return its error at once.
+    /// and the others return its error at once (or the policy's answer).
     outage: Arc<Outage>,
+    /// What answers while the store is failing: none (the store's error), or a policy that
+    /// needs no per-key state.
+    failure: Option<FailurePolicy>,
     /// The limiter's name in the process's registry ([`crate::store::names`]), left with the
     /// last clone.
     _registration: Option<Arc<Registration>>,
@@ -72,18 +79,52 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
             store,
             metrics,
             outage: Arc::new(Outage::new(None)),
+            failure: None,
             _registration: registration,
         })
+    }
+
+    /// What to answer while the store is failing (default: nothing — each call returns the
+    /// store's error, at once while the circuit is open, which the HTTP layer sends as a 503).
+    /// A pure keyed limiter keeps no per-key state, so it takes the policies that need none:
+    /// [`FailurePolicy::FailOpen`] admits every call, [`FailurePolicy::FailClosed`] denies it
+    /// (retry after the next probe; a 429 in the HTTP layer).
+    ///
+    /// # Errors
+    /// [`BuildError::Config`] for [`FailurePolicy::LocalFallback`] and
+    /// [`FailurePolicy::LastKnownShare`]: a local rate per key needs the per-key state a
+    /// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) keeps.
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Result<Self, BuildError> {
+        match policy {
+            FailurePolicy::FailOpen | FailurePolicy::FailClosed => {
+                self.failure = Some(policy);
+                Ok(self)
+            }
+            _ => Err(BuildError::Config(format!(
+                "a pure keyed limiter keeps no per-key state for a local rate: {} needs one; \
+                 use fail_open or fail_closed, or a KeyedHybridLimiter",
+                policy.name()
+            ))),
+        }
+    }
+
+    /// The failure policy set with [`on_store_failure`](Self::on_store_failure), if any.
+    pub fn failure_policy(&self) -> Option<FailurePolicy> {
+        self.failure
     }
 
     /// The pure limiter of `key`'s bucket. It reports its calls to this keyed limiter's
     /// metrics (`mode="keyed-pure"`), not under the bucket's name.
     pub fn limiter<Q: Display + ?Sized>(&self, key: &Q) -> RedisLimiter<S> {
-        RedisLimiter::builder(self.bucket_name(key), self.quota, self.store.clone())
+        let builder = RedisLimiter::builder(self.bucket_name(key), self.quota, self.store.clone())
             .metrics(self.metrics.clone())
-            .outage(self.outage.clone())
-            .build()
-            .expect("a valid keyed name gives valid bucket names")
+            .outage(self.outage.clone());
+        match self.failure {
+            Some(policy) => builder.on_store_failure(policy),
+            None => builder,
+        }
+        .build()
+        .expect("a valid keyed name gives valid bucket names")
     }
 
     /// The name of `key`'s bucket in the store (see
