@@ -222,15 +222,21 @@ async fn each_policys_fleet_rate_during_an_outage() {
     drop(keep);
 }
 
-#[tokio::test]
-async fn a_keyed_pure_limiters_keys_share_one_circuit() {
-    // Nothing listens on the address: every connect is refused (after one retry).
+/// A store on an address where nothing listens (its server is kept, not started): every
+/// connect is refused (after one retry). Hold the server while the store is used.
+async fn refused_store() -> (RedisServer, RedisStore) {
     let server = RedisServer::reserve(&[]);
     let store = RedisStore::builder(server.url())
         .lazy_connect()
         .connect()
         .await
         .unwrap();
+    (server, store)
+}
+
+#[tokio::test]
+async fn a_keyed_pure_limiters_keys_share_one_circuit() {
+    let (_server, store) = refused_store().await;
     let keyed = KeyedRedisLimiter::new("per-user", Quota::per_second(10).unwrap(), store).unwrap();
     let first = std::time::Instant::now();
     let err = keyed.acquire_now("alice", 1).await.unwrap_err();
@@ -256,12 +262,7 @@ async fn a_keyed_pure_limiters_keys_share_one_circuit() {
 /// the policies that enforce a local rate are refused at build, with the reason.
 #[tokio::test]
 async fn a_keyed_pure_limiter_fails_open_or_closed_as_told() {
-    let server = RedisServer::reserve(&[]);
-    let store = RedisStore::builder(server.url())
-        .lazy_connect()
-        .connect()
-        .await
-        .unwrap();
+    let (_server, store) = refused_store().await;
     let quota = Quota::per_second(2).unwrap();
     let open = KeyedRedisLimiter::new("keyed-open", quota, store.clone())
         .unwrap()
