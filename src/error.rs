@@ -298,7 +298,8 @@ pub(crate) fn acl_denial(e: &redis::RedisError) -> Option<String> {
 
 /// An error from Redis, with where it happened: the server (its URL with the password
 /// elided) and the key of the call, when known. `Display` is one line: `redis at <server>
-/// (key <key>): <redis's message>`; the redis-rs error itself is [`redis_error`](Self::redis_error)
+/// (key <key>): <redis's message>` (its lines joined with "; "; a reply that could not be read
+/// outside a call asks whether this is a Redis server's port); the redis-rs error itself is [`redis_error`](Self::redis_error)
 /// (and reachable through `Deref`), not a `source()`, as its message is already in the line.
 #[derive(Debug, Clone)]
 pub struct RedisFailure {
@@ -365,10 +366,13 @@ impl std::fmt::Display for RedisFailure {
         for line in lines {
             write!(f, "; {line}")?;
         }
-        if self.error.kind() == redis::ErrorKind::Parse {
+        // A reply this client could not read, outside any limiter's call (a connect, its
+        // handshake): most likely not a Redis server. (A call's reply of an unexpected type is
+        // a parse error too, but has a key.)
+        if self.error.kind() == redis::ErrorKind::Parse && self.key.is_none() {
             write!(
                 f,
-                " (the reply was not Redis's protocol: is this the Redis port?)"
+                " (a reply this client could not read: is this a Redis server's port?)"
             )?;
         }
         Ok(())

@@ -351,9 +351,10 @@ fn keyed_and_concurrency_tables_parse_with_defaults_applied() {
         ip.quota(),
         Quota::per_second(10).unwrap().with_burst(4).unwrap()
     );
-    // `[defaults]`' policy, which only `ip.hybrid(…)` would use: a pure keyed limiter has
-    // none.
+    // `[defaults]`' policy, which only `ip.hybrid(…)` would use: a pure keyed limiter takes
+    // none from `[defaults]`, only from its own table.
     assert_eq!(ip.failure_policy(), FailurePolicy::FailClosed);
+    assert_eq!(ip.pure_failure_policy(), None);
     assert_eq!(ip.max_keys(), DEFAULT_MAX_KEYS);
     assert_eq!(ip.idle_ttl(), None);
     assert_eq!(ip.give_back_after(), None);

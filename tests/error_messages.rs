@@ -111,7 +111,7 @@ async fn an_unreachable_redis_is_named_without_its_password() {
 }
 
 /// A server that is not Redis (an HTTP server on the port, say): one line that says the reply
-/// was not Redis's protocol and asks whether this is the Redis port, not redis-rs's parser
+/// could not be read and asks whether this is a Redis server's port, not redis-rs's parser
 /// message over several lines.
 #[tokio::test]
 async fn a_server_that_is_not_redis_is_named_as_such_in_one_line() {
@@ -138,7 +138,10 @@ async fn a_server_that_is_not_redis_is_named_as_such_in_one_line() {
         .connect()
         .await
         .unwrap_err();
-    let text = says_once(&err, &["store failed", &url, "is this the Redis port?"]);
+    let text = says_once(
+        &err,
+        &["store failed", &url, "is this a Redis server's port?"],
+    );
     assert!(
         matches!(&err, BuildError::Store(StoreError::Redis(f)) if f.kind() == redis::ErrorKind::Parse),
         "{err:?}: {text}"

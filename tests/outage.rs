@@ -280,6 +280,14 @@ async fn a_keyed_pure_limiter_fails_open_or_closed_as_told() {
         let denied = closed.acquire_now(&key, 1).await.unwrap();
         assert!(!denied.is_allowed(), "fail closed, call {i}: {denied:?}");
     }
+    // A waiting call failing closed returns the store's error instead of waiting it out.
+    let waited = closed.acquire("user-0", 1).await.unwrap_err();
+    assert!(matches!(waited, AcquireError::Store(_)), "{waited:?}");
+    let timed = closed
+        .try_acquire_for("user-1", 1, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(timed, AcquireError::Store(_)), "{timed:?}");
     assert_eq!(open.failure_policy(), Some(FailurePolicy::FailOpen));
     for policy in [
         FailurePolicy::local_fallback(4),

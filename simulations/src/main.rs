@@ -268,9 +268,11 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
 const LEGEND: &str = "\
 util = admitted / min(demand, burst + rate x duration); 1st s = the same over the first second
 jain = Jain's index of per-node acceptance (1: every node alike); min/max = worst node's over best's
-overshoot = worst 1 s window's excess over burst + rate; calls/s/node = busiest node's busiest second
+overshoot = worst window's excess over burst + rate x window; store calls = the run's calls to the store
+calls/s/node = busiest node's busiest second
 Redis CPU = cores of Redis time; stranded = tokens lost with crashed nodes, expired leases or given-up calls
-idle denials = denials while another node held unused tokens; p50/p99/p999 = decision latency, µs";
+idle denials = denials while another node held unused tokens; p50/p99/p999 = decision latency, µs
+trace hash = a hash of every decision in order: equal hashes, identical runs";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();

@@ -73,8 +73,8 @@
 //!   `on_store_failure` and `expected_nodes` apply to every kind but pure keyed limiters,
 //!   which keep no per-key state for a local rate: they take only `"fail-open"` or
 //!   `"fail-closed"`, named in their own table (without one their calls return the store's
-//!   error while Redis is failing). `mode`, `horizon` and `lease_size` apply to plain and keyed limiters.
-//!   `algorithm`, `unconfigured`, `budget` and `prefetch` apply to plain limiters only: keyed
+//!   error while Redis is failing). `mode`, `horizon` and `lease_size` apply to plain and
+//!   keyed limiters. `algorithm`, `unconfigured`, `budget` and `prefetch` apply to plain limiters only: keyed
 //!   limiters are token buckets under their own quota, and lease per key when a key is first
 //!   seen.
 //!   A concurrency limiter ignores `[defaults]`' `mode`, `horizon` and `lease_size`: its

@@ -55,7 +55,7 @@ pub enum KeyError {
     MissingHeader(HeaderName),
     /// The key header is not visible ASCII (spaces and tabs allowed, as in any header value), is
     /// empty, or is longer than allowed.
-    #[error("header {0} is not a valid key (visible ASCII and spaces, 1 to {1} bytes)")]
+    #[error("header {0} is not a valid key (visible ASCII, spaces and tabs, 1 to {1} bytes)")]
     InvalidHeader(HeaderName, usize),
     /// A custom extractor ([`KeyFn`](super::KeyFn)) found no key; the request is answered
     /// with `status`.

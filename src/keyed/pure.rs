@@ -88,7 +88,9 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// store's error, at once while the circuit is open, which the HTTP layer sends as a 503).
     /// A pure keyed limiter keeps no per-key state, so it takes the policies that need none:
     /// [`FailurePolicy::FailOpen`] admits every call, [`FailurePolicy::FailClosed`] denies it
-    /// (retry after the next probe; a 429 in the HTTP layer).
+    /// (retry after the next probe; a 429 in the HTTP layer) — and a waiting call
+    /// ([`acquire`](Self::acquire), [`try_acquire_for`](Self::try_acquire_for), so an HTTP
+    /// layer that queues) returns the store's error instead of waiting out the outage.
     ///
     /// # Errors
     /// [`BuildError::Config`] for [`FailurePolicy::LocalFallback`] and
@@ -192,7 +194,8 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// Waits until `n` tokens of `key` are taken, sleeping for each reply's `retry_after`.
     ///
     /// # Errors
-    /// As [`acquire_now`](Self::acquire_now).
+    /// As [`acquire_now`](Self::acquire_now); under [`FailurePolicy::FailClosed`], the
+    /// store's error while the circuit is open, instead of waiting out the outage.
     pub async fn acquire<Q: Display + ?Sized>(&self, key: &Q, n: u64) -> Result<(), AcquireError> {
         self.limiter(key).acquire(n).await
     }
@@ -201,7 +204,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// the wait would be longer.
     ///
     /// # Errors
-    /// As [`acquire_now`](Self::acquire_now).
+    /// As [`acquire`](Self::acquire).
     pub async fn try_acquire_for<Q: Display + ?Sized>(
         &self,
         key: &Q,

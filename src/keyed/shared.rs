@@ -367,9 +367,7 @@ where
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     Some(rate),
                     Some(_),
-                ) => self
-                    .fallback_take(key, rate, n)
-                    .map_err(|wait| (wait, Why::Policy)),
+                ) => self.fallback_take(key, rate, n),
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     Some(rate),
@@ -405,11 +403,12 @@ where
                 None => self.admit(key, n),
             }
         }
-        if let Some(rate) = fallback_new.filter(|_| self.map.contains_key(key)) {
-            let admit = self
-                .fallback_take(key, rate, n)
-                .map_err(|wait| (wait, Why::Policy));
-            outcome = Some(self.by_policy(admit, n));
+        if let Some(rate) = fallback_new {
+            // Under the key's shard lock, as for a key seen before: an eviction (which removes
+            // the key's fallback word) cannot come between the check and the word's creation.
+            if let Some(_held) = self.map.get(key) {
+                outcome = Some(self.by_policy(self.fallback_take(key, rate, n), n));
+            }
         }
         Ok(outcome.unwrap_or(Outcome::Denied {
             retry_after: self.rtt(),
@@ -430,23 +429,27 @@ where
     }
 
     /// Takes `n` tokens of `key`'s fallback rate (creating its word on the first call), or
-    /// says how long until it could.
+    /// says how long until it could (a refusal by the policy). Called with the key's state
+    /// held, so that its eviction cannot leave a word behind.
     #[cold]
-    fn fallback_take<Q>(&self, key: &Q, rate: &LocalRate, n: u64) -> Result<(), Duration>
+    fn fallback_take<Q>(&self, key: &Q, rate: &LocalRate, n: u64) -> Result<(), (Duration, Why)>
     where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
-        if let Some(word) = self.fallback_words.get(key) {
-            return rate.try_take_at(&word, n);
-        }
-        self.fallback_words
-            .insert_new(key.to_owned(), || AtomicU64::new(0));
-        match self.fallback_words.get(key) {
+        let taken = match self.fallback_words.get(key) {
             Some(word) => rate.try_take_at(&word, n),
-            // Removed with its key meanwhile: the key is gone, so is its rate.
-            None => Err(self.rtt()),
-        }
+            None => {
+                self.fallback_words
+                    .insert_new(key.to_owned(), || AtomicU64::new(0));
+                match self.fallback_words.get(key) {
+                    Some(word) => rate.try_take_at(&word, n),
+                    // Removed with its key meanwhile: the key is gone, so is its rate.
+                    None => Err(self.rtt()),
+                }
+            }
+        };
+        taken.map_err(|wait| (wait, Why::Policy))
     }
 
     /// Marks a lease of the key in `state` as queued, unless one is already; if this call
