@@ -65,10 +65,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         task.expire(&s, now).await;
         task.trim(&s, now).await;
         task.add_drip(&s, now);
-        let renew = [task.renew_due(), task.quiet_due()]
-            .into_iter()
-            .flatten()
-            .any(|at| now >= at);
+        let renew = task.rate_call_due().is_some_and(|at| now >= at);
         if !s.signal.is_requested() && !renew {
             task.give_back_if_idle(&s, now).await;
             continue;
@@ -196,8 +193,7 @@ impl Task {
         // demand while misses are decisions in the store.
         let rate = [
             self.drip.due(),
-            self.renew_due(),
-            self.quiet_due(),
+            self.rate_call_due(),
             self.per_request_review,
         ]
         .into_iter()

@@ -90,6 +90,16 @@ impl Task {
         Some(renew)
     }
 
+    /// When the rate lease needs a store call: its renewal ([`renew_due`](Self::renew_due)) or
+    /// its end because its node went quiet ([`quiet_due`](Self::quiet_due)), whichever comes
+    /// first. `None` without a rate lease.
+    pub(super) fn rate_call_due(&self) -> Option<Instant> {
+        [self.renew_due(), self.quiet_due()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// When the rate lease ends because its node went quiet (see [`quiet_at`](Self::quiet_at)),
     /// unless demand comes before: the task looks then. `None` without a rate lease.
     pub(super) fn quiet_due(&self) -> Option<Instant> {
