@@ -237,30 +237,27 @@ impl KeyedSpec {
                     "{key} is for hybrid mode; this keyed limiter is pure (it keeps no keys)"
                 )));
             }
-            let rated = match table.shared.on_store_failure {
-                None => false,
-                Some(FailureName::FailOpen) => {
-                    pure_failure = Some(FailurePolicy::FailOpen);
-                    false
-                }
-                Some(FailureName::FailClosed) => {
-                    pure_failure = Some(FailurePolicy::FailClosed);
-                    false
-                }
-                Some(FailureName::LocalFallback | FailureName::LastKnownShare) => true,
+            let own = table.shared.on_store_failure;
+            let refused = if matches!(
+                own,
+                Some(FailureName::LocalFallback | FailureName::LastKnownShare)
+            ) {
+                Some("on_store_failure")
+            } else {
+                table.shared.expected_nodes.map(|_| "expected_nodes")
             };
-            if rated || table.shared.expected_nodes.is_some() {
-                let key = if rated {
-                    "on_store_failure"
-                } else {
-                    "expected_nodes"
-                };
+            if let Some(key) = refused {
                 return Err(invalid(format!(
                     "{key}: a pure keyed limiter keeps no per-key state for a local rate; it \
                      takes on_store_failure = \"fail-open\" or \"fail-closed\", or set mode = \
                      \"hybrid\""
                 )));
             }
+            // Fail open or closed, named as every other table's policy is.
+            pure_failure = own
+                .map(|name| failure_policy(Some(name), None))
+                .transpose()
+                .map_err(&invalid)?;
         }
         if table.max_keys == Some(0) {
             return Err(invalid("max_keys must be at least 1".into()));
