@@ -97,17 +97,15 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
     /// [`FailurePolicy::LastKnownShare`]: a local rate per key needs the per-key state a
     /// [`KeyedHybridLimiter`](crate::KeyedHybridLimiter) keeps.
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Result<Self, BuildError> {
-        match policy {
-            FailurePolicy::FailOpen | FailurePolicy::FailClosed => {
-                self.failure = Some(policy);
-                Ok(self)
-            }
-            _ => Err(BuildError::Config(format!(
+        if policy.fallback_nodes().is_some() {
+            return Err(BuildError::Config(format!(
                 "a pure keyed limiter keeps no per-key state for a local rate: {} needs one; \
                  use fail_open or fail_closed, or a KeyedHybridLimiter",
                 policy.name()
-            ))),
+            )));
         }
+        self.failure = Some(policy);
+        Ok(self)
     }
 
     /// The failure policy set with [`on_store_failure`](Self::on_store_failure), if any.
