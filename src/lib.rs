@@ -57,6 +57,7 @@
 //! | `try_acquire_or_lease(n, lease_wait)` | async → `Result<Decision>` | `acquire_now`, but waits up to `lease_wait` while a hybrid limiter has no answer from the store yet; never for tokens | every rate limiter, the traits |
 //! | `try_acquire_for(n, timeout)` | async → `Result<Decision>` | waits at most `timeout` | every limiter, the traits |
 //! | `acquire(n)` | async → `Result<()>` | waits until admitted | every limiter, the traits |
+//! | `ready()` | async → `Result<()>` | a warm start: waits until the store has answered once (a hybrid limiter's first lease, a pure limiter's call that takes nothing) and reports a store that does not answer | [`HybridLimiter`], [`RedisLimiter`], [`Limiter`] |
 //! | `check(n)` | async → `Result<Verdict>` | `acquire_now` with the budget left, for `RateLimit` headers | [`RedisLimiter`] |
 //!
 //! So code that moves between [`HybridLimiter`] and [`RedisLimiter`] (or the keyed pair, or

@@ -244,6 +244,20 @@ pub trait Limiter: Send + Sync {
     /// The limiter's quota.
     fn quota(&self) -> Quota;
 
+    /// A warm start: waits until the limiter has heard from the store once, so the first
+    /// decision waits neither for a lease nor for a connection, and reports a store that does
+    /// not answer before traffic is served. [`HybridLimiter::ready`](crate::HybridLimiter::ready)
+    /// waits for the first lease, [`RedisLimiter::ready`](crate::RedisLimiter::ready) makes
+    /// one call that takes nothing. The default, for a limiter with nothing to prepare,
+    /// returns at once.
+    ///
+    /// # Errors
+    /// [`AcquireError::Store`] if the store did not answer (the limiter keeps running under
+    /// its failure policy); [`AcquireError::Closed`] if it was shut down.
+    fn ready(&self) -> impl Future<Output = Result<(), AcquireError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Takes `n` tokens now, or says when to retry: one decision, never a wait for tokens. A
     /// pure limiter makes one store call; a hybrid one answers from its local bucket, as its
     /// synchronous `try_acquire` (the future is ready at once).

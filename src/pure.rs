@@ -46,7 +46,7 @@ use crate::key;
 use crate::limiter::{check_request, Decision, Limiter};
 use crate::quota::Quota;
 use crate::store::names::{self, Registration, Scope};
-use crate::store::{LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
+use crate::store::{LeaseReply, LeaseRequest, LeaseStore, RedisStore, ReleaseRequest};
 use crate::telemetry::CallMetrics;
 use crate::time;
 use crate::time::Origin;
@@ -450,18 +450,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
                 return self.degraded(n, Some(error));
             }
         };
-        if reply.source == QuotaSource::Absent {
-            let until = self
-                .now_ns()
-                .saturating_add(time::nanos(Unconfigured::RECHECK));
-            self.state.absent_until_ns.store(until, Ordering::Relaxed);
+        if !self.adopt(&reply) {
             return self.absent();
-        }
-        let changed = std::mem::replace(&mut *s.effective.lock(), reply.quota) != reply.quota;
-        if let (true, Some(failure), Some(local)) = (changed, self.failure, &s.fallback) {
-            // A central change: the fallback follows it (as the hybrid task's `adopt` does).
-            // Relaxed: a hint; a share measured at this moment is taken up by its own call.
-            local.follow(failure, &reply.quota, s.share_mtps.load(Ordering::Relaxed));
         }
         check_request(&reply.quota, n)?;
         self.state.metrics.decided(n, reply.granted >= n);
@@ -488,6 +478,28 @@ impl<S: LeaseStore> RedisLimiter<S> {
             remaining: reply.remaining,
             reset_after: reply.reset_after,
         })
+    }
+
+    /// Takes up what a store reply says of the name's config: an unconfigured name is
+    /// answered without a store call until it is checked again (false then); a central
+    /// change of its quota becomes the quota in effect, and the fallback follows it.
+    fn adopt(&self, reply: &LeaseReply) -> bool {
+        let s = &*self.state;
+        if reply.source == QuotaSource::Absent {
+            let until = self
+                .now_ns()
+                .saturating_add(time::nanos(Unconfigured::RECHECK));
+            // Relaxed: a cache of the store's answer, as read in `check`.
+            s.absent_until_ns.store(until, Ordering::Relaxed);
+            return false;
+        }
+        let changed = std::mem::replace(&mut *s.effective.lock(), reply.quota) != reply.quota;
+        if let (true, Some(failure), Some(local)) = (changed, self.failure, &s.fallback) {
+            // A central change: the fallback follows it (as the hybrid task's `adopt` does).
+            // Relaxed: a hint; a share measured at this moment is taken up by its own call.
+            local.follow(failure, &reply.quota, s.share_mtps.load(Ordering::Relaxed));
+        }
+        true
     }
 
     /// The answer for `n` tokens while the store is failing (with `error`, or the last one):
@@ -530,6 +542,45 @@ impl<S: LeaseStore> RedisLimiter<S> {
             .then(|| s.outage.circuit.last_error())
             .flatten()
             .map(AcquireError::Store)
+    }
+
+    /// A warm start, as [`HybridLimiter::ready`](crate::HybridLimiter::ready) is for a hybrid
+    /// limiter: one store call that takes nothing (a release of 0 tokens), so the first
+    /// decision pays neither the connection nor the script's load, and a store that does not
+    /// answer is reported before traffic is served. It also reads the name's stored quota
+    /// ([`quota`](Self::quota) is the store's from then on). Call it once after building;
+    /// each call makes one store call, whatever the circuit.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), ratelease::Error> {
+    /// use ratelease::{MemoryStore, Quota, RedisLimiter};
+    ///
+    /// let limiter = RedisLimiter::new("api", Quota::per_second(100)?, MemoryStore::new())?;
+    /// limiter.ready().await?;
+    /// assert!(limiter.acquire_now(1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`AcquireError::Store`] if the store did not answer. The limiter keeps working: each
+    /// decision asks the store again, and its failure policy answers while the store fails,
+    /// so a service may also start anyway and call `ready` again later.
+    pub async fn ready(&self) -> Result<(), AcquireError> {
+        let request = ReleaseRequest::new(0)
+            .for_client(self.client)
+            .algorithm(self.algorithm);
+        let reply = self
+            .store
+            .release(&self.name, &self.quota, &request)
+            .await?;
+        let s = &*self.state;
+        if s.outage.circuit.recovered(&self.name) {
+            // As a decision that closes the circuit: the back-off starts over.
+            s.outage.probe.reset();
+        }
+        self.adopt(&reply);
+        Ok(())
     }
 
     /// Tokens that could be taken now, without taking any (a release of 0 tokens). For the
@@ -598,6 +649,10 @@ impl<S: LeaseStore> RedisLimiter<S> {
 impl<S: LeaseStore> Limiter for RedisLimiter<S> {
     fn quota(&self) -> Quota {
         RedisLimiter::quota(self)
+    }
+
+    async fn ready(&self) -> Result<(), AcquireError> {
+        RedisLimiter::ready(self).await
     }
 
     async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {

@@ -1,5 +1,6 @@
 //! Warm start and refilling ahead of demand: the first check after [`HybridLimiter::ready`] is
-//! allowed (on `MemoryStore` and on a real redis-server, in real time), and a limit far above
+//! allowed (on `MemoryStore` and on a real redis-server, in real time), a pure limiter's
+//! `ready` connects and reads the stored quota without taking a token, and a limit far above
 //! demand never denies a caller while the fleet has tokens — with a store with a network delay
 //! and demand ramping up to 145 000 requests a second (on virtual time).
 
@@ -9,7 +10,10 @@ mod wrapped;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ratelease::{AcquireError, HybridLimiter, LeaseStore, Quota, RedisStore, StoreError};
+use ratelease::{
+    AcquireError, ConfigStore, HybridLimiter, LeaseStore, Limiter, Quota, RedisLimiter, RedisStore,
+    StoreError,
+};
 use support::RedisServer;
 use wrapped::Wrapped;
 
@@ -177,5 +181,63 @@ fn ready_after_a_failed_first_lease_probes_again() {
             .unwrap();
         assert!(limiter.try_acquire(1).unwrap().is_allowed());
         limiter.shutdown().await;
+    });
+}
+
+/// Script calls the server has run (EVAL and EVALSHA).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter_map(|l| {
+            let rest = l
+                .strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))?;
+            rest.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A pure limiter's `ready` (here through the `Limiter` trait, as code written for either
+/// mode calls it) makes one store call that takes nothing: on a lazily connected store it
+/// connects and reads the name's stored quota, so the first decision runs under it and finds
+/// the whole burst; with nothing listening it reports the store's error.
+#[test]
+fn a_pure_limiters_ready_reads_the_stored_quota_and_takes_nothing() {
+    async fn warm<L: Limiter>(limiter: &L) -> Result<(), AcquireError> {
+        limiter.ready().await
+    }
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let admin = RedisStore::connect(server.url()).await.unwrap();
+        let stored = Quota::per_minute(5).unwrap();
+        assert!(admin.init_config("pure-warm", &stored).await.unwrap().1);
+        let store = RedisStore::builder(server.url())
+            .lazy_connect()
+            .connect()
+            .await
+            .unwrap();
+        let builders = Quota::per_second(1_000).unwrap();
+        let limiter = RedisLimiter::new("pure-warm", builders, store).unwrap();
+        assert_eq!(limiter.quota(), builders);
+        let before = script_calls(&server);
+        warm(&limiter).await.unwrap();
+        assert_eq!(script_calls(&server) - before, 1, "one call");
+        assert_eq!(limiter.quota(), stored, "the stored quota, read by ready");
+        for i in 0..5 {
+            let d = limiter.acquire_now(1).await.unwrap();
+            assert!(d.is_allowed(), "call {i}: ready took a token? {d:?}");
+        }
+        assert!(!limiter.acquire_now(1).await.unwrap().is_allowed());
+
+        let nothing = RedisServer::reserve(&[]);
+        let refused = RedisStore::builder(nothing.url())
+            .lazy_connect()
+            .connect()
+            .await
+            .unwrap();
+        let limiter = RedisLimiter::new("pure-cold", builders, refused).unwrap();
+        let err = warm(&limiter).await.unwrap_err();
+        assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
     });
 }

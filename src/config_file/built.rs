@@ -34,6 +34,10 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         }
     }
 
+    async fn ready(&self) -> Result<(), AcquireError> {
+        AnyLimiter::ready(self).await
+    }
+
     async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.try_acquire(n),
@@ -77,15 +81,16 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
 }
 
 impl<S: LeaseStore> AnyLimiter<S> {
-    /// Waits until the limiter can answer its first check without a lease still in flight:
-    /// [`HybridLimiter::ready`] for a hybrid one; a pure one is always ready.
+    /// Waits until the limiter has heard from the store once: [`HybridLimiter::ready`] (its
+    /// first lease) for a hybrid one, [`RedisLimiter::ready`] (one call that takes nothing)
+    /// for a pure one.
     ///
     /// # Errors
-    /// As [`HybridLimiter::ready`].
+    /// As [`HybridLimiter::ready`] and [`RedisLimiter::ready`].
     pub async fn ready(&self) -> Result<(), AcquireError> {
         match self {
             AnyLimiter::Hybrid(l) => l.ready().await,
-            AnyLimiter::Pure(_) => Ok(()),
+            AnyLimiter::Pure(l) => l.ready().await,
         }
     }
 }
@@ -256,24 +261,18 @@ where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
 {
     /// Waits until every `[limiters.*]` limiter is ready (see [`AnyLimiter::ready`]): a warm
-    /// start, before serving traffic. Their first leases are all asked for before it waits
-    /// (when they were built, or here for those with `prefetch = false`), so this waits about
-    /// one round trip, not one per limiter. (Keyed limiters lease per key, when a key is
-    /// first seen.)
+    /// start, before serving traffic. Their first leases (asked for when they were built, or
+    /// here for those with `prefetch = false`) and the pure ones' calls are all in flight
+    /// together, so this waits about one round trip, not one per limiter. (Keyed limiters
+    /// lease per key, when a key is first seen.)
     ///
     /// # Errors
-    /// The first error: [`AcquireError::Store`] if a first lease failed (the
-    /// limiters keep running under their failure policies).
+    /// The first error: [`AcquireError::Store`] if a first lease or a pure limiter's call
+    /// failed (the limiters keep running under their failure policies).
     pub async fn ready(&self) -> Result<(), AcquireError> {
-        for limiter in self.limiters.values() {
-            if let AnyLimiter::Hybrid(l) = limiter {
-                l.start_first_lease();
-            }
-        }
-        for limiter in self.limiters.values() {
-            limiter.ready().await?;
-        }
-        Ok(())
+        // Polled together, every limiter's first lease or call is in flight at once.
+        let each = futures_util::future::join_all(self.limiters.values().map(AnyLimiter::ready));
+        each.await.into_iter().collect()
     }
 
     /// Shuts every limiter down: hybrid ones give unused tokens back, concurrency limiters

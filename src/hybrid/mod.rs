@@ -261,9 +261,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
     }
 
     /// Starts the first lease unless the store has answered one (without prefetch nothing
-    /// was asked yet; a no-op if a lease is under way), without waiting for it: what
-    /// [`ready`](Self::ready) does first, for a caller that readies many limiters at once.
-    pub(crate) fn start_first_lease(&self) {
+    /// was asked yet; a no-op if a lease is under way), without waiting for it.
+    fn start_first_lease(&self) {
         let s = &*self.handle.shared;
         // Relaxed: a hint that only spares a request once a lease was answered; nothing is
         // read after it (`ready` makes its own Acquire load).
@@ -483,6 +482,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
 impl<S: LeaseStore> Limiter for HybridLimiter<S> {
     fn quota(&self) -> Quota {
         HybridLimiter::quota(self)
+    }
+
+    async fn ready(&self) -> Result<(), AcquireError> {
+        HybridLimiter::ready(self).await
     }
 
     async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
