@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Prints the seed, a progress bar (on a terminal), and the comparison table; writes the
-//! report directory (`--out`, default `target/sim/<scenario>/`, `…-live/` for live runs).
+//! report directory (`--out`, default `target/sim/<scenario>/`, `…-live/` for live runs; under
+//! `$CARGO_TARGET_DIR` instead of `target` when that is set).
 //! See the library docs (`simulations/src/lib.rs`) for how the simulation works.
 
 use std::io::IsTerminal;
@@ -65,11 +66,9 @@ fn sweep(args: SweepArgs) -> Result<()> {
         opts.duration_s,
         opts.modes.clone(),
     )?;
-    let out = opts.out.unwrap_or_else(|| {
-        Path::new("target")
-            .join("sim")
-            .join(format!("{}-sweep", base.name))
-    });
+    let out = opts
+        .out
+        .unwrap_or_else(|| default_out(&format!("{}-sweep", base.name)));
     let mut result = sweep::Sweep::new(&base.name, command_line());
     let started = Instant::now();
     for sc in sweep::sizes(&base, &args.nodes)? {
@@ -155,7 +154,8 @@ struct RunOpts {
     /// Seed of every random choice (overrides the scenario's).
     #[arg(long)]
     seed: Option<u64>,
-    /// Report directory (default: target/sim/NAME/, NAME being the scenario's name).
+    /// Report directory (default: target/sim/NAME/, NAME being the scenario's name; in
+    /// $CARGO_TARGET_DIR if set).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Modes to run, comma-separated: pure-redis,hybrid,hybrid-fixed,static-share (the default
@@ -171,6 +171,15 @@ struct RunOpts {
 }
 
 /// The command line as typed, runnable from the workspace root.
+/// The report directory when `--out` is not given: `sim/<dir>` in cargo's target directory
+/// (`$CARGO_TARGET_DIR` if set, as `cargo run` would build there, else `./target`).
+fn default_out(dir: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|t| !t.is_empty())
+        .map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    target.join("sim").join(dir)
+}
+
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -243,12 +252,9 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
         Some(url) => live::run_all(&sc, url, command_line(), &progress)?,
     };
     bar.finish_and_clear();
-    let out = opts.out.unwrap_or_else(|| {
-        let dir = match live_url {
-            None => sc.name.clone(),
-            Some(_) => format!("{}-live", sc.name),
-        };
-        Path::new("target").join("sim").join(dir)
+    let out = opts.out.unwrap_or_else(|| match live_url {
+        None => default_out(&sc.name),
+        Some(_) => default_out(&format!("{}-live", sc.name)),
     });
     report.write(&out)?;
     plots::write_all(&report, &out)?;

@@ -215,6 +215,28 @@ fn the_command_writes_the_report_directory() {
     );
 }
 
+/// Without `--out` the report goes to `sim/<name>/` in cargo's target directory: the one
+/// `CARGO_TARGET_DIR` names when set (where `cargo run` put the binary), not `./target`.
+#[test]
+fn without_out_the_report_goes_to_the_target_directory() {
+    let target = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/uniform.toml");
+    let output = Command::new(env!("CARGO_BIN_EXE_simulate"))
+        .arg(&scenario)
+        .args(["--duration-s", "1", "--modes", "hybrid", "--quiet"])
+        .current_dir(cwd.path())
+        .env("CARGO_TARGET_DIR", target.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let report = target.path().join("sim/uniform/report.json");
+    assert!(report.exists(), "no {}: {stdout}", report.display());
+    assert!(stdout.contains(&report.parent().unwrap().display().to_string()));
+    assert!(!cwd.path().join("target").exists(), "a ./target was made");
+}
+
 /// Lock-based mode runs, is exact, and pays four round trips (and more under contention) per
 /// decision, against one for pure-Redis.
 #[test]
