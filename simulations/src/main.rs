@@ -158,8 +158,9 @@ struct RunOpts {
     /// $CARGO_TARGET_DIR if set).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Modes to run, comma-separated: pure-redis,hybrid,hybrid-fixed,static-share (the default
-    /// set), and lock-based (simulated runs only).
+    /// Modes to run, comma-separated (default: the scenario's `modes`, else every mode but
+    /// lock-based): pure-redis, hybrid, hybrid-rate, hybrid-fixed, static-share, lock-based
+    /// (simulated runs only).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<Mode>>,
     /// Simulated seconds (overrides the scenario's; events past the end are dropped).
@@ -259,6 +260,7 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
     report.write(&out)?;
     plots::write_all(&report, &out)?;
     print!("{}", report.table());
+    print!("{}", report.mixed_lines().replace("\n\n", "\n"));
     println!("{LEGEND}");
     println!(
         "{} requests, {:.1} s wall; report in {}",

@@ -29,6 +29,8 @@
 //!   2–3, 4–10, 11–32, 33–100, 101–316, … (each about √10 times the last): per group, the mean
 //!   requests and store calls per node per second and the group's acceptance (admitted over
 //!   requested) — where Jain says the fleet is unfair, this says to whom.
+//! - `mixed` (hybrid modes with `pure_share` only): the acceptance of the nodes deciding in
+//!   pure mode and of the leasing nodes, each over its group's requests.
 //! - `recovery_s` (moving hot spot only): after each move, the time until the first
 //!   100 ms bin whose utilization (`admitted / min(demand, rate × bin)`) reaches 0.95; the
 //!   maximum over all moves (a move never recovered from counts its whole interval).
@@ -177,12 +179,48 @@ pub struct ModeMetrics {
     /// Worst recovery after a hot-spot move, s (`moving_hotspot` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_s: Option<f64>,
+    /// A hybrid mode's fleet with some nodes in pure mode (`pure_share`): each group's
+    /// acceptance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed: Option<MixedAcceptance>,
     /// Store calls that failed.
     pub store_errors: u64,
     /// Hex FNV-1a hash of the run's event log.
     pub trace_hash: String,
     /// Wall-clock time of the run, ms.
     pub wall_ms: u64,
+}
+
+/// Acceptance (admitted over requested) of the nodes that decide in pure mode and of those
+/// that lease, in a hybrid mode's fleet with both (`mixed`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MixedAcceptance {
+    /// The pure-mode nodes'.
+    pub pure: f64,
+    /// The leasing nodes'.
+    pub leasing: f64,
+}
+
+/// The two groups' acceptance, if `sc` mixes pure-mode nodes into `log`'s hybrid mode.
+fn mixed(sc: &Scenario, log: &RunLog) -> Option<MixedAcceptance> {
+    if !log.mode.is_hybrid() || sc.pure_share == 0.0 {
+        return None;
+    }
+    // (requested, admitted) of the leasing nodes, then of the pure ones.
+    let mut counts = [(0u64, 0u64); 2];
+    for r in &log.requests {
+        let group = &mut counts[usize::from(sc.runs_pure(r.node as usize))];
+        group.0 += 1;
+        group.1 += u64::from(r.outcome == Outcome::Admitted);
+    }
+    let acceptance = |(asked, admitted): (u64, u64)| match asked {
+        0 => 1.0,
+        _ => admitted as f64 / asked as f64,
+    };
+    Some(MixedAcceptance {
+        pure: acceptance(counts[1]),
+        leasing: acceptance(counts[0]),
+    })
 }
 
 /// One group of nodes by demand rank (`by_demand_rank`).
@@ -371,6 +409,7 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
         rejected_while_tokens_idle: log.rejected_while_tokens_idle,
         by_demand_rank: by_demand_rank(sc.nodes, log, sc.duration_s),
         recovery_s: recovery,
+        mixed: mixed(sc, log),
         store_errors: log.store_errors,
         trace_hash: format!("{:016x}", log.trace_hash()),
         wall_ms: u64::try_from(log.wall.as_millis()).unwrap_or(u64::MAX),

@@ -15,6 +15,8 @@
 //!   `AdaptiveLease::per_request_below`) a miss is a decision in the store: that request then
 //!   runs in its own task, as pure-Redis requests do, and its tokens count when the script ran.
 //! - `hybrid-rate`: the same with rate leases on (`AdaptiveLease::new().rate_leases(true)`).
+//!   In the hybrid modes a scenario's `pure_share` makes some nodes run a [`RedisLimiter`]
+//!   instead, served as in `pure-redis`, on the same bucket as the leasing nodes.
 //! - `hybrid-fixed`: the same with `FixedLease::new(batch)`.
 //! - `static-share`: a [`RedisLimiter`] per node over a private, zero-latency [`MemoryStore`]
 //!   with quota `rate / N` per second and burst `burst / N`: an exact local token bucket with no
@@ -70,8 +72,10 @@ pub const LIMITER_NAME: &str = "sim";
 enum Nodes<S: LeaseStore> {
     Pure(Vec<RedisLimiter<S>>),
     Hybrid {
-        /// `None` before the node joins.
+        /// `None` before the node joins, and for the nodes that run pure mode.
         live: Vec<Option<HybridLimiter<S>>>,
+        /// The pure-mode limiters of the nodes that run one (`Scenario::pure_share`).
+        pure: Vec<Option<RedisLimiter<S>>>,
         /// The store handles of nodes that have not joined yet.
         waiting: Vec<Option<S>>,
         /// Every node's store handle, for the process that replaces it at a restart.
@@ -195,30 +199,34 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 stores
                     .into_iter()
                     .enumerate()
-                    .map(|(node, s)| {
-                        // The circuit's probe jitter, reproducible like everything else.
-                        RedisLimiter::builder(LIMITER_NAME, quota, s)
-                            .algorithm(sc.algorithm)
-                            .seed(derive_seed(seed, "pure", node as u64))
-                            .build()
-                    })
+                    .map(|(node, s)| fleet.build_pure(node, s))
                     .collect::<Result<_, _>>()?,
             ),
             Mode::Hybrid | Mode::HybridRate | Mode::HybridFixed => {
                 let all = stores.clone();
                 let mut live = Vec::with_capacity(n);
+                let mut pure = Vec::with_capacity(n);
                 let mut waiting = Vec::with_capacity(n);
                 for (i, store) in stores.into_iter().enumerate() {
-                    if fleet.up[i] {
+                    if sc.runs_pure(i) {
+                        // A pure node needs no action at fleet events: its traffic starts and
+                        // stops with its life.
+                        live.push(None);
+                        pure.push(Some(fleet.build_pure(i, store)?));
+                        waiting.push(None);
+                    } else if fleet.up[i] {
                         live.push(Some(fleet.build_hybrid(i, store)?));
+                        pure.push(None);
                         waiting.push(None);
                     } else {
                         live.push(None);
+                        pure.push(None);
                         waiting.push(Some(store));
                     }
                 }
                 Nodes::Hybrid {
                     live,
+                    pure,
                     waiting,
                     stores: all,
                     dead: Vec::new(),
@@ -270,6 +278,14 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         Ok(fleet)
     }
 
+    fn build_pure(&self, node: usize, store: S) -> Result<RedisLimiter<S>, ratelease::BuildError> {
+        // The circuit's probe jitter, reproducible like everything else.
+        RedisLimiter::builder(LIMITER_NAME, self.quota, store)
+            .algorithm(self.algorithm)
+            .seed(derive_seed(self.seed, "pure", node as u64))
+            .build()
+    }
+
     fn build_hybrid(&self, node: usize, store: S) -> Result<HybridLimiter<S>> {
         self.build_hybrid_seeded(store, derive_seed(self.seed, "hybrid", node as u64))
     }
@@ -297,15 +313,15 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         // Latency is measured from when the request is handled: in the simulation that is its
         // arrival time exactly; live, it leaves out how late the driver was.
         let started = (self.now)();
+        if let Nodes::Hybrid { pure, .. } = &self.nodes {
+            if let Some(limiter) = &pure[node] {
+                self.spawn_pure(index, a, started, limiter.clone());
+                return;
+            }
+        }
         let outcome = match &self.nodes {
             Nodes::Pure(limiters) => {
-                let limiter = limiters[node].clone();
-                self.spawn_decision(
-                    index,
-                    a,
-                    started,
-                    async move { limiter.acquire_now(1).await },
-                );
+                self.spawn_pure(index, a, started, limiters[node].clone());
                 return;
             }
             Nodes::Lock {
@@ -388,6 +404,16 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             decided_ns: decided,
             latency_ns: decided.saturating_sub(started),
         };
+    }
+
+    /// A pure-mode decision: one store call, as its own task.
+    fn spawn_pure(&self, index: usize, a: Arrival, started: u64, limiter: RedisLimiter<S>) {
+        self.spawn_decision(
+            index,
+            a,
+            started,
+            async move { limiter.acquire_now(1).await },
+        );
     }
 
     /// Runs one decision that waits for the store (a pure-Redis call, or a hybrid node's

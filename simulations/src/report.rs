@@ -273,6 +273,24 @@ impl Report {
         out
     }
 
+    /// Each hybrid mode's acceptance of its pure-mode nodes and of its leasing nodes, one
+    /// line each, if the scenario mixes them (`pure_share`); empty otherwise.
+    pub fn mixed_lines(&self) -> String {
+        let mut out = String::new();
+        for m in &self.modes {
+            if let Some(g) = m.metrics.mixed {
+                let _ = writeln!(
+                    out,
+                    "\n{}: pure-mode nodes accept {:.3} of their requests, leasing nodes {:.3}",
+                    m.mode.as_str(),
+                    g.pure,
+                    g.leasing
+                );
+            }
+        }
+        out
+    }
+
     /// `summary.md`.
     pub fn summary(&self) -> Result<String> {
         let sc = &self.scenario;
@@ -298,8 +316,10 @@ impl Report {
         let _ = writeln!(
             out,
             "Modes: `pure-redis` = one script call per request; `hybrid` = `HybridLimiter` with \
-             the library's default lease policy; `hybrid-fixed` = `FixedLease::new({})`; \
-             `static-share` = a private bucket of rate/{n} and burst/{n} per node.\n",
+             the library's default lease policy; `hybrid-rate` = the same with rate leases on \
+             (`AdaptiveLease::new().rate_leases(true)`); `hybrid-fixed` = \
+             `FixedLease::new({})`; `static-share` = a private bucket of rate/{n} and burst/{n} \
+             per node.\n",
             sc.batch(),
             n = sc.nodes,
         );
@@ -309,8 +329,19 @@ impl Report {
                  `HybridBuilder::prefetch(false)`), not when they are built.\n\n",
             );
         }
+        if sc.pure_share > 0.0 {
+            let _ = writeln!(
+                out,
+                "In the hybrid modes {} of the {} nodes decide in pure mode (`pure_share = {}`), \
+                 on the same bucket as the leasing nodes.\n",
+                (0..sc.nodes).filter(|&i| sc.runs_pure(i)).count(),
+                sc.nodes,
+                sc.pure_share,
+            );
+        }
         out.push_str("## Results\n\n");
         out.push_str(&self.markdown_table());
+        out.push_str(&self.mixed_lines());
         out.push_str(
             "\nutil = admitted / min(demand, burst + rate × duration); jain = Jain's index of \
              per-node acceptance; overshoot = worst sliding window's excess over \

@@ -237,6 +237,49 @@ fn without_out_the_report_goes_to_the_target_directory() {
     assert!(!cwd.path().join("target").exists(), "a ./target was made");
 }
 
+/// `pure_share` runs that part of a hybrid mode's nodes in pure mode, on the same bucket: a
+/// pure node makes a store call per request, a leasing node far fewer; the report gives each
+/// group's acceptance, and only for the hybrid modes. Nodes that join late and crash, pure or
+/// not, are handled as in any fleet.
+#[test]
+fn a_mixed_fleet_runs_pure_nodes_beside_leasing_ones() {
+    let mut sc = eventful(5);
+    sc.pure_share = 0.5;
+    sc.validate().unwrap();
+    let pure: Vec<bool> = (0..sc.nodes).map(|i| sc.runs_pure(i)).collect();
+    assert_eq!(pure, [false, true, false, true]);
+    let trace = demand::generate(&sc, sc.seed);
+    let log = sim::run_mode(&sc, &trace, Mode::Hybrid, &|_| {}).unwrap();
+    let count = |node: u32| {
+        let asked = log.requests.iter().filter(|r| r.node == node).count();
+        let calls = log.calls.iter().filter(|c| c.node == node).count();
+        (asked, calls)
+    };
+    for node in 0..4u32 {
+        let (asked, calls) = count(node);
+        assert!(asked > 100, "node {node}: {asked} requests");
+        if pure[node as usize] {
+            // One call per request, but none while its circuit is open (the outage).
+            assert!(
+                calls * 10 >= asked * 9 && calls <= asked,
+                "node {node}: {calls} calls, {asked} requests"
+            );
+        } else {
+            assert!(
+                calls * 5 < asked,
+                "node {node}: {calls} calls, {asked} requests"
+            );
+        }
+    }
+    let m = metrics::compute(&sc, &log);
+    let mixed = m.mixed.expect("a hybrid mode's mixed fleet");
+    assert!(mixed.pure > 0.0 && mixed.pure <= 1.0, "{mixed:?}");
+    assert!(mixed.leasing > 0.0 && mixed.leasing <= 1.0, "{mixed:?}");
+    assert_eq!(run(&sc, Mode::PureRedis).mixed, None);
+    sc.pure_share = 1.0;
+    assert!(sc.validate().is_err(), "every node pure is pure-redis mode");
+}
+
 /// Lock-based mode runs, is exact, and pays four round trips (and more under contention) per
 /// decision, against one for pure-Redis.
 #[test]

@@ -78,3 +78,7 @@ pub(super) fn default_prefetch() -> bool {
 pub(super) fn is_true(b: &bool) -> bool {
     *b
 }
+
+pub(super) fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}

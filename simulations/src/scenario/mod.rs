@@ -38,6 +38,12 @@
 //! each node leases on first demand instead of when it is built (default `true`, the library's
 //! default).
 //!
+//! `pure_share` (default 0) makes that part of the nodes run pure-mode limiters in the hybrid
+//! modes, on the same bucket: a fleet part-way through a move from pure mode to leasing, or
+//! clients in another language beside leasing nodes. The pure nodes are spread evenly over the
+//! node indices (every other node at 0.5), so over the demand ranks too; reports give each
+//! group's acceptance.
+//!
 //! `algorithm` picks what every limiter counts with: `token-bucket` (the default),
 //! `fixed-window` or `sliding-window` (both need `burst = rate`: one-second windows), or
 //! `leaky-bucket`. The hybrid modes need one that leases in batches (the token bucket or the
@@ -80,7 +86,8 @@ pub struct Scenario {
     pub duration_s: f64,
     /// Fleet-wide rate, tokens per second.
     pub rate: u64,
-    /// Bucket capacity (default: `rate / 10`, a tenth of a second of traffic, at least 1).
+    /// Bucket capacity (default: `rate`, a second of traffic, as `Quota::per_second(rate)`
+    /// has: the library's default).
     #[serde(default)]
     pub burst: Option<u64>,
     /// Number of nodes (processes sharing the limit), including nodes that join later.
@@ -128,6 +135,10 @@ pub struct Scenario {
     /// library's default) or on first demand (`false`: `HybridBuilder::prefetch(false)`).
     #[serde(default = "default_prefetch", skip_serializing_if = "is_true")]
     pub prefetch: bool,
+    /// The part of the nodes that run pure-mode limiters in the hybrid modes (default 0;
+    /// see the module docs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pure_share: f64,
     /// What every limiter counts with (default the token bucket).
     #[serde(
         default,
@@ -233,6 +244,10 @@ impl Scenario {
                 "mode {m} runs only the token bucket"
             );
         }
+        ensure!(
+            (0.0..1.0).contains(&self.pure_share),
+            "pure_share must be in [0, 1): the part of the nodes that decide in pure mode"
+        );
         ensure!(
             self.rtt_us.is_finite() && self.rtt_us >= 0.0,
             "rtt_us must be ≥ 0"
@@ -429,7 +444,7 @@ impl Scenario {
 
     /// The bucket capacity in effect.
     pub fn burst(&self) -> u64 {
-        self.burst.unwrap_or((self.rate / 10).max(1))
+        self.burst.unwrap_or(self.rate)
     }
 
     /// The fleet-wide quota.
@@ -474,6 +489,13 @@ impl Scenario {
     /// Most tokens the bucket allows in `ns` nanoseconds: `burst + rate × W`.
     pub fn allowed_in(&self, ns: u64) -> f64 {
         self.burst() as f64 + self.rate as f64 * ns as f64 / NS_PER_S
+    }
+
+    /// Whether `node` runs a pure-mode limiter in the hybrid modes (see `pure_share`): the
+    /// nodes where `node × pure_share` passes a whole number, spread evenly.
+    pub fn runs_pure(&self, node: usize) -> bool {
+        let f = self.pure_share;
+        f > 0.0 && ((node + 1) as f64 * f).floor() > (node as f64 * f).floor()
     }
 
     /// When `node` joins, if it has a `node_join` event.
@@ -554,12 +576,17 @@ mod tests {
     #[test]
     fn defaults_fill_in() {
         let s = Scenario::parse(MINIMAL).unwrap();
-        assert_eq!(s.burst(), 10);
+        // The library's default burst: `Quota::per_second(rate)`'s.
+        assert_eq!(s.burst(), 100);
+        assert_eq!(
+            s.quota().unwrap(),
+            ratelease::Quota::per_second(100).unwrap()
+        );
         assert_eq!(s.window_ms, 1000);
         assert_eq!(s.modes, Mode::all());
-        assert_eq!(s.batch(), 3);
+        assert_eq!(s.batch(), 33);
         assert!((s.rtt_min_us() - 60.0).abs() < 1e-9);
-        assert_eq!(s.allowed_in(1_000_000_000), 110.0);
+        assert_eq!(s.allowed_in(1_000_000_000), 200.0);
     }
 
     #[test]

@@ -47,6 +47,12 @@ impl Mode {
         }
     }
 
+    /// Whether the mode's nodes run a [`HybridLimiter`](ratelease::HybridLimiter) (the
+    /// modes a scenario's `pure_share` mixes pure-mode nodes into).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Mode::Hybrid | Mode::HybridRate | Mode::HybridFixed)
+    }
+
     /// Every mode the command line and scenarios accept: [`Mode::all`] and `lock-based`,
     /// which runs only when asked for.
     pub fn accepted() -> Vec<Mode> {
