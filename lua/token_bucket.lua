@@ -127,7 +127,7 @@
 -- whole step) and is refused only because the level is short leaves a claim: its step is held
 -- back from every other leaser (they see the level less the claim, and their retries wait for
 -- the refill to cover both) until it comes back for it at its retry time; anonymous takes
--- (per-request decisions) are exact and not held back. One claim at a time;
+-- (per-request decisions) are not held back by it. One claim at a time;
 -- it lapses a quarter horizon after that time (never after the claimant's lease), when the
 -- claimant is served or no longer due, and when any leaser's record is dropped. A claim only
 -- orders who is served first: it never adds a token, so conservation is untouched.
@@ -152,17 +152,24 @@
 -- fleet still admits at most burst + rate × W. A rate is granted only up to what two steps' worth of the node's
 -- counted tokens carry.
 --
--- Anonymous demand. A rate lease's share is computed among the leasers, and a client that
--- takes anonymously (pure mode, another language's client, a node deciding per request)
--- reports no demand: with rates held it would get only the refill they leave (a Python
--- pure-mode client beside one rate-leasing node admitted 2 of its 2 184 requests). So while
--- leasers hold rates, the tokens anonymous calls ask for (granted or not) are counted per
--- second in the leasers' bookkeeping, and a rate is granted only up to the node's share of
--- the rate among leasers' demand and that anonymous demand together. Credit and token grants
--- are unchanged. Approximate: counting starts when a rate is held, so the first rates may
--- take all until their renewal; a client's demand is what it asks for, its retries included
--- (a burst a call at most); and while the bucket sits at its ceiling (nobody takes the
--- refill) a rate may be granted beyond the share, anonymous demand or not.
+-- Anonymous callers. A client that takes anonymously (pure mode, another language's client, a
+-- node deciding per request) reports no demand and has no record. Taking the whole level while
+-- leasers reached the reserve only against credit, such clients were served first (half of a
+-- fleet in pure mode beside the other half leasing: 0.997 of their requests against 0.202);
+-- beside rate leases, which are carved out of the refill by shares among the leasers, they
+-- got only what the rates left. So while a live lease is on record the anonymous callers are
+-- one more claimant: the tokens they ask for (granted or not, at most a burst a call) are
+-- counted per second in the leasers' bookkeeping; every leaser's share (its credit, the
+-- rate it may hold, the share it is told) is its part of the leasers' demand and that
+-- anonymous demand together; and an anonymous take sees the level above the reserve of a
+-- leaser on the longest automatic horizon (250 ms: half of it at the rate, at most a quarter
+-- of the burst), and below it as far as the anonymous callers' credit goes, which accrues at
+-- their share and holds at most 250 ms of it (or the call's `min`). A claim is not held back
+-- from it: claims order leasers. With no lease on record an anonymous take is exactly one
+-- shared bucket's. Approximate: a client's demand is what it asks for, its retries included;
+-- the anonymous callers share one credit, first come first served; a count two windows old
+-- reads as none (a credit with it); and while the bucket sits at its ceiling a rate may be
+-- granted beyond the share, anonymous demand or not.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -628,7 +635,7 @@ local function encode(r)
 end
 
 -- The leasers' bookkeeping, in the leasers hash under the empty field name, which no node id
--- can be: a format byte (2, or 3: below), then as little-endian doubles the number of leasers on record (-1:
+-- can be: a format byte (2, or 3 and 4: below), then as little-endian doubles the number of leasers on record (-1:
 -- not known), a time before which no lease on record expires (µs) and the pending claim (see
 -- "Claims" above): its units and when it lapses (µs; 0 0: none), then the claimant's id. It
 -- spares most calls two commands: the search for expired leases (none is due before that time)
@@ -642,18 +649,25 @@ end
 -- to search, and a count that would fall below zero reads as not known. What a rolling
 -- upgrade puts out of step lasts until the next renewal.
 -- The claim is used by a node's lease only, and only until it lapses: claims order leasers,
--- an anonymous take (a per-request decision) is exact and never held back.
--- Format 3 adds, before the claimant's id, what anonymous calls asked for while leasers held
--- rates (see "Anonymous demand" below): when its window began (µs), the tokens asked in it
--- and in the window before. It is written only while there is some; earlier versions read it
--- as bookkeeping not known (they count and search again, and write format 2 back).
+-- an anonymous take (a per-request decision) is never held back by one.
+-- Format 4 adds, before the claimant's id, the anonymous callers beside leasers (see
+-- "Anonymous callers" above): when the window of their demand began (µs), the tokens asked
+-- in it and in the window before, their credit (units) and when it last accrued (µs). It is
+-- written only while there is some demand; earlier versions read it as bookkeeping not known
+-- (they count and search again, and write format 2 back). Format 3, written by the version
+-- before, is the same without the credit (read as none).
 local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
 local META3, META3_LEN = '<Bddddddd', 57
+local META4, META4_LEN = '<Bddddddddd', 73
 -- The window anonymous demand is counted over (µs): its count × 1000 is millitokens/s.
 local ANON_WINDOW_US = 1000000
+-- The horizon anonymous callers are taken to lease at (µs): the longest automatic horizon
+-- (ANON_HORIZON_US in the Rust twin).
+local ANON_HORIZON_US = 250000
 local count, earliest, claim = nil, nil, nil
--- Anonymous demand: window start (µs), tokens asked in it, tokens asked in the one before.
-local anon_at, anon_cur, anon_prev = 0, 0, 0
+-- Anonymous demand: window start (µs), tokens asked in it, tokens asked in the one before;
+-- the anonymous callers' credit (units) and when it last accrued (µs).
+local anon_at, anon_cur, anon_prev, anon_credit, anon_tc = 0, 0, 0, 0, 0
 -- `known`: the field was of format 2 or 3 (else the keys' expiry is set and the leasers
 -- counted).
 local meta_raw, meta_dirty, known = nil, false, false
@@ -676,17 +690,27 @@ if leasers then
       earliest, known = e, true
       id = string.sub(meta_raw, META_LEN + 1)
     end
-  elseif fmt == 3 and #meta_raw >= META3_LEN and #meta_raw <= META3_LEN + 128 then
-    fmt, n, e, units, untl, aa, ac, ap = struct.unpack(META3, meta_raw)
+  elseif (fmt == 3 and #meta_raw >= META3_LEN and #meta_raw <= META3_LEN + 128)
+      or (fmt == 4 and #meta_raw >= META4_LEN and #meta_raw <= META4_LEN + 128) then
+    local ak, at
+    if fmt == 3 then
+      fmt, n, e, units, untl, aa, ac, ap = struct.unpack(META3, meta_raw)
+      ak, at = 0, 0
+    else
+      fmt, n, e, units, untl, aa, ac, ap, ak, at = struct.unpack(META4, meta_raw)
+    end
     if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0 then
       if n >= 0 then count = n end
       earliest, known = e, true
-      id = string.sub(meta_raw, META3_LEN + 1)
+      if fmt == 3 then id = string.sub(meta_raw, META3_LEN + 1) else id = string.sub(meta_raw, META4_LEN + 1) end
       -- Anonymous demand that is not valid, or two windows old, reads as none (and is not
-      -- written again: format 2 then).
+      -- written again: format 2 then); a credit that is not valid, as none.
       if aa >= 0 and aa <= MAX_TIME and aa % 1 == 0 and ac >= 0 and ac <= MAX and ac % 1 == 0
           and ap >= 0 and ap <= MAX and ap % 1 == 0 and now < aa + 2 * ANON_WINDOW_US then
         anon_at, anon_cur, anon_prev = aa, ac, ap
+        if ak >= 0 and ak <= MAX and ak % 1 == 0 and at >= 0 and at <= MAX_TIME and at % 1 == 0 then
+          anon_credit, anon_tc = ak, at
+        end
       end
     end
   elseif fmt == 1 and #meta_raw > CLAIM_LEN and #meta_raw <= CLAIM_LEN + 128 then
@@ -740,6 +764,9 @@ end
 -- left tells when the next can be due. Not looked for before then. The earliest entry is read
 -- first: most searches find none due (one command), and when some are, all go in one more
 -- (however many a stopped fleet left) before the next earliest is read.
+-- Whether a live lease is on record once expired ones are dropped: an anonymous take beside
+-- leasers is one more claimant of the rate (below).
+local live = leasers
 if search then
   earliest = MAX_TIME
   meta_dirty = true
@@ -752,7 +779,7 @@ if search then
     end
     head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   end
-  if #head > 0 then earliest = tonumber(head[2]) end
+  if #head > 0 then earliest = tonumber(head[2]) else live = false end
 end
 refill(first, now)
 if first ~= q then
@@ -777,19 +804,55 @@ local granted, retry, share, held_rate = 0, 0, 0, 0
 local expiry, record, added = nil, nil, 0
 if op == 'lease' and min > burst then
   -- Above the effective burst (it shrank below the caller's): never grantable.
-elseif op == 'lease' and node == '' then
+elseif op == 'lease' and node == '' and not live then
+  -- No leaser: the whole level, exactly as one shared bucket.
   local need
   granted, level, need = take_anonymous(level)
   if need > 0 then retry = fill_time(q, need) end
-  -- Anonymous demand, counted while leasers hold rates: what it asked for, granted or not.
-  if res > 0 and leasers then
-    if now >= anon_at + ANON_WINDOW_US then
-      if now < anon_at + 2 * ANON_WINDOW_US then anon_prev = anon_cur else anon_prev = 0 end
-      anon_cur, anon_at = 0, now
+elseif op == 'lease' and node == '' then
+  -- Beside leasers (see "Anonymous callers"): one more claimant, with the demand the anonymous
+  -- callers ask for, granted or not (at most a burst a call: one huge ask must not take every
+  -- share away), and the reserve of a leaser on the longest automatic horizon, reached
+  -- against their credit. A claim is not held back from it: claims order leasers.
+  local fresh = anon_cur == 0 and anon_prev == 0
+  if now >= anon_at + ANON_WINDOW_US then
+    if now < anon_at + 2 * ANON_WINDOW_US then anon_prev = anon_cur else anon_prev = 0 end
+    anon_cur, anon_at = 0, now
+  end
+  anon_cur = mmin(anon_cur + mmin(want, burst), MAX)
+  meta_dirty = true
+  local a = mmax(anon_cur, anon_prev) * 1000
+  local rho = inc * a / (dsum + a)
+  local ccap = mmin(mmax(mfloor(rho * ANON_HORIZON_US), min * scale), cap)
+  if fresh then
+    anon_credit = ccap
+  elseif now > anon_tc then
+    anon_credit = mmin(anon_credit + mfloor(rho * (now - anon_tc)), ccap)
+  else
+    anon_credit = mmin(anon_credit, ccap)
+  end
+  if now > anon_tc then anon_tc = now end
+  local reserve = mmin(mfloor(rate * ANON_HORIZON_US / period / 2), mfloor(burst / 4))
+  local whole = floor_div(level, scale)
+  local free = mmax(0, whole - reserve)
+  local avail = free + mmin(whole - free, floor_div(anon_credit, scale))
+  if avail >= min then
+    granted = mmin(want, avail)
+    level = level - granted * scale
+    anon_credit = mmax(0, anon_credit - mmax(0, granted - free) * scale)
+    free = mmax(0, floor_div(level, scale) - reserve)
+  end
+  -- When a take of `min` could succeed: once the level holds it, and where the level above
+  -- the reserve does not, once the credit covers the rest or the level the reserve too,
+  -- whichever is first.
+  if min * scale > level then retry = fill_time(q, min * scale - level) end
+  if free < min then
+    local credit_short = (min - free) * scale - anon_credit
+    if credit_short > 0 then
+      local wait = fill_time(q, mmax(0, (reserve + min) * scale - level))
+      if rho > 0 then wait = mmin(wait, mceil(credit_short / rho)) end
+      if wait > retry then retry = mmin(wait, MAX_TIME) end
     end
-    -- (At most a burst a call: one huge ask must not take every rate away.)
-    anon_cur = mmin(anon_cur + mmin(want, burst), MAX)
-    meta_dirty = true
   end
 elseif op == 'lease' then
   -- Whether the bucket sits at its ceiling (its refill lost) before this call reports what the
@@ -808,9 +871,18 @@ elseif op == 'lease' then
   r.rt = 0
   dsum = mmin(mmax(0, dsum - r.d) + demand, MAX)
   r.d = demand
-  -- Its share of the rate, in units per µs, and its credit.
+  -- Its share of the rate, in units per µs, among the leasers' demand and the anonymous
+  -- callers' (see "Anonymous callers": what they asked for in the last whole window, or in
+  -- this one if more, as millitokens per second; none once two windows have passed without
+  -- any), and its credit.
+  local anon = 0
+  if now < anon_at + ANON_WINDOW_US then
+    anon = mmax(anon_cur, anon_prev)
+  elseif now < anon_at + 2 * ANON_WINDOW_US then
+    anon = anon_cur
+  end
   local whole_share = 0
-  if demand > 0 then whole_share = inc * demand / dsum end
+  if demand > 0 then whole_share = inc * demand / (dsum + anon * 1000) end
   share = mmin(mfloor(whole_share * 1e9 / scale), MAX)
   -- What a rate lease brought it is its share already: credit, and the size a grant must
   -- reach, go by the rest of its share.
@@ -870,18 +942,6 @@ elseif op == 'lease' then
     local fleet = mmin(mfloor(rate * 1e9 / period), MAX)
     local fits = mfloor(mfloor(r.o / 2) * 1e9 / step)
     local most = share
-    -- Anonymous demand counts in the share of the rate a lease may hold (not in its credit):
-    -- what it asked for in the last whole window, or in this one if more, as millitokens per
-    -- second; none once two windows have passed without any.
-    local anon = 0
-    if now < anon_at + ANON_WINDOW_US then
-      anon = mmax(anon_cur, anon_prev)
-    elseif now < anon_at + 2 * ANON_WINDOW_US then
-      anon = anon_cur
-    end
-    if anon > 0 and demand > 0 then
-      most = mmin(mfloor(inc * demand / (dsum + anon * 1000) * 1e9 / scale), MAX)
-    end
     if at_ceiling then most = fleet end
     local tau = mmin(want_rate, most, mmax(0, fleet - res), fits)
     if tau > 0 then
@@ -1033,8 +1093,8 @@ else
       if claim then units, untl, id = claim.units, claim.untl, claim.node end
       local meta
       if anon_cur > 0 or anon_prev > 0 then
-        meta = struct.pack(META3, 3, count or -1, earliest or 0, units, untl, anon_at, anon_cur,
-          anon_prev) .. id
+        meta = struct.pack(META4, 4, count or -1, earliest or 0, units, untl, anon_at, anon_cur,
+          anon_prev, anon_credit, anon_tc) .. id
       else
         meta = struct.pack(META, 2, count or -1, earliest or 0, units, untl) .. id
       end

@@ -201,8 +201,14 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
             .map(|&(_, at)| at)
             .fold(f64::INFINITY, f64::min);
         let meta_ok = meta.as_deref().is_none_or(|c| {
-            let head = if c.first() == Some(&3) { 57 } else { 33 };
-            if c.len() < head || c.len() > head + 128 || !matches!(c[0], 2 | 3) {
+            // Format 3 has anonymous demand before the claimant's id, format 4 that and the
+            // anonymous callers' credit.
+            let head = match c.first() {
+                Some(3) => 57,
+                Some(4) => 73,
+                _ => 33,
+            };
+            if c.len() < head || c.len() > head + 128 || !matches!(c[0], 2..=4) {
                 return false;
             }
             let double = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
@@ -212,7 +218,8 @@ const BUCKET_STATE: fuzz::StateCheck = fuzz::StateCheck {
                 || (int(double(33), 0.0, 2.0 * M)
                     && int(double(41), 0.0, M)
                     && int(double(49), 0.0, M)
-                    && double(41) + double(49) > 0.0);
+                    && double(41) + double(49) > 0.0)
+                    && (head < 73 || (int(double(57), 0.0, M) && int(double(65), 0.0, 2.0 * M)));
             anonymous_ok
                 && (count == -1.0 || count == leasers.len() as f64)
                 && int(earliest, 0.0, 2.0 * M)

@@ -195,3 +195,20 @@ async fn python_beside_a_rate_leasing_node_keeps_a_part_of_the_budget() {
         s.rust
     );
 }
+
+/// With token leases the node's share counts the Python client's demand too, and the client
+/// reaches the reserve only against the credit of its own share: neither side takes the
+/// other's part (before: Python 301, Rust 46 — the client took the whole level, reserve
+/// included, while the node reached it only against credit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_beside_a_token_leasing_node_is_served_no_better_than_the_node() {
+    let s = share_one_bucket(AdaptiveLease::new().rate_leases(false)).await;
+    let total = (s.python + s.rust) as f64;
+    assert!(
+        s.python as f64 >= total / 5.0 && s.rust as f64 >= total / 3.0,
+        "python {} of {} calls, rust {}",
+        s.python,
+        s.python_calls,
+        s.rust
+    );
+}

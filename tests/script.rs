@@ -21,8 +21,13 @@ use support::{BucketState, RedisServer};
 #[derive(Debug, Clone)]
 enum Step {
     Lease(LeaseRequest),
+    /// The same anonymous lease several times with no time between: a pure-mode client's
+    /// run of requests, which drains what it may take.
+    Run(LeaseRequest, usize),
     Release(ReleaseRequest),
-    Advance { us: u64 },
+    Advance {
+        us: u64,
+    },
     Init(Quota),
     Modify(Quota),
     Delete,
@@ -75,6 +80,9 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
                 Step::Lease(LeaseRequest::new(want, min).for_client(c).configured_only(only))
             }
         ),
+        1 => (1..=burst.div_ceil(4), 2usize..12).prop_map(|(want, n)| {
+            Step::Run(LeaseRequest::new(want, want), n)
+        }),
         1 => config.clone().prop_map(Step::Init),
         1 => config.prop_map(Step::Modify),
         1 => Just(Step::Delete),
@@ -129,6 +137,7 @@ fn memory_store_and_lua_script_agree() {
     let stored_quota = std::cell::Cell::new(0u64);
     let rated = std::cell::Cell::new(0u64);
     let claimed = std::cell::Cell::new(0u64);
+    let held_back = std::cell::Cell::new(0u64);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(160));
     runner
         .run(
@@ -151,8 +160,13 @@ fn memory_store_and_lua_script_agree() {
                                 let field = format!("{}:leasers", redis.key(&name));
                                 let claim = || -> Option<Vec<u8>> {
                                     let raw: Option<Vec<u8>> = server.cmd(&["HGET", &field, ""]);
-                                    // (Format 3 has anonymous demand between: skipped.)
-                                    let head = |b: &Vec<u8>| if b[0] == 3 { 57 } else { 33 };
+                                    // (Formats 3 and 4 have anonymous demand between:
+                                    // skipped.)
+                                    let head = |b: &Vec<u8>| match b[0] {
+                                        3 => 57,
+                                        4 => 73,
+                                        _ => 33,
+                                    };
                                     raw.filter(|b| b.len() > head(b)).map(|b| {
                                         let mut claim = b[17..33].to_vec();
                                         claim.extend_from_slice(&b[head(&b)..]);
@@ -174,6 +188,27 @@ fn memory_store_and_lua_script_agree() {
                                 memory.lease(&name, &q, req).await,
                                 redis.lease(&name, &q, req).await,
                             ),
+                            Step::Run(ref req, n) => {
+                                for _ in 0..n {
+                                    let (m, r) = (
+                                        memory.lease(&name, &q, req).await,
+                                        redis.lease(&name, &q, req).await,
+                                    );
+                                    prop_assert!(
+                                        same(&m, &r),
+                                        "{step:?} on {q:?}: memory {m:?} vs redis {r:?}"
+                                    );
+                                    compared.set(compared.get() + 1);
+                                    // Refused with whole tokens in the bucket: an anonymous
+                                    // take beside leasers, kept from the reserve.
+                                    if matches!(&m, Ok(r) if r.granted == 0
+                                        && r.remaining >= req.min && req.min <= r.quota.burst())
+                                    {
+                                        held_back.set(held_back.get() + 1);
+                                    }
+                                }
+                                continue;
+                            }
                             Step::Release(ref req) => (
                                 memory.release(&name, &q, req).await,
                                 redis.release(&name, &q, req).await,
@@ -238,6 +273,12 @@ fn memory_store_and_lua_script_agree() {
     // Claims made (and so others held back by them, and claims collected or lapsed).
     let claimed = claimed.get();
     assert!(claimed > 20, "only {claimed} claims made");
+    // Anonymous takes beside leasers kept from the reserve (and so credit for them).
+    let held_back = held_back.get();
+    assert!(
+        held_back > 20,
+        "only {held_back} anonymous takes kept from the reserve"
+    );
 }
 
 /// A node's lease or release sent in the script's text protocol (every argument a decimal
@@ -365,6 +406,14 @@ fn packed_and_text_node_calls_run_the_same_step() {
                         rt.block_on(async {
                             match step {
                                 Step::Lease(req) => redis.lease(name, &quota, req).await.map(drop),
+                                Step::Run(req, n) => {
+                                    let mut all = Ok(());
+                                    for _ in 0..*n {
+                                        all =
+                                            all.and(redis.lease(name, &quota, req).await.map(drop));
+                                    }
+                                    all
+                                }
                                 Step::Release(req) => {
                                     redis.release(name, &quota, req).await.map(drop)
                                 }

@@ -32,6 +32,7 @@ fn every_shipped_scenario_parses() {
             "fleet-start-on-demand",
             "hot-node",
             "low-rate",
+            "mixed-fleet",
             "moving-hotspot",
             "node-crash",
             "rolling-restart",

@@ -136,6 +136,24 @@ fn nodes_built_without_prefetch_lease_only_when_asked() {
 /// share small and its horizon stretched, is not held to its credit by a reserve sized for that
 /// horizon (the reserve is at most a quarter of the burst). These 6 s admit 0.951 of their
 /// budget, 0.752 without the cap.
+/// Nodes in pure mode beside leasing nodes on one bucket: each half accepts its part of its
+/// requests, neither takes the other's (taking the whole level while leasers reached the
+/// reserve only against credit, the pure half accepted 0.996 and the leasing half 0.188).
+#[test]
+fn pure_mode_nodes_beside_leasing_ones_are_served_alike() {
+    let sc = shipped("mixed-fleet", 6.0);
+    for mode in [Mode::Hybrid, Mode::HybridRate] {
+        let m = run(&sc, mode);
+        let mixed = m.mixed.expect("a mixed fleet");
+        assert!(
+            (mixed.pure - mixed.leasing).abs() <= 0.03,
+            "{mode}: {mixed:?}"
+        );
+        assert!(m.utilization >= 0.98, "{mode}: {m:?}");
+        assert_eq!(m.max_window_overshoot, 0, "{mode}: {m:?}");
+    }
+}
+
 #[test]
 fn a_node_back_from_idle_is_not_held_back_by_a_reserve_of_its_own() {
     let sc = shipped("bursty-fleet", 6.0);

@@ -181,10 +181,11 @@ pub struct Stored {
     pub anonymous: Option<AnonymousDemand>,
 }
 
-/// Tokens anonymous calls (pure mode, per-request decisions, other languages' clients) asked
-/// for while leasers held rates, counted per window of [`ANON_WINDOW_US`]: a rate lease's
-/// share is computed among the leasers' demand and this together, so a client that reports
-/// no demand still gets its part of the refill.
+/// Anonymous callers (pure mode, per-request decisions, other languages' clients) beside
+/// leasers: the tokens they asked for, counted per window of [`ANON_WINDOW_US`], and the
+/// credit they share. Leasers' shares of the rate are computed among the leasers' demand and
+/// this together; the anonymous callers, as one more claimant with that demand, reach the
+/// reserve against their credit, as a leaser does (see [`ANON_HORIZON_US`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AnonymousDemand {
     /// When the current window began, µs.
@@ -193,7 +194,21 @@ pub struct AnonymousDemand {
     pub current: u64,
     /// Tokens asked for in the window before (0 if more than one window ago).
     pub previous: u64,
+    /// Their credit, in the bucket's units: it accrues at their share of the rate.
+    pub credit: u64,
+    /// When it last accrued, µs.
+    pub credit_ts: u64,
 }
+
+/// The horizon anonymous callers are taken to lease at, µs: the longest automatic horizon
+/// (a third of the fill time, at most 250 ms). Beside leasers, an anonymous take sees the
+/// level above the reserve such a leaser keeps (half of it at the rate, at most a quarter of
+/// the burst), and below it as far as the anonymous callers' credit goes, which accrues at
+/// their share and is capped at one such horizon of it. Taking the whole level while leasers
+/// reached the reserve only against credit, the anonymous callers were served first: half of
+/// a fleet in pure mode beside the other half leasing accepted 0.997 of their requests and
+/// the leasers 0.202 (SIMULATIONS.md, "Pure-mode clients beside leasers").
+pub const ANON_HORIZON_US: u64 = 250_000;
 
 /// The window anonymous demand is counted over, µs: a count per window × 1 000 is
 /// millitokens per second.
@@ -541,21 +556,73 @@ pub fn step_with(
             min,
             node: None,
         } => {
-            // Claims order leasers only: an anonymous take (a per-request decision) is exact
-            // and never held back.
-            let whole = level / scale;
-            if whole >= min {
-                granted = whole.min(want);
-                level -= granted * scale;
-            }
-            let need = min * scale;
-            if need > level {
-                retry = fill_time(&quota, res, need - level);
-            }
-            // Anonymous demand, counted while leasers hold rates: what it asked for.
-            // (At most a burst a call: one huge ask must not take every rate away.)
-            if res > 0 && !stored.leasers.is_empty() {
+            if stored.leasers.is_empty() {
+                // No leaser: the whole level, exactly as one shared bucket.
+                let whole = level / scale;
+                if whole >= min {
+                    granted = whole.min(want);
+                    level -= granted * scale;
+                }
+                let need = min * scale;
+                if need > level {
+                    retry = fill_time(&quota, res, need - level);
+                }
+            } else {
+                // Beside leasers: one more claimant, with the demand the anonymous callers
+                // ask for, granted or not (at most a burst a call: one huge ask must not take
+                // every share away), and the reserve of a leaser on the longest automatic
+                // horizon, reached against their credit. A claim is not held back from it:
+                // claims order leasers (held back from anonymous takes too, a claimant's step
+                // stood in the bucket while pure-mode callers waited, 0.9975 → 0.9525 of
+                // low-rate's budget with rate leases).
+                let fresh = anonymous.current == 0 && anonymous.previous == 0;
                 anonymous.count(want.min(burst), now);
+                let a = anonymous.per_window(now) as f64 * 1000.0;
+                let rho = inc as f64 * a / (dsum as f64 + a);
+                let horizon = ANON_HORIZON_US as f64;
+                let ccap = (rho * horizon)
+                    .floor()
+                    .max((min * scale) as f64)
+                    .min(cap as f64);
+                anonymous.credit = if fresh {
+                    ccap as u64
+                } else if now > anonymous.credit_ts {
+                    let dt = (now - anonymous.credit_ts) as f64;
+                    (anonymous.credit as f64 + (rho * dt).floor()).min(ccap) as u64
+                } else {
+                    (anonymous.credit as f64).min(ccap) as u64
+                };
+                anonymous.credit_ts = anonymous.credit_ts.max(now);
+                let reserve = ((rate as f64 * horizon / period as f64 / 2.0).floor())
+                    .min((burst / RESERVE_PARTS) as f64) as u64;
+                let whole = level / scale;
+                let mut free = whole.saturating_sub(reserve);
+                let avail = free + (whole - free).min(anonymous.credit / scale);
+                if avail >= min {
+                    granted = want.min(avail);
+                    level -= granted * scale;
+                    anonymous.credit = anonymous
+                        .credit
+                        .saturating_sub(granted.saturating_sub(free) * scale);
+                    free = (level / scale).saturating_sub(reserve);
+                }
+                // When a take of `min` could succeed: once the level holds it, and where the
+                // level above the reserve does not, once the credit covers the rest or the
+                // level the reserve too, whichever is first.
+                if min * scale > level {
+                    retry = fill_time(&quota, res, min * scale - level);
+                }
+                if free < min {
+                    let credit_short = ((min - free) * scale).saturating_sub(anonymous.credit);
+                    if credit_short > 0 {
+                        let above = (reserve + min) * scale;
+                        let mut wait = fill_time(&quota, res, above.saturating_sub(level));
+                        if rho > 0.0 {
+                            wait = wait.min((credit_short as f64 / rho).ceil() as u64);
+                        }
+                        retry = retry.max(wait.min(MAX_TIME_US));
+                    }
+                }
             }
         }
         Op::Lease {
@@ -585,8 +652,10 @@ pub fn step_with(
             let old_rate = std::mem::take(&mut r.rate_mtps);
             dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
             r.demand = n.demand_mtps;
+            // Its share of the rate among the leasers' demand and the anonymous callers'.
+            let anon = anonymous.per_window(now) as f64 * 1000.0;
             let whole_share = if n.demand_mtps > 0 {
-                inc as f64 * n.demand_mtps as f64 / dsum as f64
+                inc as f64 * n.demand_mtps as f64 / (dsum as f64 + anon)
             } else {
                 0.0
             };
@@ -663,20 +732,9 @@ pub fn step_with(
             if n.rate_mtps > 0 && step > 0 {
                 let fleet = (rate as f64 * 1e9 / period as f64).floor().min(max as f64) as u64;
                 let fits = ((r.outstanding / 2) as f64 * 1e9 / step as f64).floor() as u64;
-                // Anonymous demand counts in the share of the rate it may hold (not in its
-                // credit).
-                let anon = anonymous.per_window(now);
-                let rate_share = if anon > 0 && n.demand_mtps > 0 {
-                    (inc as f64 * n.demand_mtps as f64 / (dsum as f64 + anon as f64 * 1000.0) * 1e9
-                        / scale as f64)
-                        .floor()
-                        .min(max as f64) as u64
-                } else {
-                    share
-                };
                 let tau = n
                     .rate_mtps
-                    .min(if at_ceiling { fleet } else { rate_share })
+                    .min(if at_ceiling { fleet } else { share })
                     .min(fleet.saturating_sub(res))
                     .min(fits);
                 if tau > 0 {
@@ -1067,11 +1125,12 @@ mod tests {
         // leaser, has a step of 100 tokens; seven eighths are 87.
         let q = Quota::per_second(1_000).unwrap();
         let mut st = Stored::default();
+        // (Drained before `n` leases: no anonymous demand shares the rate with it.)
+        assert_eq!(lease(&mut st, &q, 900, 900, 0).granted, 900);
         assert_eq!(
             node_lease(&mut st, &q, "n", 100, 0, 1_000_000, 0).granted,
             100
         );
-        assert_eq!(lease(&mut st, &q, 900, 900, 0).granted, 900);
         // Empty: refused, and told when its whole step is there.
         let r = node_lease(&mut st, &q, "n", 100, 0, 1_000_000, 0);
         assert_eq!((r.granted, r.retry_after_us), (0, 100_000), "{r:?}");
@@ -1295,7 +1354,7 @@ mod tests {
     }
 
     #[test]
-    fn anonymous_demand_counts_in_the_share_of_a_rate() {
+    fn anonymous_demand_counts_in_the_shares() {
         // 1 000/s, burst 1 000: `a`, the one leaser, reports 1 000/s of demand; its share is
         // the whole rate, and it holds 600/s.
         let q = Quota::per_second(1_000).unwrap();
@@ -1309,20 +1368,51 @@ mod tests {
         for i in 0..30 {
             lease(&mut st, &q, 100, 1, 10_000 + i * 1_000);
         }
-        let anon = st.anonymous.expect("counted while a rate is held");
+        let anon = st.anonymous.expect("counted beside a leaser");
         assert_eq!((anon.current, anon.previous), (3_000, 0));
-        // Renewed, `a` may hold its part of 1 000/s + 3 000/s of demand: 250/s (its credit
-        // share, and the share it is told, stay the whole rate).
+        // Renewed, `a`'s share is its part of 1 000/s + 3 000/s of demand: 250/s, and so is
+        // the rate it may hold.
         let a = rated(&mut st, 40, 100_000);
-        assert_eq!((a.share_mtps, a.rate_mtps), (1_000_000, 250_000), "{a:?}");
+        assert_eq!((a.share_mtps, a.rate_mtps), (250_000, 250_000), "{a:?}");
         // Counted per second: after two quiet seconds it is gone, and so is the cap.
         let a = rated(&mut st, 40, 2_100_000);
-        assert_eq!(a.rate_mtps, 600_000, "{a:?}");
-        // Without rates held nothing is counted.
+        assert_eq!((a.share_mtps, a.rate_mtps), (1_000_000, 600_000), "{a:?}");
+        // Beside a leaser that holds no rate it is counted too; with no leaser, not.
         let mut st = Stored::default();
         node_lease(&mut st, &q, "a", 40, 0, 1_000_000, 0);
         lease(&mut st, &q, 100, 1, 1_000);
+        assert_eq!(st.anonymous.map(|a| a.current), Some(100));
+        let mut st = Stored::default();
+        lease(&mut st, &q, 100, 1, 1_000);
         assert_eq!(st.anonymous, None);
+    }
+
+    #[test]
+    fn an_anonymous_take_beside_leasers_reaches_the_reserve_against_its_credit() {
+        // 1 000/s, burst 1 000 (1 000 units a token, one a µs). The reserve an anonymous take
+        // sees is a leaser's on the longest automatic horizon: 125 tokens (half of 250 ms).
+        let q = Quota::per_second(1_000).unwrap();
+        let mut st = Stored::default();
+        assert_eq!(
+            node_lease(&mut st, &q, "a", 100, 0, 1_000_000, 0).granted,
+            100
+        );
+        // Asking for 900 of the 900 left: 900/s of anonymous demand beside `a`'s 1 000/s, a
+        // share of 0.4737 units a µs, and a first credit of 250 ms of it (118 421 units): the
+        // 775 tokens above the reserve and 118 of it.
+        let r = lease(&mut st, &q, 900, 1, 0);
+        assert_eq!((r.granted, r.remaining), (893, 7), "{r:?}");
+        assert_eq!(st.anonymous.map(|a| a.credit), Some(421));
+        // Then 7 tokens are there, all reserve, and 421 units of credit: refused, and told
+        // when the credit covers a token (579 units at 901/1 901 of a unit a µs: 1 222 µs).
+        let r = lease(&mut st, &q, 1, 1, 0);
+        assert_eq!(
+            (r.granted, r.remaining, r.retry_after_us),
+            (0, 7, 1_222),
+            "{r:?}"
+        );
+        let r = lease(&mut st, &q, 1, 1, 1_222);
+        assert_eq!(r.granted, 1, "{r:?}");
     }
 
     #[test]
