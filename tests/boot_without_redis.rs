@@ -107,6 +107,34 @@ async fn a_service_starts_before_redis_and_connects_when_it_appears() {
     );
 }
 
+/// With Redis down from the start, a request's first check — as the HTTP layer makes it,
+/// waiting up to its default lease wait, 50 ms, for the first lease — is the failure policy's to
+/// answer: the lease fails (a refused connect and its one retry) well within that wait. (The
+/// retry waited 100–200 ms: the first request was refused as over the limit, a 429.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_from_the_start_the_first_request_is_the_policys() {
+    let nothing = RedisServer::reserve(&[]);
+    let store = RedisStore::builder(nothing.url())
+        .lazy_connect()
+        .connect()
+        .await
+        .unwrap();
+    let lease_wait = Duration::from_millis(50);
+    let quota = Quota::per_second(100).unwrap();
+    // The default policy (the last known share; none known yet: the whole quota).
+    let limiter = HybridLimiter::new("down-at-boot", quota, store).unwrap();
+    let t = Instant::now();
+    let first = limiter.try_acquire_or_lease(1, lease_wait).await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        first.is_allowed(),
+        "{first:?} after {took:?}: {:?}",
+        limiter.stats()
+    );
+    assert!(limiter.stats().circuit_open);
+    assert!(took < lease_wait, "{took:?}");
+}
+
 /// Without `lazy_connect`, `connect` still fails fast on an unreachable Redis (a service that
 /// would rather not start without its limits), and bad configuration fails a lazy store too.
 #[tokio::test]
