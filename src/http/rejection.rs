@@ -8,9 +8,53 @@
 //!
 //! The body is empty (`Default` of the inner service's body type), so the layer works with
 //! any HTTP stack's body. The `Rejection` itself rides along in the response's extensions:
-//! a later layer (axum's `map_response`, say) can read it and write a body of its own.
+//! a later layer (axum's `map_response`, say) can read it and write a body of its own. Add
+//! that layer *after* the `LimitLayer` (so it wraps it) to see the limiter's refusals:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::body::Body;
+//! use axum::http::{Request, Response, StatusCode};
+//! use axum::middleware::map_response;
+//! use axum::routing::get;
+//! use axum::Router;
+//! use ratelease::http::{LimitLayer, Rejection};
+//! use ratelease::{HybridLimiter, MemoryStore, Quota};
+//! use tower::ServiceExt;
+//!
+//! /// A body that says why the request was refused (the client sees only this).
+//! async fn explain(mut response: Response<Body>) -> Response<Body> {
+//!     let text = match response.extensions().get::<Rejection>() {
+//!         Some(Rejection::Limited { retry_after }) => {
+//!             format!("rate limited: retry in {} ms\n", retry_after.as_millis())
+//!         }
+//!         Some(Rejection::NoKey(_)) => "missing API key\n".to_owned(),
+//!         Some(_) => "try again later\n".to_owned(),
+//!         None => return response, // not refused: the handler's own response
+//!     };
+//!     *response.body_mut() = Body::from(text);
+//!     response
+//! }
+//!
+//! let limiter = HybridLimiter::new("api", Quota::per_minute(1)?, MemoryStore::new())?;
+//! limiter.ready().await?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello\n" }))
+//!     .layer(LimitLayer::global(limiter))
+//!     .layer(map_response(explain));
+//! let ok = app.clone().oneshot(Request::new(Body::empty())).await?;
+//! assert_eq!(ok.status(), StatusCode::OK);
+//! let refused = app.oneshot(Request::new(Body::empty())).await?;
+//! assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+//! let body = axum::body::to_bytes(refused.into_body(), 1 << 10).await?;
+//! assert!(body.starts_with(b"rate limited: retry in"));
+//! # Ok(()) }
+//! ```
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
@@ -77,16 +121,89 @@ impl Rejection {
                 h.insert(RATELIMIT, headers.exhausted(*retry_after));
                 h.insert(RATELIMIT_POLICY, headers.policy());
             }
-            // The details are for the operator, not for the client.
+            // The details are for the operator, not for the client: a warning at most once a
+            // second, with the count of those it stands for (an outage refuses every request).
             Rejection::NoKey(KeyError::NoPeerAddr) => {
-                tracing::warn!("rate limit: {}", KeyError::NoPeerAddr);
+                if let Some(refused) = NO_PEER.due() {
+                    tracing::warn!(refused, "rate limit: {}", KeyError::NoPeerAddr);
+                }
             }
             Rejection::NoKey(_) => {}
             Rejection::Unavailable(error) => {
-                tracing::warn!(%error, "rate limiter unavailable; request refused");
+                if let Some(refused) = UNAVAILABLE.due() {
+                    tracing::warn!(%error, refused, "rate limiter unavailable; requests refused");
+                }
             }
         }
         response.extensions_mut().insert(self);
         response
+    }
+}
+
+/// A warning logged at most once a second (per process, per kind), counting the events it
+/// stands for: a store outage refuses every request, and a line for each one buried the log
+/// (48 000 lines in 2 s behind a pure limiter).
+struct Throttled {
+    /// When it was last logged, ms after [`origin`] (0: never).
+    last_ms: AtomicU64,
+    /// Events since then, this one included.
+    events: AtomicU64,
+}
+
+static NO_PEER: Throttled = Throttled::new();
+static UNAVAILABLE: Throttled = Throttled::new();
+
+/// The process's first use of a throttled warning: the clock `Throttled` reads.
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl Throttled {
+    const fn new() -> Self {
+        Throttled {
+            last_ms: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one event; if the last warning is a second old (or there was none), returns
+    /// the events it should report, this one included, and starts over.
+    fn due(&self) -> Option<u64> {
+        // +1 so that 0 stays "never" at the process's first millisecond.
+        self.due_at(u64::try_from(origin().elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1)
+    }
+
+    /// [`due`](Self::due) at `now` (ms after [`origin`], plus one).
+    fn due_at(&self, now: u64) -> Option<u64> {
+        // Relaxed throughout: a count for a log line; two callers racing past the same second
+        // log two lines at worst.
+        self.events.fetch_add(1, Ordering::Relaxed);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if last != 0 && now < last + 1_000 {
+            return None;
+        }
+        self.last_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        Some(self.events.swap(0, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttled_warning_is_due_once_a_second_with_the_events_it_stands_for() {
+        let t = Throttled::new();
+        assert_eq!(t.due_at(1), Some(1), "the first is logged");
+        for ms in 1..100 {
+            assert_eq!(t.due_at(ms * 10), None);
+        }
+        // A second later: due, standing for the 99 skipped and this one.
+        assert_eq!(t.due_at(1_001), Some(100));
+        assert_eq!(t.due_at(1_500), None);
+        assert_eq!(t.due_at(2_001), Some(2));
     }
 }
