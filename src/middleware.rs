@@ -48,9 +48,11 @@ use sync_wrapper::SyncWrapper;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::{AcquireError, Error};
+use crate::error::{AcquireError, BuildError, Error};
 pub use crate::limiter::DEFAULT_LEASE_WAIT;
-use crate::limiter::{Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer, Next, Waits};
+use crate::limiter::{
+    layer_tokens, Decision, KeyRef, KeyedLimiter, Limiter, LocalAnswer, Next, Waits,
+};
 
 /// The old name of [`DEFAULT_LEASE_WAIT`], the default of the one wait
 /// [`KeyedRateLimitLayer::max_wait`] set.
@@ -127,9 +129,16 @@ impl<L> RateLimitLayer<L> {
     }
 
     /// Charges `tokens` per request instead of one (0 is read as 1).
-    pub fn tokens(mut self, tokens: u64) -> Self {
-        self.tokens = tokens.max(1);
-        self
+    ///
+    /// # Errors
+    /// [`BuildError::Config`] for more than the limiter's burst now: no request could ever be
+    /// admitted.
+    pub fn tokens(mut self, tokens: u64) -> Result<Self, BuildError>
+    where
+        L: Limiter,
+    {
+        self.tokens = layer_tokens(tokens, &self.limiter.quota())?;
+        Ok(self)
     }
 }
 

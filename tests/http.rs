@@ -342,21 +342,14 @@ async fn a_pure_mode_limiter_decides_per_request_and_sheds() {
 async fn limiter_failures_and_missing_keys_are_responses() {
     let quota = Quota::per_minute(5).unwrap();
     let calls = Arc::new(AtomicU64::new(0));
-    // More tokens per request than the burst: never admissible, a setup error (500).
-    let too_big = ServiceBuilder::new()
-        .layer(
-            LimitLayer::keyed(keyed(quota, MemoryStore::new()), HeaderKey::new(API_KEY)).tokens(6),
-        )
-        .service(counting(calls.clone()));
-    let response = too_big.oneshot(as_key("k")).await.unwrap();
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(matches!(
-        response.extensions().get::<Rejection>(),
-        Some(Rejection::Unavailable(
-            ratelease::AcquireError::ExceedsBurst { .. }
-        ))
-    ));
-
+    // More tokens per request than the burst: never admissible, refused at build.
+    let err = LimitLayer::keyed(keyed(quota, MemoryStore::new()), HeaderKey::new(API_KEY))
+        .tokens(6)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ratelease::BuildError::Config(m) if m.contains("6 tokens per request")),
+        "{err}"
+    );
     // A limiter shut down: 503.
     let limiter = keyed(quota, MemoryStore::new());
     limiter.shutdown().await;

@@ -67,6 +67,9 @@ async fn a_pure_limiter_waits_through_the_boxed_path_and_errors_surface() {
     // 20 per second, burst 2: the third and fourth calls wait ~50 ms each.
     let quota = Quota::per_second(20).unwrap().with_burst(2).unwrap();
     let limiter = RedisLimiter::new("pure-bp", quota, store.clone()).unwrap();
+    // Three tokens a call could never be admitted under a burst of 2: refused at build.
+    let err = RateLimitLayer::new(limiter.clone()).tokens(3).unwrap_err();
+    assert!(matches!(err, ratelease::BuildError::Config(_)), "{err}");
     let calls = Arc::new(AtomicU64::new(0));
     let mut svc = ServiceBuilder::new()
         .layer(RateLimitLayer::new(limiter))

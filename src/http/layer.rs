@@ -22,6 +22,8 @@ use super::gate::{BoxFuture, Gate, Global, Keyed, Step, Waits};
 use super::headers::{InvalidPolicyName, PolicyHeaders, RATELIMIT_POLICY};
 use super::key::KeyExtractor;
 use super::rejection::Rejection;
+use crate::error::BuildError;
+use crate::limiter::layer_tokens;
 #[cfg(doc)]
 use crate::limiter::DEFAULT_LEASE_WAIT;
 use crate::limiter::{Decision, KeyedLimiter, Limiter};
@@ -140,10 +142,15 @@ impl<G: Gate> LimitLayer<G> {
         self
     }
 
-    /// Charges `tokens` per request instead of one (0 is read as 1). More than the quota's
-    /// burst can never be admitted: such requests are answered 500.
-    pub fn tokens(self, tokens: u64) -> Self {
-        self.with(|c| c.tokens = tokens.max(1))
+    /// Charges `tokens` per request instead of one (0 is read as 1).
+    ///
+    /// # Errors
+    /// [`BuildError::Config`] for more than the limiter's burst now: no request could ever be
+    /// admitted. (Should a stored config later shrink the burst below it, such requests are
+    /// refused.)
+    pub fn tokens(self, tokens: u64) -> Result<Self, BuildError> {
+        let tokens = layer_tokens(tokens, &self.gate.quota())?;
+        Ok(self.with(|c| c.tokens = tokens))
     }
 
     /// How long a request may wait when the limiter has no answer for it yet — a key new to
