@@ -172,9 +172,17 @@ impl HeaderKey {
     /// building an [`http::HeaderName`] first.
     ///
     /// # Errors
-    /// [`http::header::InvalidHeaderName`] if `name` is not a valid header name.
-    pub fn named(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
-        HeaderName::from_bytes(name.as_bytes()).map(Self::new)
+    /// [`BuildError::Config`](crate::BuildError::Config), naming `name`, if it is not a valid
+    /// header name.
+    pub fn named(name: &str) -> Result<Self, crate::BuildError> {
+        HeaderName::from_bytes(name.as_bytes())
+            .map(Self::new)
+            .map_err(|_| {
+                crate::BuildError::Config(format!(
+                    "{name:?} is not an HTTP header name (letters, digits and \
+                     !#$%&'*+-.^_`|~ only: no spaces, no colon)"
+                ))
+            })
     }
 
     /// Requests without a valid header share the budget of `key` instead of being refused.
@@ -218,6 +226,16 @@ impl KeyExtractor for HeaderKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_name_that_is_not_one_is_refused_by_name() {
+        assert!(HeaderKey::named("X-Api-Key").is_ok());
+        let err = HeaderKey::named("x api key").unwrap_err();
+        assert!(
+            matches!(&err, crate::BuildError::Config(m) if m.contains("\"x api key\"")),
+            "{err}"
+        );
+    }
 
     fn request() -> http::request::Builder {
         Request::get("/")
