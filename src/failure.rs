@@ -97,13 +97,14 @@ impl FailurePolicy {
         }
     }
 
-    /// The policy's name, as used in metrics and logs.
+    /// The policy's name in metrics and logs: as a limiters file spells it
+    /// (`on_store_failure = "last-known-share"`).
     pub fn name(&self) -> &'static str {
         match self {
-            FailurePolicy::FailOpen => "fail_open",
-            FailurePolicy::FailClosed => "fail_closed",
-            FailurePolicy::LocalFallback { .. } => "local_fallback",
-            FailurePolicy::LastKnownShare { .. } => "last_known_share",
+            FailurePolicy::FailOpen => "fail-open",
+            FailurePolicy::FailClosed => "fail-closed",
+            FailurePolicy::LocalFallback { .. } => "local-fallback",
+            FailurePolicy::LastKnownShare { .. } => "last-known-share",
         }
     }
 
@@ -415,8 +416,8 @@ mod tests {
             FailurePolicy::last_known_share(0),
             FailurePolicy::last_known_share(1)
         );
-        assert_eq!(FailurePolicy::FailClosed.name(), "fail_closed");
-        assert_eq!(FailurePolicy::default().name(), "last_known_share");
+        assert_eq!(FailurePolicy::FailClosed.name(), "fail-closed");
+        assert_eq!(FailurePolicy::default().name(), "last-known-share");
     }
 
     #[tokio::test(start_paused = true)]

@@ -199,7 +199,7 @@ async fn hybrid_counters_are_exact_on_virtual_time_and_match_the_stats() {
     let policy = [
         ("limiter", "exact"),
         ("mode", "hybrid"),
-        ("policy", "last_known_share"),
+        ("policy", "last-known-share"),
     ];
     assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 0.0);
 
@@ -281,7 +281,7 @@ async fn failure_policy_admissions_store_errors_and_the_circuit_are_published() 
     let policy = [
         ("limiter", "down"),
         ("mode", "hybrid"),
-        ("policy", "fail_open"),
+        ("policy", "fail-open"),
     ];
     assert_eq!(r.counter(telemetry::DEGRADED_TOKENS, &policy), 7);
     assert_eq!(stats.tokens_admitted_degraded, 7);
@@ -648,7 +648,7 @@ async fn keyed_hybrid_counters_are_exact_and_published_by_the_worker() {
     let policy = [
         ("limiter", "keys"),
         ("mode", "keyed-hybrid"),
-        ("policy", "last_known_share"),
+        ("policy", "last-known-share"),
     ];
     assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 0.0);
     assert!(
@@ -756,7 +756,7 @@ async fn keyed_failure_policy_admissions_and_the_circuit_are_published() {
     let policy = [
         ("limiter", "kdown"),
         ("mode", "keyed-hybrid"),
-        ("policy", "fail_open"),
+        ("policy", "fail-open"),
     ];
     assert_eq!(r.counter(telemetry::DEGRADED_TOKENS, &policy), 5);
     assert_eq!(r.gauge(telemetry::CIRCUIT_OPEN, &policy), 1.0);
