@@ -97,6 +97,35 @@ fn unparsable(text: &str, what: &str) {
     }
 }
 
+/// A bad value or a missing key in a table is blamed by the parser on the whole table: the
+/// error names the table, and for a value it does not take, the line and the key.
+#[test]
+fn a_bad_value_names_its_table_line_and_key() {
+    let text = "[defaults]\nexpected_nodes = 2\n\n[limiters.a]\nrate = 5\nmode = \"hybird\"\n";
+    let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(text) else {
+        panic!("expected a parse error");
+    };
+    assert_eq!(
+        (e.table(), e.key(), e.line()),
+        (Some("limiters.a"), Some("mode"), 6),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("at line 6, column 1: [limiters.a] `mode`: unknown variant `hybird`"),
+        "{e}"
+    );
+    let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml("[limiters.b]\nburst = 5\n")
+    else {
+        panic!("expected a parse error");
+    };
+    assert_eq!(e.table(), Some("limiters.b"), "{e}");
+    assert!(
+        e.to_string().contains("[limiters.b] missing field `rate`"),
+        "{e}"
+    );
+}
+
 #[test]
 fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
     invalid("[limiters.a]\nrate = 0", "a", "quota");
@@ -157,6 +186,10 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
     unparsable("limiters = 3", "limiters");
     let missing = LimitersConfig::load("/nonexistent/limiters.toml").unwrap_err();
     assert!(matches!(missing, ConfigFileError::Io { .. }), "{missing:?}");
+    // One line that says why, and no source to say it again.
+    let text = missing.to_string();
+    assert!(text.starts_with("cannot read ") && text.contains("No such file"), "{text}");
+    assert!(std::error::Error::source(&missing).is_none());
 }
 
 /// `prefetch = false` (in `[defaults]` or a table) builds hybrid limiters that lease on first

@@ -129,14 +129,15 @@ use crate::store::LeaseStore;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigFileError {
-    /// The file could not be read.
-    #[error("cannot read {path}")]
+    /// The file could not be read. The message says why (`cannot read limiters.toml: No
+    /// such file or directory`), so the I/O error is not also its `source`: a report of the
+    /// chain says it once.
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML, or has an unknown key or a value of the wrong type.
     #[error("invalid limiters file {0}")]
@@ -161,6 +162,8 @@ pub struct ParseError {
     path: Option<String>,
     line: usize,
     column: usize,
+    /// The table the parser blamed as a whole (`limiters.a`), when it did.
+    table: Option<String>,
     /// The key set on the offending line, if the message does not name it already.
     key: Option<String>,
     message: String,
@@ -175,11 +178,21 @@ impl ParseError {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        let at = error
-            .span()
-            .map(|span| unknown_key_at(&message, text, span.start).unwrap_or(span.start))
-            .unwrap_or(0)
-            .min(text.len());
+        let span_at = error.span().map_or(0, |span| span.start).min(text.len());
+        // A table's keys are read into one structure, so the parser blames the whole table
+        // for a bad key or value in it: name the table, and find the line if the message
+        // says which key or value it is.
+        let table = text[span_at..]
+            .lines()
+            .next()
+            .map(str::trim)
+            .and_then(|l| l.strip_prefix('['))
+            .and_then(|l| l.split(']').next())
+            .map(|t| t.trim().to_owned());
+        let at = match table {
+            Some(_) => offending_line(&message, text, span_at).unwrap_or(span_at),
+            None => span_at,
+        };
         let before = &text[..at];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
@@ -199,6 +212,7 @@ impl ParseError {
             path: path.map(|p| p.display().to_string()),
             line,
             column,
+            table,
             key,
             message,
         }
@@ -219,6 +233,11 @@ impl ParseError {
         self.column
     }
 
+    /// The table the error is in (`limiters.a`), where the parser blamed the whole table.
+    pub fn table(&self) -> Option<&str> {
+        self.table.as_deref()
+    }
+
     /// The key set on the offending line, when the message does not name it.
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
@@ -237,6 +256,9 @@ impl std::fmt::Display for ParseError {
             Some(path) => write!(f, "{path}:{line}:{column}: ")?,
             None => write!(f, "at line {line}, column {column}: ")?,
         }
+        if let Some(table) = &self.table {
+            write!(f, "[{table}] ")?;
+        }
         if let Some(key) = &self.key {
             write!(f, "`{key}`: ")?;
         }
@@ -244,10 +266,17 @@ impl std::fmt::Display for ParseError {
     }
 }
 
-/// For an "unknown field `key`" error reported at the table starting at `table`: the offset
-/// of the line that sets `key` in that table, if it can be found.
-fn unknown_key_at(message: &str, text: &str, table: usize) -> Option<usize> {
-    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+/// For an error reported at the table starting at `table`: the offset of the line it is
+/// about, if the message says and the line can be found — for "unknown field `key`" the line
+/// that sets `key`, for "unknown variant `value`" the line that sets a key to `"value"`.
+fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
+    let (key, value) = if let Some(rest) = message.strip_prefix("unknown field `") {
+        (Some(rest.split('`').next()?), None)
+    } else if let Some(rest) = message.strip_prefix("unknown variant `") {
+        (None, Some(rest.split('`').next()?))
+    } else {
+        return None;
+    };
     let mut offset = text.get(..table)?.rfind('\n').map_or(0, |i| i + 1);
     for (i, line) in text[offset..].split_inclusive('\n').enumerate() {
         let trimmed = line.trim_start();
@@ -255,10 +284,18 @@ fn unknown_key_at(message: &str, text: &str, table: usize) -> Option<usize> {
         if i > 0 && trimmed.starts_with('[') {
             return None;
         }
-        let rest = [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
-            .iter()
-            .find_map(|k| trimmed.strip_prefix(k.as_str()));
-        if rest.is_some_and(|r| r.trim_start().starts_with('=')) {
+        let found = match (key, value) {
+            (Some(key), _) => [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
+                .iter()
+                .find_map(|k| trimmed.strip_prefix(k.as_str()))
+                .is_some_and(|r| r.trim_start().starts_with('=')),
+            (None, Some(value)) => trimmed.split_once('=').is_some_and(|(_, v)| {
+                let v = v.split('#').next().unwrap_or("").trim();
+                v == format!("\"{value}\"") || v == format!("'{value}'")
+            }),
+            (None, None) => false,
+        };
+        if found {
             return Some(offset + line.len() - trimmed.len());
         }
         offset += line.len();
@@ -343,9 +380,9 @@ impl LimitersConfig {
     /// [`ConfigFileError::Io`] if it cannot be read, else as [`from_toml`](Self::from_toml).
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigFileError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigFileError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::parse(&text, Some(path))
     }
