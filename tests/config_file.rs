@@ -188,7 +188,10 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
     assert!(matches!(missing, ConfigFileError::Io { .. }), "{missing:?}");
     // One line that says why, and no source to say it again.
     let text = missing.to_string();
-    assert!(text.starts_with("cannot read ") && text.contains("No such file"), "{text}");
+    assert!(
+        text.starts_with("cannot read ") && text.contains("No such file"),
+        "{text}"
+    );
     assert!(std::error::Error::source(&missing).is_none());
 }
 
