@@ -167,9 +167,13 @@
 -- their share and holds at most 250 ms of it (or the call's `min`). A claim is not held back
 -- from it: claims order leasers. With no lease on record an anonymous take is exactly one
 -- shared bucket's. Approximate: a client's demand is what it asks for, its retries included;
--- the anonymous callers share one credit, first come first served; a count two windows old
--- reads as none (a credit with it); and while the bucket sits at its ceiling a rate may be
--- granted beyond the share, anonymous demand or not.
+-- the anonymous callers share one credit, first come first served, and each call caps it at
+-- 250 ms of their share or its own `min` (a call with a small `min` cuts back what one with
+-- a large `min` saved); a leaser's reserve is that of its own horizon (a sixth of the burst
+-- with the automatic one where the burst is under 0.75 s of the rate, where theirs is a
+-- quarter); a count two windows old reads as none, and the next anonymous call starts afresh
+-- with a full credit; a change of quota starts their credit from 0; and while the bucket sits
+-- at its ceiling a rate may be granted beyond the share, anonymous demand or not.
 --
 -- Arithmetic. One token is `scale = period_us / gcd(rate, period_us)` units and every
 -- microsecond adds `inc = rate / gcd` units, so the bucket is exact integers below 2^53. Shares
@@ -655,7 +659,8 @@ end
 -- in it and in the window before, their credit (units) and when it last accrued (µs). It is
 -- written only while there is some demand; earlier versions read it as bookkeeping not known
 -- (they count and search again, and write format 2 back). Format 3, written by the version
--- before, is the same without the credit (read as none).
+-- before, is the same without the credit (read as a credit of 0 gained since time 0: a full
+-- one at the next anonymous call).
 local META, META_LEN, CLAIM, CLAIM_LEN = '<Bdddd', 33, '<Bdd', 17
 local META3, META3_LEN = '<Bddddddd', 57
 local META4, META4_LEN = '<Bddddddddd', 73
@@ -668,7 +673,7 @@ local count, earliest, claim = nil, nil, nil
 -- Anonymous demand: window start (µs), tokens asked in it, tokens asked in the one before;
 -- the anonymous callers' credit (units) and when it last accrued (µs).
 local anon_at, anon_cur, anon_prev, anon_credit, anon_tc = 0, 0, 0, 0, 0
--- `known`: the field was of format 2 or 3 (else the keys' expiry is set and the leasers
+-- `known`: the field was of format 2, 3 or 4 (else the keys' expiry is set and the leasers
 -- counted).
 local meta_raw, meta_dirty, known = nil, false, false
 -- The calling node's record as read with the bookkeeping (nil once its lease is found expired).
@@ -791,9 +796,14 @@ if first ~= q then
   else
     level = mmin(rescale(level, first.scale, scale, burst), ceiling(q, out))
   end
-  -- A claim is in the old quota's units.
+  -- A claim is in the old quota's units, and so is the anonymous callers' credit: they gain
+  -- it again from here.
   if claim then
     claim = nil
+    meta_dirty = true
+  end
+  if anon_cur > 0 or anon_prev > 0 then
+    anon_credit, anon_tc = 0, now
     meta_dirty = true
   end
 end
@@ -824,14 +834,17 @@ elseif op == 'lease' and node == '' then
   local a = mmax(anon_cur, anon_prev) * 1000
   local rho = inc * a / (dsum + a)
   local ccap = mmin(mmax(mfloor(rho * ANON_HORIZON_US), min * scale), cap)
+  -- Gained for the time since it last gained a unit: callers a microsecond or two apart each
+  -- gain less than a unit at a high rate, and moving its time on without a unit would lose it.
+  local gain = 0
+  if now > anon_tc then gain = mfloor(rho * (now - anon_tc)) end
   if fresh then
-    anon_credit = ccap
-  elseif now > anon_tc then
-    anon_credit = mmin(anon_credit + mfloor(rho * (now - anon_tc)), ccap)
+    anon_credit, anon_tc = ccap, now
+  elseif gain > 0 then
+    anon_credit, anon_tc = mmin(anon_credit + gain, ccap), now
   else
     anon_credit = mmin(anon_credit, ccap)
   end
-  if now > anon_tc then anon_tc = now end
   local reserve = mmin(mfloor(rate * ANON_HORIZON_US / period / 2), mfloor(burst / 4))
   local whole = floor_div(level, scale)
   local free = mmax(0, whole - reserve)
@@ -1065,7 +1078,7 @@ else
   redis.call('SET', KEYS[1], state, 'PX', keep_ms .. '')
   -- The leasers' keys expire with the bucket, never before it: a bucket whose records had
   -- expired away would count their tokens as outstanding for good. Their expiry is set, to
-  -- the slack beyond the bucket's, when the call found no bookkeeping of format 2 or 3 (the hash
+  -- the slack beyond the bucket's, when the call found no bookkeeping of format 2 to 4 (the hash
   -- may be new), at an explicit time (not the server's), and when the expiry set's own expiry
   -- (PTTL: one read, where two PEXPIREs are two writes) is within a second of the bucket's new
   -- one: about once per slack on a busy bucket. The expiry set is the key a call may create

@@ -80,8 +80,9 @@ fn steps(q: Quota) -> impl Strategy<Value = Vec<Step>> {
                 Step::Lease(LeaseRequest::new(want, min).for_client(c).configured_only(only))
             }
         ),
-        1 => (1..=burst.div_ceil(4), 2usize..12).prop_map(|(want, n)| {
-            Step::Run(LeaseRequest::new(want, want), n)
+        1 => (1..=burst.div_ceil(4), 0.0..=1.0f64, 2usize..12).prop_map(|(want, part, n)| {
+            let min = ((want as f64 * part).ceil() as u64).clamp(1, want);
+            Step::Run(LeaseRequest::new(want, min), n)
         }),
         1 => config.clone().prop_map(Step::Init),
         1 => config.prop_map(Step::Modify),

@@ -176,8 +176,8 @@ pub struct Stored {
     /// The pending claim, if any (the script keeps it in the leasers hash, under the empty
     /// field name no node can have).
     pub claim: Option<Claim>,
-    /// What anonymous calls asked for while leasers held rates (kept beside the claim), if
-    /// any.
+    /// What anonymous calls asked for beside leasers, and their credit (kept beside the
+    /// claim), if any.
     pub anonymous: Option<AnonymousDemand>,
 }
 
@@ -200,8 +200,9 @@ pub struct AnonymousDemand {
     pub credit_ts: u64,
 }
 
-/// The horizon anonymous callers are taken to lease at, µs: the longest automatic horizon
-/// (a third of the fill time, at most 250 ms). Beside leasers, an anonymous take sees the
+/// The horizon anonymous callers are taken to lease at, µs: the longest horizon the
+/// automatic policy starts from (a third of the fill time, at most 250 ms; a small share's is
+/// stretched beyond it). Beside leasers, an anonymous take sees the
 /// level above the reserve such a leaser keeps (half of it at the rate, at most a quarter of
 /// the burst), and below it as far as the anonymous callers' credit goes, which accrues at
 /// their share and is capped at one such horizon of it. Taking the whole level while leasers
@@ -542,8 +543,13 @@ pub fn step_with(
         } else {
             rescale(level, first.scale(), scale, burst).min(ceiling(cap, out, scale))
         };
-        // A claim is in the old quota's units.
+        // A claim is in the old quota's units, and so is the anonymous callers' credit: they
+        // gain it again from here.
         claim = None;
+        if anonymous.current > 0 || anonymous.previous > 0 {
+            anonymous.credit = 0;
+            anonymous.credit_ts = now;
+        }
     }
 
     let node_lease = matches!(op, Op::Lease { node: Some(_), .. });
@@ -584,15 +590,23 @@ pub fn step_with(
                     .floor()
                     .max((min * scale) as f64)
                     .min(cap as f64);
-                anonymous.credit = if fresh {
-                    ccap as u64
-                } else if now > anonymous.credit_ts {
-                    let dt = (now - anonymous.credit_ts) as f64;
-                    (anonymous.credit as f64 + (rho * dt).floor()).min(ccap) as u64
+                // Gained for the time since it last gained a unit: callers a microsecond or two
+                // apart each gain less than a unit at a high rate, and moving its time on
+                // without a unit would lose it.
+                let gain = if now > anonymous.credit_ts {
+                    (rho * (now - anonymous.credit_ts) as f64).floor()
                 } else {
-                    (anonymous.credit as f64).min(ccap) as u64
+                    0.0
                 };
-                anonymous.credit_ts = anonymous.credit_ts.max(now);
+                if fresh {
+                    anonymous.credit = ccap as u64;
+                    anonymous.credit_ts = now;
+                } else if gain > 0.0 {
+                    anonymous.credit = (anonymous.credit as f64 + gain).min(ccap) as u64;
+                    anonymous.credit_ts = now;
+                } else {
+                    anonymous.credit = (anonymous.credit as f64).min(ccap) as u64;
+                }
                 let reserve = ((rate as f64 * horizon / period as f64 / 2.0).floor())
                     .min((burst / RESERVE_PARTS) as f64) as u64;
                 let whole = level / scale;
@@ -1385,6 +1399,26 @@ mod tests {
         let mut st = Stored::default();
         lease(&mut st, &q, 100, 1, 1_000);
         assert_eq!(st.anonymous, None);
+    }
+
+    #[test]
+    fn anonymous_credit_keeps_what_calls_a_microsecond_apart_gain() {
+        // 1 000 000/s: a token a unit, a unit a µs. The anonymous callers' share is about
+        // half (their asks beside `a`'s 1 000 000/s), under a unit between two calls a µs
+        // apart: each call's gain rounds to 0, and only the time since the last whole unit
+        // makes one.
+        let q = Quota::per_second(1_000_000).unwrap();
+        let mut st = Stored::default();
+        node_lease(&mut st, &q, "a", 1, 0, 1_000_000_000, 0);
+        // Everything above the reserve and the first credit (124 999 units: a hair under
+        // half of 250 ms): a token is left.
+        let r = lease(&mut st, &q, 999_999, 1, 0);
+        assert_eq!((r.granted, r.remaining), (999_998, 1), "{r:?}");
+        // Then a call a µs: the level grows (all of it reserve), the credit by half a unit.
+        let granted: u64 = (1..=2_000)
+            .map(|t| lease(&mut st, &q, 1, 1, t).granted)
+            .sum();
+        assert!((900..=1_100).contains(&granted), "{granted} of 2 000");
     }
 
     #[test]
