@@ -567,13 +567,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// decision asks the store again, and its failure policy answers while the store fails,
     /// so a service may also start anyway and call `ready` again later.
     pub async fn ready(&self) -> Result<(), AcquireError> {
-        let request = ReleaseRequest::new(0)
-            .for_client(self.client)
-            .algorithm(self.algorithm);
-        let reply = self
-            .store
-            .release(&self.name, &self.quota, &request)
-            .await?;
+        let reply = self.peek().await?;
         let s = &*self.state;
         if s.outage.circuit.recovered(&self.name) {
             // As a decision that closes the circuit: the back-off starts over.
@@ -589,14 +583,18 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// # Errors
     /// [`AcquireError::Store`].
     pub async fn available_permits(&self) -> Result<u64, AcquireError> {
+        Ok(self.peek().await?.remaining)
+    }
+
+    /// One store call that takes nothing (a release of 0 tokens): the bucket as it is now.
+    async fn peek(&self) -> Result<LeaseReply, AcquireError> {
         let request = ReleaseRequest::new(0)
             .for_client(self.client)
             .algorithm(self.algorithm);
-        let reply = self
+        Ok(self
             .store
             .release(&self.name, &self.quota, &request)
-            .await?;
-        Ok(reply.remaining)
+            .await?)
     }
 
     /// Waits until `n` tokens are taken, sleeping for each reply's `retry_after`.
