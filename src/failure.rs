@@ -97,6 +97,29 @@ impl FailurePolicy {
         }
     }
 
+    /// The policy a limiters file names (`"fail-open"`, `"fail-closed"`, `"local-fallback"`,
+    /// `"last-known-share"`: [`name`](Self::name)'s spelling), with `nodes` for the policies
+    /// that divide the quota by a fleet (`expected_nodes`; 0 is read as 1); `None` for any
+    /// other name.
+    ///
+    /// ```
+    /// use ratelease::FailurePolicy;
+    ///
+    /// let p = FailurePolicy::named("local-fallback", 4).unwrap();
+    /// assert_eq!(p, FailurePolicy::local_fallback(4));
+    /// assert_eq!(FailurePolicy::named(p.name(), 4), Some(p));
+    /// assert_eq!(FailurePolicy::named("fail_open", 1), None);
+    /// ```
+    pub fn named(name: &str, nodes: u32) -> Option<Self> {
+        Some(match name {
+            "fail-open" => FailurePolicy::FailOpen,
+            "fail-closed" => FailurePolicy::FailClosed,
+            "local-fallback" => FailurePolicy::local_fallback(nodes),
+            "last-known-share" => FailurePolicy::last_known_share(nodes),
+            _ => return None,
+        })
+    }
+
     /// The policy's name in metrics and logs: as a limiters file spells it
     /// (`on_store_failure = "last-known-share"`).
     pub fn name(&self) -> &'static str {

@@ -62,7 +62,7 @@ use crate::exec::{ready, REQUEST};
 use crate::lock_mode;
 use crate::record::{Outcome, RequestRecord};
 use crate::rng::derive_seed;
-use crate::scenario::{Mode, Scenario};
+use crate::scenario::{LeaseSettings, Mode, Scenario};
 use crate::sim::{ChangeKind, FleetChange};
 use crate::store_model::SimStore;
 
@@ -102,6 +102,10 @@ pub struct Fleet<S: LeaseStore + Clone> {
     seed: u64,
     batch: u64,
     prefetch: bool,
+    /// The scenario's failure policy, if it sets one.
+    failure: Option<FailurePolicy>,
+    /// The `hybrid` and `hybrid-rate` modes' lease settings.
+    lease: LeaseSettings,
     nodes: Nodes<S>,
     up: Vec<bool>,
     records: Arc<Mutex<Vec<RequestRecord>>>,
@@ -180,6 +184,8 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             seed,
             batch: sc.batch(),
             prefetch: sc.prefetch,
+            failure: sc.failure_policy()?,
+            lease: sc.lease.clone(),
             nodes: Nodes::Pure(Vec::new()),
             up: (0..n).map(|i| sc.join_s(i).is_none()).collect(),
             records: Arc::new(Mutex::new(
@@ -280,10 +286,13 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
 
     fn build_pure(&self, node: usize, store: S) -> Result<RedisLimiter<S>, ratelease::BuildError> {
         // The circuit's probe jitter, reproducible like everything else.
-        RedisLimiter::builder(LIMITER_NAME, self.quota, store)
+        let builder = RedisLimiter::builder(LIMITER_NAME, self.quota, store)
             .algorithm(self.algorithm)
-            .seed(derive_seed(self.seed, "pure", node as u64))
-            .build()
+            .seed(derive_seed(self.seed, "pure", node as u64));
+        match self.failure {
+            Some(policy) => builder.on_store_failure(policy).build(),
+            None => builder.build(),
+        }
     }
 
     fn build_hybrid(&self, node: usize, store: S) -> Result<HybridLimiter<S>> {
@@ -295,14 +304,21 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             .algorithm(self.algorithm)
             .prefetch(self.prefetch)
             .seed(seed);
-        // As the failure-policy docs tell users: size the local fallback to the fleet, so a
-        // store outage does not multiply the limit by the number of nodes.
+        // The scenario's policy, else as the failure-policy docs tell users: size the local
+        // fallback to the fleet, so a store outage does not multiply the limit by the number
+        // of nodes.
         let nodes = u32::try_from(self.up.len()).unwrap_or(u32::MAX);
-        let builder = builder.on_store_failure(FailurePolicy::local_fallback(nodes));
+        let failure = self.failure.unwrap_or(FailurePolicy::local_fallback(nodes));
+        let builder = builder.on_store_failure(failure);
         let builder = match self.mode {
             Mode::HybridFixed => builder.policy(FixedLease::new(self.batch)),
-            Mode::HybridRate => builder.policy(AdaptiveLease::new().rate_leases(true)),
-            _ => builder,
+            Mode::HybridRate => builder.policy(
+                self.lease
+                    .apply(AdaptiveLease::new(), false)
+                    .rate_leases(true),
+            ),
+            _ if self.lease.is_default() => builder,
+            _ => builder.policy(self.lease.apply(AdaptiveLease::new(), true)),
         };
         Ok(builder.build()?)
     }

@@ -329,6 +329,19 @@ impl Report {
                  `HybridBuilder::prefetch(false)`), not when they are built.\n\n",
             );
         }
+        if let Some(policy) = &sc.on_store_failure {
+            let _ = writeln!(
+                out,
+                "Every mode that has a failure policy runs `{policy}` (`on_store_failure`).\n"
+            );
+        }
+        if !sc.lease.is_default() {
+            let _ = writeln!(
+                out,
+                "`hybrid` and `hybrid-rate` lease with the scenario's `[lease]` settings (see \
+                 *Scenario as run* below).\n"
+            );
+        }
         if sc.pure_share > 0.0 {
             let _ = writeln!(
                 out,

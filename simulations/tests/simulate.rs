@@ -280,6 +280,42 @@ fn a_mixed_fleet_runs_pure_nodes_beside_leasing_ones() {
     assert!(sc.validate().is_err(), "every node pure is pure-redis mode");
 }
 
+/// A scenario's `on_store_failure` is every mode's policy and its `[lease]` table the hybrid
+/// modes' lease settings: failing open through an outage, pure-redis admits instead of
+/// erroring; rate leases switched off, hybrid holds none.
+#[test]
+fn a_scenarios_policy_and_lease_settings_reach_the_limiters() {
+    let mut sc = eventful(3);
+    sc.modes = vec![Mode::PureRedis, Mode::Hybrid];
+    let plain = run(&sc, Mode::PureRedis);
+    assert!(plain.store_errors > 0, "the outage failed calls: {plain:?}");
+    sc.on_store_failure = Some("fail-open".into());
+    sc.validate().unwrap();
+    let open = run(&sc, Mode::PureRedis);
+    assert!(
+        open.admitted > plain.admitted,
+        "failing open admits more through the outage: {} vs {}",
+        open.admitted,
+        plain.admitted
+    );
+    sc.on_store_failure = Some("fail_open".into());
+    let err = sc.validate().unwrap_err().to_string();
+    assert!(err.contains("fail-open, fail-closed"), "{err}");
+    sc.on_store_failure = None;
+    // A tight burst (40 of 400/s) leases rates by default in so small a fleet.
+    let trace = demand::generate(&sc, sc.seed);
+    let rated = |sc: &Scenario| {
+        let log = sim::run_mode(sc, &trace, Mode::Hybrid, &|_| {}).unwrap();
+        metrics::compute(sc, &log).trace_hash
+    };
+    let by_default = rated(&sc);
+    sc.lease = toml::from_str("rate_leases = false\nhorizon_ms = 20").unwrap();
+    sc.validate().unwrap();
+    assert_ne!(rated(&sc), by_default, "the settings changed nothing");
+    sc.lease.horizon_ms = Some(0.0);
+    assert!(sc.validate().is_err());
+}
+
 /// Lock-based mode runs, is exact, and pays four round trips (and more under contention) per
 /// decision, against one for pure-Redis.
 #[test]

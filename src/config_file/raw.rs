@@ -245,3 +245,30 @@ pub(super) fn invalid(name: &str) -> impl Fn(String) -> ConfigFileError + '_ {
         reason,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file's policy names and [`FailurePolicy::named`] (the simulator's, any caller's) are
+    /// one mapping.
+    #[test]
+    fn a_files_policy_names_are_failure_policy_named() {
+        for (name, file) in [
+            ("fail-open", FailureName::FailOpen),
+            ("fail-closed", FailureName::FailClosed),
+            ("local-fallback", FailureName::LocalFallback),
+            ("last-known-share", FailureName::LastKnownShare),
+        ] {
+            let parsed: FailureName =
+                serde::Deserialize::deserialize(serde::de::value::StrDeserializer::<
+                    serde::de::value::Error,
+                >::new(name))
+                .unwrap();
+            assert_eq!(parsed, file, "{name}");
+            let policy = failure_policy(Some(file), Some(3)).unwrap();
+            assert_eq!(FailurePolicy::named(name, 3), Some(policy), "{name}");
+            assert_eq!(policy.name(), name);
+        }
+    }
+}

@@ -38,6 +38,15 @@
 //! each node leases on first demand instead of when it is built (default `true`, the library's
 //! default).
 //!
+//! `on_store_failure` (a policy's name as in a limiters file: `"fail-open"`, `"fail-closed"`,
+//! `"local-fallback"`, `"last-known-share"`) and `expected_nodes` (default `nodes`) set the
+//! failure policy of every mode that has one. By default the hybrid modes fall back to
+//! `local-fallback` with `expected_nodes = nodes` (each node enforces its part of the rate, as
+//! the failure-policy docs tell users to size it) and `pure-redis` returns the store's error;
+//! set one policy to compare the modes through an outage on the same terms. A `[lease]` table
+//! sets the `hybrid` and `hybrid-rate` modes' `AdaptiveLease`: `horizon_ms`, `rate_leases`
+//! (`hybrid` only), `per_request_below`, `idle_after_ms`.
+//!
 //! `pure_share` (default 0) makes that part of the nodes run pure-mode limiters in the hybrid
 //! modes, on the same bucket: a fleet part-way through a move from pure mode to leasing, or
 //! clients in another language beside leasing nodes. The pure nodes are spread evenly over the
@@ -58,7 +67,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use ratelease::{Algorithm, Quota};
+use ratelease::{AdaptiveLease, Algorithm, FailurePolicy, Quota};
 use serde::{Deserialize, Serialize};
 
 // The `#[serde(default = "…")]` functions.
@@ -135,6 +144,17 @@ pub struct Scenario {
     /// library's default) or on first demand (`false`: `HybridBuilder::prefetch(false)`).
     #[serde(default = "default_prefetch", skip_serializing_if = "is_true")]
     pub prefetch: bool,
+    /// The failure policy of every mode that has one, by its name in a limiters file
+    /// (`"fail-open"`, `"fail-closed"`, `"local-fallback"`, `"last-known-share"`; see the
+    /// module docs for the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_store_failure: Option<String>,
+    /// The fleet the failure policy divides the quota by (default `nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_nodes: Option<u32>,
+    /// The `hybrid` and `hybrid-rate` modes' lease settings (default: the library's).
+    #[serde(default, skip_serializing_if = "LeaseSettings::is_default")]
+    pub lease: LeaseSettings,
     /// The part of the nodes that run pure-mode limiters in the hybrid modes (default 0;
     /// see the module docs).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -149,6 +169,49 @@ pub struct Scenario {
     /// Every node's life, worked out from `events` once (see [`Scenario::lives`]).
     #[serde(skip)]
     lives: OnceLock<Vec<NodeLife>>,
+}
+
+/// The `[lease]` table: settings of `AdaptiveLease`, the `hybrid` and `hybrid-rate` modes'
+/// policy, each unset by default (the library's default then).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSettings {
+    /// `AdaptiveLease::horizon`, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon_ms: Option<f64>,
+    /// `AdaptiveLease::rate_leases` (`hybrid` only: `hybrid-rate` forces them on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_leases: Option<bool>,
+    /// `AdaptiveLease::per_request_below`, tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_request_below: Option<f64>,
+    /// `AdaptiveLease::idle_after`, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_after_ms: Option<f64>,
+}
+
+impl LeaseSettings {
+    /// Whether nothing is set.
+    pub fn is_default(&self) -> bool {
+        *self == LeaseSettings::default()
+    }
+
+    /// `policy` with these settings; `rate_leases` only if `rate_leases_too`.
+    pub fn apply(&self, mut policy: AdaptiveLease, rate_leases_too: bool) -> AdaptiveLease {
+        if let Some(ms) = self.horizon_ms {
+            policy = policy.horizon(Duration::from_secs_f64(ms / 1e3));
+        }
+        if let (Some(on), true) = (self.rate_leases, rate_leases_too) {
+            policy = policy.rate_leases(on);
+        }
+        if let Some(tokens) = self.per_request_below {
+            policy = policy.per_request_below(tokens);
+        }
+        if let Some(ms) = self.idle_after_ms {
+            policy = policy.idle_after(Duration::from_secs_f64(ms / 1e3));
+        }
+        policy
+    }
 }
 
 /// An [`Algorithm`] in a scenario file: its name (`fixed-window`, …).
@@ -247,6 +310,22 @@ impl Scenario {
         ensure!(
             (0.0..1.0).contains(&self.pure_share),
             "pure_share must be in [0, 1): the part of the nodes that decide in pure mode"
+        );
+        self.failure_policy()?;
+        for (key, ms) in [
+            ("lease.horizon_ms", self.lease.horizon_ms),
+            ("lease.idle_after_ms", self.lease.idle_after_ms),
+        ] {
+            ensure!(
+                ms.is_none_or(|ms| ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0),
+                "{key} must be in (0, 3 600 000]"
+            );
+        }
+        ensure!(
+            self.lease
+                .per_request_below
+                .is_none_or(|t| t.is_finite() && t >= 0.0),
+            "lease.per_request_below must be a number of tokens, at least 0"
         );
         ensure!(
             self.rtt_us.is_finite() && self.rtt_us >= 0.0,
@@ -489,6 +568,29 @@ impl Scenario {
     /// Most tokens the bucket allows in `ns` nanoseconds: `burst + rate × W`.
     pub fn allowed_in(&self, ns: u64) -> f64 {
         self.burst() as f64 + self.rate as f64 * ns as f64 / NS_PER_S
+    }
+
+    /// The failure policy `on_store_failure` names (with `expected_nodes`, default `nodes`),
+    /// if set.
+    ///
+    /// # Errors
+    /// For a name no policy has, or `expected_nodes = 0`.
+    pub fn failure_policy(&self) -> Result<Option<FailurePolicy>> {
+        let nodes = self
+            .expected_nodes
+            .unwrap_or(u32::try_from(self.nodes).unwrap_or(u32::MAX));
+        ensure!(nodes >= 1, "expected_nodes must be at least 1");
+        let Some(name) = &self.on_store_failure else {
+            return Ok(None);
+        };
+        FailurePolicy::named(name, nodes)
+            .map(Some)
+            .with_context(|| {
+                format!(
+                    "on_store_failure {name:?} is not a policy: fail-open, fail-closed, \
+                 local-fallback or last-known-share"
+                )
+            })
     }
 
     /// Whether `node` runs a pure-mode limiter in the hybrid modes (see `pure_share`): the
