@@ -72,7 +72,9 @@ fn a_file_parses_with_its_defaults_applied() {
 /// Loads `text`, expecting an `Invalid` error about `limiter` that mentions `what`.
 fn invalid(text: &str, limiter: &str, what: &str) {
     match LimitersConfig::from_toml(text) {
-        Err(ConfigFileError::Invalid { limiter: l, reason }) => {
+        Err(ConfigFileError::Invalid {
+            limiter: l, reason, ..
+        }) => {
             assert_eq!(l, limiter);
             assert!(
                 reason.contains(what),
@@ -123,6 +125,24 @@ fn a_bad_value_names_its_table_line_and_key() {
     assert!(
         e.to_string().contains("[limiters.b] missing field `rate`"),
         "{e}"
+    );
+}
+
+/// An invalid limiter in a file read from disk names the file too.
+#[test]
+fn an_invalid_limiter_in_a_file_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiters.toml");
+    std::fs::write(&path, "[limiters.a]\nrate = 0\n").unwrap();
+    let err = LimitersConfig::load(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, ConfigFileError::Invalid { path: Some(p), .. } if p.ends_with("limiters.toml")),
+        "{err:?}"
+    );
+    assert!(
+        text.starts_with(&format!("{}: limiter \"a\": ", path.display())),
+        "{text}"
     );
 }
 

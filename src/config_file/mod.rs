@@ -143,13 +143,20 @@ pub enum ConfigFileError {
     #[error("invalid limiters file {0}")]
     Parse(ParseError),
     /// A limiter's settings are invalid (of any kind: plain, keyed or concurrency).
-    #[error("limiter {limiter:?}: {reason}")]
+    #[error("{}limiter {limiter:?}: {reason}", in_file(.path))]
     Invalid {
         /// The limiter's name.
         limiter: String,
         /// What is wrong.
         reason: String,
+        /// The file, if it came from [`LimitersConfig::load`].
+        path: Option<String>,
     },
+}
+
+/// `"<path>: "` for an error about a file, nothing for text.
+fn in_file(path: &Option<String>) -> String {
+    path.as_ref().map(|p| format!("{p}: ")).unwrap_or_default()
 }
 
 /// Where and why a limiters file does not parse: one line (`limiters.toml:4:1: unknown field
@@ -349,6 +356,20 @@ impl LimitersConfig {
     }
 
     fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigFileError> {
+        Self::resolve(text, path).map_err(|e| match e {
+            ConfigFileError::Invalid {
+                limiter, reason, ..
+            } => ConfigFileError::Invalid {
+                limiter,
+                reason,
+                path: path.map(|p| p.display().to_string()),
+            },
+            other => other,
+        })
+    }
+
+    /// [`parse`](Self::parse), its `Invalid` errors not yet naming the file.
+    fn resolve(text: &str, path: Option<&Path>) -> Result<Self, ConfigFileError> {
         let file: File = toml::from_str(text)
             .map_err(|e| ConfigFileError::Parse(ParseError::new(&e, text, path)))?;
         let kinds = [

@@ -243,6 +243,7 @@ pub(super) fn invalid(name: &str) -> impl Fn(String) -> ConfigFileError + '_ {
     move |reason| ConfigFileError::Invalid {
         limiter: name.to_owned(),
         reason,
+        path: None,
     }
 }
 
