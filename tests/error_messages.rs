@@ -68,7 +68,11 @@ async fn an_unreachable_redis_is_named_without_its_password() {
     assert!(matches!(err, BuildError::Config(_)), "{err:?}");
     let text = says_once(
         &err,
-        &["invalid redis url", "redis://:***@127.0.0.1:notaport/"],
+        &[
+            "invalid redis url",
+            "redis://:***@127.0.0.1:notaport/",
+            "rediss://",
+        ],
     );
     assert!(!text.contains("hunter2"), "{text}");
 

@@ -160,7 +160,10 @@ impl ConnectSettings {
         let client = redis::Client::open(url);
         client.map_err(|e| {
             let url = crate::key::redact_url(url);
-            ConnectError::Url(format!("invalid redis url {url:?}: {e}"))
+            ConnectError::Url(format!(
+                "invalid redis url {url:?}: {e} (expected redis://[user:password@]host[:port][/db], \
+                 rediss:// for TLS, or redis+unix:///path/to/socket)"
+            ))
         })
     }
 }
