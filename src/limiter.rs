@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{AcquireError, BuildError};
+use crate::error::AcquireError;
 use crate::quota::Quota;
 use crate::time;
 
@@ -491,10 +491,11 @@ pub(crate) fn check_request(quota: &Quota, n: u64) -> Result<(), AcquireError> {
 
 /// A layer's tokens per request (0 is read as 1), refused where no request could ever be
 /// admitted: more than `quota`'s burst.
-pub(crate) fn layer_tokens(tokens: u64, quota: &Quota) -> Result<u64, BuildError> {
+#[cfg(feature = "tower")]
+pub(crate) fn layer_tokens(tokens: u64, quota: &Quota) -> Result<u64, crate::BuildError> {
     let tokens = tokens.max(1);
     check_tokens(tokens, quota.burst()).map_err(|e| {
-        BuildError::Config(format!(
+        crate::BuildError::Config(format!(
             "a layer charging {tokens} tokens per request could admit none: {e}"
         ))
     })?;

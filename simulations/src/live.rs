@@ -271,6 +271,7 @@ pub async fn run_mode(
         tokens_stranded: out.stranded_local,
         store_errors: errors.load(Ordering::Relaxed),
         rejected_while_tokens_idle: out.rejected_while_tokens_idle,
+        tokens_dripped: out.tokens_dripped,
         wall,
     })
 }

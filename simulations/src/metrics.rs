@@ -29,6 +29,9 @@
 //!   2–3, 4–10, 11–32, 33–100, 101–316, … (each about √10 times the last): per group, the mean
 //!   requests and store calls per node per second and the group's acceptance (admitted over
 //!   requested) — where Jain says the fleet is unfair, this says to whom.
+//! - `tokens_from_rates`: tokens the hybrid limiters' rate leases dripped into their local
+//!   buckets — whether the mode leased rates (the default does by itself where the burst is
+//!   tight in a small fleet), and how much.
 //! - `mixed` (hybrid modes with `pure_share` only): the acceptance of the nodes deciding in
 //!   pure mode and of the leasing nodes, each over its group's requests.
 //! - `recovery_s` (moving hot spot only): after each move, the time until the first
@@ -179,6 +182,10 @@ pub struct ModeMetrics {
     /// Worst recovery after a hot-spot move, s (`moving_hotspot` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_s: Option<f64>,
+    /// Tokens the hybrid limiters took from rate leases (dripped into their local buckets),
+    /// admitted or not; 0 for other modes and where no rate was leased.
+    #[serde(default)]
+    pub tokens_from_rates: u64,
     /// A hybrid mode's fleet with some nodes in pure mode (`pure_share`): each group's
     /// acceptance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -409,6 +416,7 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
         rejected_while_tokens_idle: log.rejected_while_tokens_idle,
         by_demand_rank: by_demand_rank(sc.nodes, log, sc.duration_s),
         recovery_s: recovery,
+        tokens_from_rates: log.tokens_dripped,
         mixed: mixed(sc, log),
         store_errors: log.store_errors,
         trace_hash: format!("{:016x}", log.trace_hash()),
@@ -507,6 +515,7 @@ mod tests {
             store_errors: 0,
             redis_busy_ns: 0,
             rejected_while_tokens_idle: 0,
+            tokens_dripped: 0,
             wall: std::time::Duration::ZERO,
         };
         let g = by_demand_rank(12, &log, 2.0);

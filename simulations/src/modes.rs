@@ -155,6 +155,8 @@ pub struct FleetResult {
     pub rejected_while_tokens_idle: u64,
     /// Store errors the hybrid limiters saw (0 for other modes).
     pub limiter_store_errors: u64,
+    /// Tokens the hybrid limiters' rate leases dripped (0 for other modes).
+    pub tokens_dripped: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -565,10 +567,12 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
     pub fn finish(self) -> FleetResult {
         let mut limiter_store_errors = 0;
         let mut expired = 0;
+        let mut tokens_dripped = 0;
         if let Nodes::Hybrid { live, dead, .. } = &self.nodes {
             for l in live.iter().flatten().chain(dead) {
                 let stats = l.stats();
                 limiter_store_errors += stats.store_errors;
+                tokens_dripped += stats.tokens_dripped;
                 // Leased tokens dropped unspent at lease expiry are stranded too.
                 expired += stats.tokens_expired;
                 l.abort();
@@ -580,6 +584,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             stranded_local: self.stranded + expired,
             rejected_while_tokens_idle: self.idle_denials,
             limiter_store_errors,
+            tokens_dripped,
         }
     }
 

@@ -110,6 +110,9 @@ pub struct RunLog {
     pub redis_busy_ns: u64,
     /// Denials on one node while another live node held at least one unused token.
     pub rejected_while_tokens_idle: u64,
+    /// Tokens the hybrid limiters' rate leases dripped into their local buckets (0 for other
+    /// modes). Not in the trace hash: it follows from the run.
+    pub tokens_dripped: u64,
     /// Wall-clock time the run took.
     pub wall: Duration,
 }

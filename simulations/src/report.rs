@@ -273,10 +273,22 @@ impl Report {
         out
     }
 
-    /// Each hybrid mode's acceptance of its pure-mode nodes and of its leasing nodes, one
-    /// line each, if the scenario mixes them (`pure_share`); empty otherwise.
+    /// Notes on the hybrid modes, one line each: how much came from rate leases (if any
+    /// did), and each group's acceptance if the scenario mixes pure-mode nodes in
+    /// (`pure_share`); empty otherwise.
     pub fn mixed_lines(&self) -> String {
         let mut out = String::new();
+        for m in &self.modes {
+            let dripped = m.metrics.tokens_from_rates;
+            if dripped > 0 {
+                let _ = writeln!(
+                    out,
+                    "\n{}: {dripped} tokens came from rate leases ({:.0} % of those admitted)",
+                    m.mode.as_str(),
+                    100.0 * dripped as f64 / m.metrics.admitted.max(1) as f64
+                );
+            }
+        }
         for m in &self.modes {
             if let Some(g) = m.metrics.mixed {
                 let _ = writeln!(

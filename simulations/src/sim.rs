@@ -161,6 +161,7 @@ async fn simulate(
         store_errors: model.timeouts(),
         redis_busy_ns: model.busy_ns(),
         rejected_while_tokens_idle: out.rejected_while_tokens_idle,
+        tokens_dripped: out.tokens_dripped,
         wall: Duration::ZERO,
     })
 }
