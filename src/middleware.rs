@@ -373,7 +373,10 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
         }
     }
 
-    /// Charges `tokens` per request instead of one (0 is read as 1).
+    /// Charges `tokens` per request instead of one (0 is read as 1). Not checked against
+    /// the burst here, as [`RateLimitLayer::tokens`] is (the key type is known only where the
+    /// layer serves): more than the burst fails every request with
+    /// [`AcquireError::ExceedsBurst`].
     pub fn tokens(mut self, tokens: u64) -> Self {
         self.tokens = tokens.max(1);
         self

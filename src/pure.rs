@@ -566,8 +566,15 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// [`AcquireError::Store`] if the store did not answer. The limiter keeps working: each
     /// decision asks the store again, and its failure policy answers while the store fails,
     /// so a service may also start anyway and call `ready` again later.
+    /// [`AcquireError::Unconfigured`] under [`Unconfigured::Error`] for a name with no stored
+    /// quota.
     pub async fn ready(&self) -> Result<(), AcquireError> {
         let reply = self.peek().await?;
+        // The call runs under the builder's quota where the name has none stored: a limiter
+        // that must refuse such a name says so now, as its decisions will.
+        if reply.source == QuotaSource::Caller && self.unconfigured == Unconfigured::Error {
+            return Err(AcquireError::Unconfigured(self.name.to_string()));
+        }
         let s = &*self.state;
         if s.outage.circuit.recovered(&self.name) {
             // As a decision that closes the circuit: the back-off starts over.

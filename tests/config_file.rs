@@ -126,6 +126,23 @@ fn a_bad_value_names_its_table_line_and_key() {
         e.to_string().contains("[limiters.b] missing field `rate`"),
         "{e}"
     );
+    // A commented-out line with the value is not blamed, nor one of two lines that have it.
+    let commented = "[limiters.a]\n# mode = \"hybird\"\nrate = 5\nmode = \"hybird\"\n";
+    let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(commented) else {
+        panic!("expected a parse error");
+    };
+    assert_eq!((e.line(), e.key()), (4, Some("mode")), "{e}");
+    let twice = "[limiters.a]\nrate = 5\nmode = \"x\"\nalgorithm = \"x\"\n";
+    let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(twice) else {
+        panic!("expected a parse error");
+    };
+    assert_eq!((e.line(), e.table()), (1, Some("limiters.a")), "{e}");
+    // An array where a number goes is not a table header.
+    let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml("[limiters.a]\nrate = [5]\n")
+    else {
+        panic!("expected a parse error");
+    };
+    assert_ne!(e.table(), Some("5"), "{e}");
 }
 
 /// An invalid limiter in a file read from disk names the file too.

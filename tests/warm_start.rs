@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ratelease::{
     AcquireError, ConfigStore, HybridLimiter, LeaseStore, Limiter, Quota, RedisLimiter, RedisStore,
-    StoreError,
+    StoreError, Unconfigured,
 };
 use support::RedisServer;
 use wrapped::Wrapped;
@@ -239,5 +239,18 @@ fn a_pure_limiters_ready_reads_the_stored_quota_and_takes_nothing() {
         let limiter = RedisLimiter::new("pure-cold", builders, refused).unwrap();
         let err = warm(&limiter).await.unwrap_err();
         assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
+
+        // A limiter that must refuse a name with no stored quota says so at once.
+        let strict = RedisLimiter::builder("nobody-configured-this", builders, admin.clone())
+            .if_unconfigured(Unconfigured::Error)
+            .build()
+            .unwrap();
+        let err = strict.ready().await.unwrap_err();
+        assert!(matches!(err, AcquireError::Unconfigured(_)), "{err:?}");
+        let configured = RedisLimiter::builder("pure-warm", builders, admin)
+            .if_unconfigured(Unconfigured::Error)
+            .build()
+            .unwrap();
+        configured.ready().await.unwrap();
     });
 }

@@ -104,6 +104,9 @@ pub struct Fleet<S: LeaseStore + Clone> {
     prefetch: bool,
     /// The scenario's failure policy, if it sets one.
     failure: Option<FailurePolicy>,
+    /// The fleet the hybrid modes' default fallback divides the quota by (`expected_nodes`,
+    /// else `nodes`).
+    fallback_nodes: u32,
     /// The `hybrid` and `hybrid-rate` modes' lease settings.
     lease: LeaseSettings,
     nodes: Nodes<S>,
@@ -187,6 +190,9 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             batch: sc.batch(),
             prefetch: sc.prefetch,
             failure: sc.failure_policy()?,
+            fallback_nodes: sc
+                .expected_nodes
+                .unwrap_or(u32::try_from(n).unwrap_or(u32::MAX)),
             lease: sc.lease.clone(),
             nodes: Nodes::Pure(Vec::new()),
             up: (0..n).map(|i| sc.join_s(i).is_none()).collect(),
@@ -309,8 +315,9 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
         // The scenario's policy, else as the failure-policy docs tell users: size the local
         // fallback to the fleet, so a store outage does not multiply the limit by the number
         // of nodes.
-        let nodes = u32::try_from(self.up.len()).unwrap_or(u32::MAX);
-        let failure = self.failure.unwrap_or(FailurePolicy::local_fallback(nodes));
+        let failure = self
+            .failure
+            .unwrap_or(FailurePolicy::local_fallback(self.fallback_nodes));
         let builder = builder.on_store_failure(failure);
         let builder = match self.mode {
             Mode::HybridFixed => builder.policy(FixedLease::new(self.batch)),

@@ -188,11 +188,15 @@ impl ParseError {
         let span_at = error.span().map_or(0, |span| span.start).min(text.len());
         // A table's keys are read into one structure, so the parser blames the whole table
         // for a bad key or value in it: name the table, and find the line if the message
-        // says which key or value it is.
+        // says which key or value it is. (Blamed, the span starts the header's line: a `[`
+        // after a key's `=` is an array, not a table.)
+        let line_start = text[..span_at].rfind('\n').map_or(0, |i| i + 1);
         let table = text[span_at..]
             .lines()
             .next()
+            .filter(|_| text[line_start..span_at].trim().is_empty())
             .map(str::trim)
+            .filter(|l| !l.starts_with("[["))
             .and_then(|l| l.strip_prefix('['))
             .and_then(|l| l.split(']').next())
             .map(|t| t.trim().to_owned());
@@ -274,8 +278,9 @@ impl std::fmt::Display for ParseError {
 }
 
 /// For an error reported at the table starting at `table`: the offset of the line it is
-/// about, if the message says and the line can be found — for "unknown field `key`" the line
-/// that sets `key`, for "unknown variant `value`" the line that sets a key to `"value"`.
+/// about, if the message says and one line of the table matches — for "unknown field `key`"
+/// the line that sets `key`, for "unknown variant `value`" the line that sets a key to
+/// `"value"` (not a comment; if two lines do, neither: the table is blamed).
 fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
     let (key, value) = if let Some(rest) = message.strip_prefix("unknown field `") {
         (Some(rest.split('`').next()?), None)
@@ -285,11 +290,16 @@ fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
         return None;
     };
     let mut offset = text.get(..table)?.rfind('\n').map_or(0, |i| i + 1);
+    let mut found_at = None;
     for (i, line) in text[offset..].split_inclusive('\n').enumerate() {
         let trimmed = line.trim_start();
         // The next table header ends the search (the table's own header is line 0).
         if i > 0 && trimmed.starts_with('[') {
-            return None;
+            break;
+        }
+        if trimmed.starts_with('#') {
+            offset += line.len();
+            continue;
         }
         let found = match (key, value) {
             (Some(key), _) => [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
@@ -303,11 +313,14 @@ fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
             (None, None) => false,
         };
         if found {
-            return Some(offset + line.len() - trimmed.len());
+            if found_at.is_some() {
+                return None;
+            }
+            found_at = Some(offset + line.len() - trimmed.len());
         }
         offset += line.len();
     }
-    None
+    found_at
 }
 
 /// How a limiter decides: leasing batches, or one store call per decision.

@@ -176,11 +176,11 @@ impl Throttled {
 
     /// [`due`](Self::due) at `now` (ms after [`origin`], plus one).
     fn due_at(&self, now: u64) -> Option<u64> {
-        // Relaxed throughout: a count for a log line; two callers racing past the same second
-        // log two lines at worst.
+        // Relaxed throughout: a count for a log line; of two callers racing past the same
+        // second, the compare-exchange lets one log.
         self.events.fetch_add(1, Ordering::Relaxed);
         let last = self.last_ms.load(Ordering::Relaxed);
-        if last != 0 && now < last + 1_000 {
+        if last != 0 && now < last.saturating_add(1_000) {
             return None;
         }
         self.last_ms

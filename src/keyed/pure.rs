@@ -100,7 +100,7 @@ impl<S: LeaseStore + Clone> KeyedRedisLimiter<S> {
         if policy.fallback_nodes().is_some() {
             return Err(BuildError::Config(format!(
                 "a pure keyed limiter keeps no per-key state for a local rate: {} needs one; \
-                 use fail_open or fail_closed, or a KeyedHybridLimiter",
+                 use FailurePolicy::FailOpen or FailClosed, or a KeyedHybridLimiter",
                 policy.name()
             )));
         }

@@ -149,7 +149,8 @@ pub struct Scenario {
     /// module docs for the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_failure: Option<String>,
-    /// The fleet the failure policy divides the quota by (default `nodes`).
+    /// The fleet the failure policy divides the quota by (default `nodes`): the named
+    /// policy's, or the hybrid modes' default `local-fallback`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_nodes: Option<u32>,
     /// The `hybrid` and `hybrid-rate` modes' lease settings (default: the library's).
