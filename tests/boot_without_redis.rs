@@ -114,11 +114,7 @@ async fn a_service_starts_before_redis_and_connects_when_it_appears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_down_from_the_start_the_first_request_is_the_policys() {
     let nothing = RedisServer::reserve(&[]);
-    let store = RedisStore::builder(nothing.url())
-        .lazy_connect()
-        .connect()
-        .await
-        .unwrap();
+    let store = nothing.lazy_store().await;
     let lease_wait = Duration::from_millis(50);
     let quota = Quota::per_second(100).unwrap();
     // The default policy (the last known share; none known yet: the whole quota).

@@ -247,11 +247,7 @@ async fn each_policys_fleet_rate_during_an_outage() {
 /// connect is refused (after one retry). Hold the server while the store is used.
 async fn refused_store() -> (RedisServer, RedisStore) {
     let server = RedisServer::reserve(&[]);
-    let store = RedisStore::builder(server.url())
-        .lazy_connect()
-        .connect()
-        .await
-        .unwrap();
+    let store = server.lazy_store().await;
     (server, store)
 }
 

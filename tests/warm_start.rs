@@ -212,11 +212,7 @@ fn a_pure_limiters_ready_reads_the_stored_quota_and_takes_nothing() {
         let admin = RedisStore::connect(server.url()).await.unwrap();
         let stored = Quota::per_minute(5).unwrap();
         assert!(admin.init_config("pure-warm", &stored).await.unwrap().1);
-        let store = RedisStore::builder(server.url())
-            .lazy_connect()
-            .connect()
-            .await
-            .unwrap();
+        let store = server.lazy_store().await;
         let builders = Quota::per_second(1_000).unwrap();
         let limiter = RedisLimiter::new("pure-warm", builders, store).unwrap();
         assert_eq!(limiter.quota(), builders);
@@ -231,11 +227,7 @@ fn a_pure_limiters_ready_reads_the_stored_quota_and_takes_nothing() {
         assert!(!limiter.acquire_now(1).await.unwrap().is_allowed());
 
         let nothing = RedisServer::reserve(&[]);
-        let refused = RedisStore::builder(nothing.url())
-            .lazy_connect()
-            .connect()
-            .await
-            .unwrap();
+        let refused = nothing.lazy_store().await;
         let limiter = RedisLimiter::new("pure-cold", builders, refused).unwrap();
         let err = warm(&limiter).await.unwrap_err();
         assert!(matches!(err, AcquireError::Store(_)), "{err:?}");

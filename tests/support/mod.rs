@@ -216,6 +216,17 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// A lazily connected store on this server's address; on a server that is not running
+    /// ([`reserve`](RedisServer::reserve)d, or stopped) every connect is refused (after one
+    /// retry). Hold the server while the store is used.
+    pub async fn lazy_store(&self) -> ratelease::RedisStore {
+        ratelease::RedisStore::builder(self.url())
+            .lazy_connect()
+            .connect()
+            .await
+            .unwrap()
+    }
+
     /// How many times `command` (lower case, as `INFO commandstats` names it: `pexpire`) ran
     /// since the server started or its statistics were reset (`CONFIG RESETSTAT`).
     pub fn command_calls(&self, command: &str) -> u64 {
