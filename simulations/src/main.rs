@@ -169,9 +169,12 @@ struct RunOpts {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Every column in the printed table (admitted, rejected, idle denials, decision
+    /// latency too; `summary.md` always has them).
+    #[arg(long)]
+    wide: bool,
 }
 
-/// The command line as typed, runnable from the workspace root.
 /// The report directory when `--out` is not given: `sim/<dir>` in cargo's target directory
 /// (`$CARGO_TARGET_DIR` if set, as `cargo run` would build there, else `./target`).
 fn default_out(dir: &str) -> PathBuf {
@@ -181,6 +184,7 @@ fn default_out(dir: &str) -> PathBuf {
     target.join("sim").join(dir)
 }
 
+/// The command line as typed, runnable from the workspace root.
 fn command_line() -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -259,7 +263,7 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
     });
     report.write(&out)?;
     plots::write_all(&report, &out)?;
-    print!("{}", report.table());
+    print!("{}", report.table(opts.wide));
     print!("{}", report.mixed_lines().replace("\n\n", "\n"));
     println!("{LEGEND}");
     println!(
@@ -279,8 +283,9 @@ jain = Jain's index of per-node acceptance (1: every node alike); min/max = wors
 overshoot = worst window's excess over burst + rate x window; store calls = the run's calls to the store
 calls/s/node = busiest node's busiest second
 Redis CPU = cores of Redis time; stranded = tokens lost with crashed nodes, expired leases or given-up calls
-idle denials = denials while another node held unused tokens; p50/p99/p999 = decision latency, µs
-trace hash = a hash of every decision in order: equal hashes, identical runs";
+trace hash = a hash of every decision in order: equal hashes, identical runs
+(--wide adds admitted, rejected, idle denials: denials while another node held unused tokens,
+and p50/p99/p999 decision latency, µs; summary.md has every column)";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();

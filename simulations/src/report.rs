@@ -75,6 +75,16 @@ const COLUMNS: [&str; 17] = [
     "trace hash",
 ];
 
+/// The columns the terminal's table leaves out unless asked for every one (`--wide`).
+const NARROW_DROPS: [&str; 6] = [
+    "admitted",
+    "rejected",
+    "idle denials",
+    "p50 µs",
+    "p99 µs",
+    "p999 µs",
+];
+
 impl Report {
     fn has_recovery(&self) -> bool {
         self.modes.iter().any(|m| m.metrics.recovery_s.is_some())
@@ -121,10 +131,24 @@ impl Report {
             .collect()
     }
 
-    /// The comparison table as aligned plain text.
-    pub fn table(&self) -> String {
-        let header = self.header();
-        let rows = self.rows();
+    /// The comparison table as aligned plain text: the columns a comparison turns on, or
+    /// every column if `wide`.
+    pub fn table(&self, wide: bool) -> String {
+        // Narrow: the columns a comparison turns on, so the table fits a terminal (121
+        // characters with the trace hash, where every column took 180).
+        let keep = |i: usize, name: &str| wide || !NARROW_DROPS.contains(&name) || i == 0;
+        let pick = |cells: Vec<String>, names: &[String]| -> Vec<String> {
+            cells
+                .into_iter()
+                .zip(names)
+                .enumerate()
+                .filter(|(i, (_, n))| keep(*i, n))
+                .map(|(_, (c, _))| c)
+                .collect()
+        };
+        let names = self.header();
+        let header = pick(names.clone(), &names);
+        let rows: Vec<Vec<String>> = self.rows().into_iter().map(|r| pick(r, &names)).collect();
         let widths: Vec<usize> = (0..header.len())
             .map(|i| {
                 rows.iter()

@@ -166,6 +166,21 @@ fn the_command_writes_the_report_directory() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("seed 7"), "the seed is printed: {stdout}");
+    // The printed table leaves out what a comparison does not turn on (summary.md has it).
+    let header = stdout.lines().find(|l| l.starts_with("mode ")).unwrap();
+    assert!(
+        header.contains("util") && header.contains("trace hash"),
+        "{header}"
+    );
+    assert!(
+        !header.contains("p999") && !header.contains("admitted"),
+        "{header}"
+    );
+    assert!(
+        header.chars().count() <= 125,
+        "{} wide: {header}",
+        header.len()
+    );
     for mode in Mode::all() {
         assert!(stdout.contains(mode.as_str()), "{stdout}");
     }
