@@ -97,6 +97,16 @@ fn gain(q: &Quota, reserved: u64, dt: u64, room: u64) -> u64 {
     add.min(room as f64).max(0.0) as u64
 }
 
+/// The reserve, whole tokens, for a caller leasing over `horizon_us` under `q`: half that
+/// horizon of the rate, at most a quarter of the burst ([`RESERVE_PARTS`]) — bounded for the
+/// fleet whatever the caller's horizon, so a horizon stretched for a small share does not set
+/// more of the bucket aside. The same for a node and for the anonymous callers (over
+/// [`ANON_HORIZON_US`]); the script writes it out in both places, in the same operations.
+fn reserve_tokens(q: &Quota, horizon_us: f64) -> u64 {
+    ((q.rate() as f64 * horizon_us / q.period_us() as f64 / 2.0).floor())
+        .min((q.burst() / RESERVE_PARTS) as f64) as u64
+}
+
 /// Microseconds until a bucket under `q` gains `units`, while `reserved` millitokens per
 /// second of its rate are held by leasers — but never more than [`RESERVED_RETRY_US`] beyond
 /// the time at the whole rate: rate leases may be renewed smaller any time, so a wait computed
@@ -607,8 +617,7 @@ pub fn step_with(
                 } else {
                     anonymous.credit = (anonymous.credit as f64).min(ccap) as u64;
                 }
-                let reserve = ((rate as f64 * horizon / period as f64 / 2.0).floor())
-                    .min((burst / RESERVE_PARTS) as f64) as u64;
+                let reserve = reserve_tokens(&quota, horizon);
                 let whole = level / scale;
                 let mut free = whole.saturating_sub(reserve);
                 let avail = free + (whole - free).min(anonymous.credit / scale);
@@ -702,11 +711,7 @@ pub fn step_with(
                 _ => 0,
             };
             let whole = level.saturating_sub(hold) / scale;
-            // Half the caller's horizon of the rate, at most a quarter of the burst: bounded
-            // for the fleet whatever the caller's horizon, so a horizon stretched for a small
-            // share does not set more of the bucket aside.
-            let reserve = ((rate as f64 * horizon / period as f64 / 2.0).floor())
-                .min((burst / RESERVE_PARTS) as f64) as u64;
+            let reserve = reserve_tokens(&quota, horizon);
             let free = whole.saturating_sub(reserve);
             let avail = free + (whole - free).min(r.credit / scale);
             let floor_tokens = (rho * horizon / scale as f64)
