@@ -697,17 +697,17 @@ if leasers then
     end
   elseif (fmt == 3 and #meta_raw >= META3_LEN and #meta_raw <= META3_LEN + 128)
       or (fmt == 4 and #meta_raw >= META4_LEN and #meta_raw <= META4_LEN + 128) then
-    local ak, at
+    local head, ak, at = META3_LEN, 0, 0
     if fmt == 3 then
       fmt, n, e, units, untl, aa, ac, ap = struct.unpack(META3, meta_raw)
-      ak, at = 0, 0
     else
       fmt, n, e, units, untl, aa, ac, ap, ak, at = struct.unpack(META4, meta_raw)
+      head = META4_LEN
     end
     if n >= -1 and n <= MAX and n % 1 == 0 and e >= 0 and e <= MAX_TIME and e % 1 == 0 then
       if n >= 0 then count = n end
       earliest, known = e, true
-      if fmt == 3 then id = string.sub(meta_raw, META3_LEN + 1) else id = string.sub(meta_raw, META4_LEN + 1) end
+      id = string.sub(meta_raw, head + 1)
       -- Anonymous demand that is not valid, or two windows old, reads as none (and is not
       -- written again: format 2 then); a credit that is not valid, as none.
       if aa >= 0 and aa <= MAX_TIME and aa % 1 == 0 and ac >= 0 and ac <= MAX and ac % 1 == 0
