@@ -54,7 +54,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
@@ -62,6 +62,7 @@ use http::{HeaderValue, Response, StatusCode};
 use super::headers::{retry_after_secs, PolicyHeaders, RATELIMIT, RATELIMIT_POLICY};
 use super::key::KeyError;
 use crate::error::AcquireError;
+use crate::time::Origin;
 
 /// Why the layer answered a request instead of the inner service; found in the response's
 /// extensions, so a later layer can write a body of its own (the layer's is empty).
@@ -154,9 +155,9 @@ static NO_PEER: Throttled = Throttled::new();
 static UNAVAILABLE: Throttled = Throttled::new();
 
 /// The process's first use of a throttled warning: the clock `Throttled` reads.
-fn origin() -> Instant {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    *ORIGIN.get_or_init(Instant::now)
+fn origin() -> Origin {
+    static ORIGIN: OnceLock<Origin> = OnceLock::new();
+    *ORIGIN.get_or_init(Origin::now)
 }
 
 impl Throttled {
@@ -171,7 +172,7 @@ impl Throttled {
     /// the events it should report, this one included, and starts over.
     fn due(&self) -> Option<u64> {
         // +1 so that 0 stays "never" at the process's first millisecond.
-        self.due_at(u64::try_from(origin().elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1)
+        self.due_at(origin().elapsed_ns() / 1_000_000 + 1)
     }
 
     /// [`due`](Self::due) at `now` (ms after [`origin`], plus one).
