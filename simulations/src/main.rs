@@ -264,7 +264,9 @@ fn run(path: &Path, opts: RunOpts, live_url: Option<&str>) -> Result<()> {
     report.write(&out)?;
     plots::write_all(&report, &out)?;
     print!("{}", report.table(opts.wide));
-    print!("{}", report.mixed_lines().replace("\n\n", "\n"));
+    for note in report.notes() {
+        println!("{note}");
+    }
     println!("{LEGEND}");
     println!(
         "{} requests, {:.1} s wall; report in {}",

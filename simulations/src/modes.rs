@@ -190,9 +190,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             batch: sc.batch(),
             prefetch: sc.prefetch,
             failure: sc.failure_policy()?,
-            fallback_nodes: sc
-                .expected_nodes
-                .unwrap_or(u32::try_from(n).unwrap_or(u32::MAX)),
+            fallback_nodes: sc.fallback_nodes(),
             lease: sc.lease.clone(),
             nodes: Nodes::Pure(Vec::new()),
             up: (0..n).map(|i| sc.join_s(i).is_none()).collect(),

@@ -297,34 +297,31 @@ impl Report {
         out
     }
 
-    /// Notes on the hybrid modes, one line each: how much came from rate leases (if any
-    /// did), and each group's acceptance if the scenario mixes pure-mode nodes in
-    /// (`pure_share`); empty otherwise.
-    pub fn mixed_lines(&self) -> String {
-        let mut out = String::new();
-        for m in &self.modes {
+    /// Notes on the hybrid modes, a line each: how much came from rate leases (where any
+    /// did), and each group's acceptance where the scenario mixes pure-mode nodes in
+    /// (`pure_share`).
+    pub fn notes(&self) -> Vec<String> {
+        let rates = self.modes.iter().filter_map(|m| {
             let dripped = m.metrics.tokens_from_rates;
-            if dripped > 0 {
-                let _ = writeln!(
-                    out,
-                    "\n{}: {dripped} tokens came from rate leases ({:.0} % of those admitted)",
+            (dripped > 0).then(|| {
+                format!(
+                    "{}: {dripped} tokens came from rate leases ({:.0} % of those admitted)",
                     m.mode.as_str(),
                     100.0 * dripped as f64 / m.metrics.admitted.max(1) as f64
-                );
-            }
-        }
-        for m in &self.modes {
-            if let Some(g) = m.metrics.mixed {
-                let _ = writeln!(
-                    out,
-                    "\n{}: pure-mode nodes accept {:.3} of their requests, leasing nodes {:.3}",
+                )
+            })
+        });
+        let mixed = self.modes.iter().filter_map(|m| {
+            m.metrics.mixed.map(|g| {
+                format!(
+                    "{}: pure-mode nodes accept {:.3} of their requests, leasing nodes {:.3}",
                     m.mode.as_str(),
                     g.pure,
                     g.leasing
-                );
-            }
-        }
-        out
+                )
+            })
+        });
+        rates.chain(mixed).collect()
     }
 
     /// `summary.md`.
@@ -390,7 +387,9 @@ impl Report {
         }
         out.push_str("## Results\n\n");
         out.push_str(&self.markdown_table());
-        out.push_str(&self.mixed_lines());
+        for note in self.notes() {
+            let _ = write!(out, "\n{note}\n");
+        }
         out.push_str(
             "\nutil = admitted / min(demand, burst + rate × duration); jain = Jain's index of \
              per-node acceptance; overshoot = worst sliding window's excess over \

@@ -577,9 +577,7 @@ impl Scenario {
     /// # Errors
     /// For a name no policy has, or `expected_nodes = 0`.
     pub fn failure_policy(&self) -> Result<Option<FailurePolicy>> {
-        let nodes = self
-            .expected_nodes
-            .unwrap_or(u32::try_from(self.nodes).unwrap_or(u32::MAX));
+        let nodes = self.fallback_nodes();
         ensure!(nodes >= 1, "expected_nodes must be at least 1");
         let Some(name) = &self.on_store_failure else {
             return Ok(None);
@@ -592,6 +590,12 @@ impl Scenario {
                  local-fallback or last-known-share"
                 )
             })
+    }
+
+    /// The fleet a failure policy divides the quota by: `expected_nodes`, else `nodes`.
+    pub fn fallback_nodes(&self) -> u32 {
+        self.expected_nodes
+            .unwrap_or(u32::try_from(self.nodes).unwrap_or(u32::MAX))
     }
 
     /// Whether `node` runs a pure-mode limiter in the hybrid modes (see `pure_share`): the
