@@ -301,8 +301,8 @@ impl AdaptiveLease {
     }
 
     /// Whether leases may also ask to hold a rate (see [`LeaseTerms::rate_leases`]). On, a
-    /// node asks for one where token leases would be small (a tight burst, a small share) and
-    /// its room in the burst can carry it (its part, or in a fleet of at most 100 what the
+    /// node asks for one where token leases would be small (a tight burst, a small share) or
+    /// frequent (a horizon under 50 ms) and its room in the burst can carry it (its part, or in a fleet of at most 100 what the
     /// burst has for every leaser); `SIMULATIONS.md` ("Rate leases") has where that pays and
     /// where it costs. Clients of the same bucket that decide per request (pure mode, another
     /// language's client of the script) report no demand; the store counts what they ask for
@@ -315,14 +315,15 @@ impl AdaptiveLease {
     /// otherwise. There rate leases cost a quarter of a point of utilization or less for 2–30
     /// times fewer store calls (a burst of rate / 20 shared by 10 nodes: 0.6 % of pure mode's
     /// calls where token leases make 18 %); with a burst of a second they save little (10
-    /// nodes: even), and in a larger fleet they cost more than they save (1 000 nodes: about
-    /// a point of utilization and 0.02–0.08 of the first second for 36–40 % fewer calls;
-    /// SIMULATIONS.md, "Rate leases by default for tight bursts"). The fleet is the most
+    /// nodes: even), and in a larger fleet they cost more than they save (1 000 nodes: 0.6 of
+    /// a point of utilization, and where demand comes and goes 0.12 of the first second, for
+    /// 35–55 % fewer calls; SIMULATIONS.md, "Rate leases for short horizons, one horizon of
+    /// room"). The fleet is the most
     /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
     /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
     /// holding a lease, so a recent count reads a large fleet of mostly idle nodes as small;
-    /// rate leases there admit 0.92 of the budget where token leases admit 0.997:
-    /// SIMULATIONS.md, "sparse-tight-fleet".) A rate ends when its node goes quiet (no
+    /// rate leases there admit 0.990 of the budget where token leases admit 0.997, and 0.83
+    /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A rate ends when its node goes quiet (no
     /// request for twenty expected gaps, and for at least a quarter horizon held between 10
     /// and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
     /// token bucket.
