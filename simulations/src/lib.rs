@@ -30,7 +30,8 @@
 //! - **Determinism** ([`rng`], [`record`]). One master seed, split into named streams; each
 //!   run's request and store-call log is hashed (FNV-1a) into a `trace_hash`.
 //! - **Results** ([`metrics`], [`report`], [`plots`]). Metrics are pure functions of the log;
-//!   the report directory holds `report.json`, `windows.csv`, `summary.md` and SVG plots.
+//!   the report directory holds `report.json`, `windows.csv`, `summary.md` and SVG plots, and
+//!   ends with the mode the numbers recommend for this traffic ([`recommend`]).
 
 pub mod calibrate;
 pub mod demand;
@@ -40,6 +41,7 @@ pub mod lock_mode;
 pub mod metrics;
 pub mod modes;
 pub mod plots;
+pub mod recommend;
 pub mod record;
 pub mod report;
 pub mod rng;

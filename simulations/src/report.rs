@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::metrics::{ModeMetrics, Window};
+use crate::recommend::{recommend, Candidate};
 use crate::scenario::{Mode, Scenario};
 
 /// One mode's results.
@@ -321,7 +322,19 @@ impl Report {
                 )
             })
         });
-        rates.chain(mixed).collect()
+        let candidates: Vec<Candidate<'_>> = self
+            .modes
+            .iter()
+            .map(|m| Candidate {
+                mode: m.mode.as_str(),
+                in_code: m.mode.in_code(),
+                utilization: m.metrics.utilization,
+                jain: m.metrics.jain_acceptance,
+                overshoot: m.metrics.max_window_overshoot,
+                store_calls: m.metrics.store_calls,
+            })
+            .collect();
+        rates.chain(mixed).chain(recommend(&candidates)).collect()
     }
 
     /// `summary.md`.

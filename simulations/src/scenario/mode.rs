@@ -47,6 +47,19 @@ impl Mode {
         }
     }
 
+    /// What the mode is in a service's code, for a reader choosing one (the report's
+    /// recommendation names it).
+    pub fn in_code(self) -> &'static str {
+        match self {
+            Mode::PureRedis => "RedisLimiter",
+            Mode::Hybrid => "HybridLimiter with the default policy",
+            Mode::HybridRate => "HybridLimiter with AdaptiveLease::new().rate_leases(true)",
+            Mode::HybridFixed => "HybridLimiter with FixedLease",
+            Mode::StaticShare => "a local limiter per node at rate / nodes, no store",
+            Mode::LockBased => "a lock around a client-side bucket (not in the library)",
+        }
+    }
+
     /// Whether the mode's nodes run a [`HybridLimiter`](ratelease::HybridLimiter) (the
     /// modes a scenario's `pure_share` mixes pure-mode nodes into).
     pub fn is_hybrid(self) -> bool {

@@ -1,0 +1,204 @@
+//! The report's recommendation: which of the modes run suits this scenario's traffic, by the
+//! goals every mode is judged on, so a reader choosing settings need not weigh the table's
+//! columns by hand.
+//!
+//! The rule, in order of what matters to someone running one limit for a fleet:
+//!
+//! 1. **The bound.** A mode that let any window exceed `burst + rate × W` is out.
+//! 2. **Admission and fairness.** Of the rest, those that admit within [`UTIL_SLACK`] of the
+//!    best utilization and are fair (Jain's index at least [`FAIR_JAIN`], or within
+//!    [`UTIL_SLACK`] of the fairest where none is) — a point of utilization or fairness is
+//!    worth more than any number of store calls a fleet can afford.
+//! 3. **Cost.** Among those, the fewest store calls, since each call is Redis CPU and a round
+//!    trip on some node — but calls within [`CALLS_SLACK`] of the fewest count as as few, and
+//!    of those the best utilization wins: a dozen calls saved is no reason to admit less.
+//!
+//! The answer is for the traffic simulated: a mode that wins on even demand (static shares,
+//! say) can lose badly on skewed demand, so run the scenarios that look like your fleet.
+
+/// How far below the best utilization (and, where no mode is fair, the best Jain's index) a
+/// mode may be and still be recommended for fewer store calls: a point.
+pub const UTIL_SLACK: f64 = 0.01;
+
+/// Jain's index of per-node acceptance from which a mode counts as fair (the simulator's
+/// fairness goal).
+pub const FAIR_JAIN: f64 = 0.98;
+
+/// Store calls up to this multiple of the fewest count as as few (a tenth more).
+pub const CALLS_SLACK: f64 = 1.1;
+
+/// What the rule reads of one mode's results.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate<'a> {
+    /// The mode's name.
+    pub mode: &'a str,
+    /// What the mode is in a service's code.
+    pub in_code: &'a str,
+    /// Admitted over what the limit allows.
+    pub utilization: f64,
+    /// Jain's index of per-node acceptance.
+    pub jain: f64,
+    /// Worst window's excess over `burst + rate × W`.
+    pub overshoot: u64,
+    /// Calls to the store.
+    pub store_calls: u64,
+}
+
+/// The mode to recommend among `modes`, and why: two lines (the mode, then the numbers and
+/// the rule that chose it); none if no mode ran.
+pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
+    if modes.is_empty() {
+        return Vec::new();
+    }
+    let bounded: Vec<&Candidate<'_>> = modes.iter().filter(|m| m.overshoot == 0).collect();
+    let Some(best) = bounded
+        .iter()
+        .copied()
+        .max_by(|a, b| a.utilization.total_cmp(&b.utilization))
+    else {
+        return vec!["recommended: none — every mode exceeded burst + rate × W".to_string()];
+    };
+    let fairest = bounded.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
+    let fair = FAIR_JAIN.min(fairest - UTIL_SLACK);
+    let near: Vec<&Candidate<'_>> = bounded
+        .iter()
+        .copied()
+        .filter(|m| m.utilization >= best.utilization - UTIL_SLACK && m.jain >= fair)
+        .collect();
+    let fewest = near.iter().map(|m| m.store_calls).min().unwrap_or(0);
+    let pick = near
+        .iter()
+        .copied()
+        .filter(|m| m.store_calls as f64 <= fewest as f64 * CALLS_SLACK)
+        .max_by(|a, b| a.utilization.total_cmp(&b.utilization))
+        .unwrap_or(best);
+    let mut numbers = format!(
+        "utilization {:.4}, Jain {:.4}, {} store calls",
+        pick.utilization, pick.jain, pick.store_calls
+    );
+    if let Some(pure) = modes
+        .iter()
+        .find(|m| m.mode == "pure-redis" && m.store_calls > 0)
+    {
+        if pick.mode != pure.mode {
+            numbers.push_str(&format!(
+                " ({:.1} % of pure-redis's)",
+                100.0 * pick.store_calls as f64 / pure.store_calls as f64
+            ));
+        }
+    }
+    let rule = if pick.mode == best.mode {
+        "the best utilization with no overshoot".to_string()
+    } else {
+        format!(
+            "the fewest store calls within {UTIL_SLACK} of the best utilization ({:.4}, {}), \
+             fair, no overshoot",
+            best.utilization, best.mode
+        )
+    };
+    let mut first = format!(
+        "recommended for this traffic: {} ({})",
+        pick.mode, pick.in_code
+    );
+    if pick.store_calls == 0 {
+        first.push_str(" — only while demand stays this even: nothing lends a quiet node's part");
+    }
+    vec![first, format!("  {numbers}: {rule}")]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(mode: &str, utilization: f64, jain: f64, overshoot: u64, calls: u64) -> Candidate<'_> {
+        Candidate {
+            mode,
+            in_code: "code",
+            utilization,
+            jain,
+            overshoot,
+            store_calls: calls,
+        }
+    }
+
+    fn picked(modes: &[Candidate<'_>]) -> String {
+        let lines = recommend(modes);
+        let first = lines.first().expect("a line");
+        first
+            .trim_start_matches("recommended for this traffic: ")
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn the_fewest_calls_within_a_point_of_the_best_fair_and_bounded() {
+        let modes = [
+            m("pure-redis", 0.2828, 0.9130, 0, 1_481_868),
+            m("hybrid", 0.9969, 0.9842, 0, 561_650),
+            m("hybrid-rate", 0.9907, 0.9764, 0, 363_163),
+            m("hybrid-fixed", 0.9984, 0.9955, 0, 824_882),
+            m("static-share", 0.4106, 0.9370, 0, 0),
+        ];
+        // hybrid-rate has fewer calls but is not fair (0.9764 < 0.98); static-share none,
+        // but admits 0.41.
+        assert_eq!(picked(&modes), "hybrid");
+        let why = &recommend(&modes)[1];
+        assert!(why.contains("(37.9 % of pure-redis's)"), "{why}");
+        assert!(why.contains("(0.9984, hybrid-fixed)"), "{why}");
+        // Fair, it is the pick.
+        let mut fair = modes;
+        fair[2].jain = 0.9810;
+        assert_eq!(picked(&fair), "hybrid-rate");
+    }
+
+    #[test]
+    fn calls_within_a_tenth_of_the_fewest_go_by_utilization() {
+        // low-rate: leasing saves 3 % of pure mode's calls and admits less.
+        let modes = [
+            m("pure-redis", 0.9984, 0.9990, 0, 2_451),
+            m("hybrid", 0.9967, 0.9879, 0, 2_381),
+            m("hybrid-rate", 0.9926, 0.9826, 0, 2_368),
+        ];
+        assert_eq!(picked(&modes), "pure-redis");
+        assert!(recommend(&modes)[1].ends_with("the best utilization with no overshoot"));
+        // A fifth fewer: the calls win.
+        let mut cheaper = modes;
+        cheaper[2].store_calls = 1_900;
+        assert_eq!(picked(&cheaper), "hybrid-rate");
+    }
+
+    #[test]
+    fn overshoot_rules_a_mode_out_whatever_else_it_does() {
+        let modes = [
+            m("hybrid", 0.99, 0.99, 0, 1_000),
+            m("hybrid-fixed", 0.999, 0.999, 12, 10),
+        ];
+        assert_eq!(picked(&modes), "hybrid");
+        let all_over = [m("hybrid-fixed", 0.999, 0.999, 12, 10)];
+        assert!(recommend(&all_over)[0].contains("none"));
+        assert!(recommend(&[]).is_empty());
+    }
+
+    #[test]
+    fn where_no_mode_is_fair_the_fairest_set_the_bar() {
+        // Jain 0.95 at best: within a point of it counts.
+        let modes = [
+            m("hybrid", 0.99, 0.95, 0, 1_000),
+            m("hybrid-rate", 0.985, 0.945, 0, 500),
+            m("static-share", 0.99, 0.90, 0, 0),
+        ];
+        assert_eq!(picked(&modes), "hybrid-rate");
+    }
+
+    #[test]
+    fn a_mode_without_a_store_comes_with_its_caveat() {
+        let modes = [
+            m("hybrid", 0.9926, 1.0, 0, 1_281),
+            m("static-share", 0.9995, 1.0, 0, 0),
+        ];
+        assert_eq!(picked(&modes), "static-share");
+        assert!(recommend(&modes)[0].contains("only while demand stays this even"));
+    }
+}
