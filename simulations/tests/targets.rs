@@ -173,3 +173,20 @@ fn rate_leases_end_with_a_nodes_busy_second() {
     assert_eq!(rated.max_window_overshoot, 0, "{rated:?}");
     assert!(rated.utilization >= 0.85, "{rated:?}");
 }
+
+/// A horizon set longer than the burst carries is shortened to half the fill time: tokens
+/// count against the burst until their node's next call, so 1 000 nodes sharing a burst of
+/// 50 ms of the rate on leases of 100 ms could be granted at most half the rate, and the
+/// busiest nodes, whose steps the bucket never held, got nothing (2 s: utilization 0.50, the
+/// busiest node 0.0001; shortened, 0.97 and 0.56).
+#[test]
+fn a_horizon_the_burst_cannot_carry_starves_no_node() {
+    let mut sc = shipped("tight-burst-fleet", 2.0);
+    sc.lease.horizon_ms = Some(100.0);
+    let hybrid = run(&sc, Mode::Hybrid);
+    assert_eq!(hybrid.max_window_overshoot, 0, "{hybrid:?}");
+    assert!(hybrid.utilization >= 0.95, "{hybrid:?}");
+    let busiest = &hybrid.by_demand_rank[0];
+    assert_eq!(busiest.first, 1);
+    assert!(busiest.acceptance >= 0.3, "{busiest:?}");
+}

@@ -27,7 +27,8 @@
 //! rate = 1000        # tokens per period
 //! period = "1s"      # humantime: "250ms", "1m", "1h 30m"; default "1s"
 //! burst = 100        # default: rate
-//! horizon = "25ms"   # adaptive leasing (the default policy): how long a lease lasts
+//! horizon = "25ms"   # adaptive leasing (the default policy): how long a lease lasts,
+//!                    # at most half of burst / rate (the time the burst takes to fill)
 //!
 //! [limiters.sms]
 //! rate = 1

@@ -185,6 +185,12 @@ const BLIND_FLEET: f64 = 1_000.0;
 /// first second 0.03–0.07; SIMULATIONS.md, "A third of the fill time").
 const FILL_PARTS: f64 = 3.0;
 
+/// A horizon set on [`AdaptiveLease`] is at most the fill time over this (and never below
+/// [`MIN_AUTO_HORIZON`]): see [`AdaptiveLease::horizon`]. A half keeps the whole rate (with a
+/// horizon of the whole fill time and no shortening for large shares, the busiest node of
+/// 1 000 sharing a burst of 50 ms admitted nothing).
+const MIN_FILL_PARTS: f64 = 2.0;
+
 /// Shortest automatic horizon of [`AdaptiveLease`].
 pub const MIN_AUTO_HORIZON: Duration = Duration::from_millis(10);
 /// Longest automatic horizon of [`AdaptiveLease`].
@@ -261,6 +267,15 @@ impl AdaptiveLease {
     }
 
     /// How long one lease should last (default: automatic, see above; at least 1 ms).
+    ///
+    /// At most half the bucket's fill time (`burst / rate`, but never below 10 ms) is used:
+    /// the tokens a node leases count against the burst until its next call, about a horizon
+    /// later, so the fleet can be granted at most `burst / horizon` tokens a second — a horizon
+    /// of the whole fill time or more keeps the bucket from refilling while the tokens are out
+    /// and the busiest nodes, whose steps the bucket then never holds, get nothing. (1 000
+    /// nodes sharing a burst of 50 ms of the rate, a horizon of 100 ms: utilization 0.54, the
+    /// busiest nodes admitting none; shortened, 0.997. SIMULATIONS.md, "A horizon the burst
+    /// can carry".)
     pub fn horizon(mut self, horizon: Duration) -> Self {
         self.horizon = Some(horizon.max(Duration::from_millis(1)));
         self
@@ -282,10 +297,18 @@ impl AdaptiveLease {
 
     /// The horizon used for `quota`.
     pub fn horizon_for(&self, quota: &Quota) -> Duration {
-        self.horizon.unwrap_or_else(|| {
-            let fill = quota.burst() as f64 / quota.per_second_f64();
-            Duration::from_secs_f64(fill / FILL_PARTS).clamp(MIN_AUTO_HORIZON, MAX_AUTO_HORIZON)
-        })
+        let fill = quota.burst() as f64 / quota.per_second_f64();
+        match self.horizon {
+            // The longest a burst carries (see `horizon`).
+            Some(set) => set.min(
+                Duration::try_from_secs_f64(fill / MIN_FILL_PARTS)
+                    .unwrap_or(Duration::MAX)
+                    .max(MIN_AUTO_HORIZON),
+            ),
+            None => {
+                Duration::from_secs_f64(fill / FILL_PARTS).clamp(MIN_AUTO_HORIZON, MAX_AUTO_HORIZON)
+            }
+        }
     }
 
     /// Lease validity (default 10 × horizon, at least 1 s; never below 2 × horizon).
@@ -980,7 +1003,32 @@ pub(crate) mod tests {
         let q = q.with_burst(1).unwrap();
         assert_eq!(p.horizon_for(&q), MIN_AUTO_HORIZON);
         let fixed = p.horizon(Duration::from_millis(70));
-        assert_eq!(fixed.horizon_for(&q), Duration::from_millis(70));
+        let wide = q.with_burst(300).unwrap();
+        assert_eq!(fixed.horizon_for(&wide), Duration::from_millis(70));
+    }
+
+    #[test]
+    fn a_set_horizon_is_at_most_half_the_fill_time() {
+        // 100 000/s with a burst of 5 000: a fill time of 50 ms. A horizon of 100 ms would let
+        // the fleet be granted at most 50 000 tokens a second: 25 ms is used.
+        let q = Quota::per_second(100_000)
+            .unwrap()
+            .with_burst(5_000)
+            .unwrap();
+        let long = AdaptiveLease::new().horizon(Duration::from_millis(100));
+        assert_eq!(long.horizon_for(&q), Duration::from_millis(25));
+        assert_eq!(long.terms(&q).unwrap().horizon, Duration::from_millis(25));
+        // Shorter ones as set; never shortened below 10 ms (a burst of 1 ms of the rate).
+        let short = AdaptiveLease::new().horizon(Duration::from_millis(20));
+        assert_eq!(short.horizon_for(&q), Duration::from_millis(20));
+        let tiny = q.with_burst(100).unwrap();
+        assert_eq!(long.horizon_for(&tiny), MIN_AUTO_HORIZON);
+        assert_eq!(
+            AdaptiveLease::new()
+                .horizon(Duration::from_millis(5))
+                .horizon_for(&tiny),
+            Duration::from_millis(5)
+        );
     }
 
     #[test]
@@ -1031,10 +1079,11 @@ pub(crate) mod tests {
             "{t:?}"
         );
         assert_eq!(t.ttl, Duration::from_secs(1));
+        // A burst of 3 s of the rate carries a horizon of 1 s.
         let t = AdaptiveLease::new()
             .horizon(Duration::from_secs(1))
             .ttl(Duration::from_millis(10))
-            .terms(&q)
+            .terms(&q.with_burst(30).unwrap())
             .unwrap();
         assert_eq!(
             t.ttl,
