@@ -11,7 +11,8 @@
 //!    worth more than any number of store calls a fleet can afford.
 //! 3. **Cost.** Among those, the fewest store calls, since each call is Redis CPU and a round
 //!    trip on some node — but calls within [`CALLS_SLACK`] of the fewest count as as few, and
-//!    of those the best utilization wins: a dozen calls saved is no reason to admit less.
+//!    of those the best utilization wins: a dozen calls saved is no reason to admit less. On a
+//!    tie, the mode listed first (the report lists the default before its variants).
 //!
 //! The answer is for the traffic simulated: a mode that wins on even demand (static shares,
 //! say) can lose badly on skewed demand, so run the scenarios that look like your fleet.
@@ -66,11 +67,13 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
         .filter(|m| m.utilization >= best.utilization - UTIL_SLACK && m.jain >= fair)
         .collect();
     let fewest = near.iter().map(|m| m.store_calls).min().unwrap_or(0);
+    // On a tie, the mode that ran first (the report's order puts the simpler first: the
+    // default before rate leases).
     let pick = near
         .iter()
         .copied()
         .filter(|m| m.store_calls as f64 <= fewest as f64 * CALLS_SLACK)
-        .max_by(|a, b| a.utilization.total_cmp(&b.utilization))
+        .reduce(|a, b| if b.utilization > a.utilization { b } else { a })
         .unwrap_or(best);
     let mut numbers = format!(
         "utilization {:.4}, Jain {:.4}, {} store calls",
@@ -190,6 +193,12 @@ mod tests {
             m("static-share", 0.99, 0.90, 0, 0),
         ];
         assert_eq!(picked(&modes), "hybrid-rate");
+        // The same run twice (the default leases rates here too): the first listed.
+        let same = [
+            m("hybrid", 0.9985, 0.9999, 0, 1_318),
+            m("hybrid-rate", 0.9985, 0.9999, 0, 1_318),
+        ];
+        assert_eq!(picked(&same), "hybrid");
     }
 
     #[test]
