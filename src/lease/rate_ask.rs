@@ -54,12 +54,14 @@ use super::policy::{capped, LeaseAsk, LeaseContext, LeaseTerms};
 /// unless its horizon is under [`RATE_LEASE_SHORTER`].
 const RATE_LEASE_BELOW: f64 = 32.0;
 
-/// A node asks for a rate lease, however large its token leases would be, while its horizon is
-/// under this: a busy node leasing tokens calls about once a horizon, so more than 20 times a
-/// second below 50 ms (a burst under 150 ms of the rate), however many tokens each call
-/// brings. 1 000 nodes sharing a burst of 50 ms of the rate, rate leases on: the ten busiest
-/// made 2–3 calls a second instead of 19–58, utilization 0.9868 → 0.9907 (SIMULATIONS.md,
-/// "Rate leases for short horizons, one horizon of room").
+/// A node held to its share asks for a rate lease, however large its token leases would be,
+/// while its horizon is under this: a busy node leasing tokens calls about once a horizon, so
+/// more than 20 times a second below 50 ms (a burst under 150 ms of the rate), however many
+/// tokens each call brings. 1 000 nodes sharing a burst of 50 ms of the rate, rate leases on:
+/// the ten busiest made 2–3 calls a second instead of 19–58, utilization 0.9868 → 0.9907
+/// (SIMULATIONS.md, "Rate leases for short horizons, one horizon of room"). Not a node with
+/// tokens to spare (its demand under its share): one whose demand ramped from 10 000 to 145 000
+/// a second under a limit of 10 000 000 was denied 164 times on a rate, never on tokens.
 const RATE_LEASE_SHORTER: Duration = Duration::from_millis(50);
 
 /// Fewest tokens a rate lease's local bucket must have room for: requests arrive unevenly, and
@@ -133,8 +135,8 @@ impl RateAsk {
 /// node's counted tokens carry it; it costs where demand moves fast (a rate is renewed every
 /// half ttl, token leases follow demand at every call). So: none before any demand is
 /// measured (the first lease is sized without one, the next call asks), none when a horizon
-/// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens and the horizon is
-/// [`RATE_LEASE_SHORTER`] or longer, and none when the node's room
+/// of the usable rate is more than [`RATE_LEASE_BELOW`] tokens unless the horizon is under
+/// [`RATE_LEASE_SHORTER`] and the node held to its share, and none when the node's room
 /// has none for [`MIN_ROOM`] tokens beside the slack — its room being its part of the burst
 /// (by its part of the rate), or, if larger and the fleet has at most
 /// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the leasers the store counts.
@@ -162,7 +164,15 @@ pub(crate) fn rate_ask(
         0.0
     };
     let room = part.max(even.min(need as f64));
-    let large = usable * horizon > limit && terms.horizon >= RATE_LEASE_SHORTER;
+    // A short horizon asks for a rate only where the node is held to its share (its demand
+    // above it; above half of it once rated): with tokens to spare, a rated node whose demand
+    // outgrows its rate between renewals is denied while the fleet has tokens, and token
+    // leases follow it at every call.
+    let held_to_share = ctx
+        .share
+        .is_some_and(|share| ctx.demand > share * if rated { 0.5 } else { 1.0 });
+    let short = terms.horizon < RATE_LEASE_SHORTER && held_to_share;
+    let large = usable * horizon > limit && !short;
     if rate_mtps == 0 || room < need as f64 || large {
         return None;
     }
@@ -225,8 +235,15 @@ mod tests {
         let busy = ctx(fleet, 0, 0, 46_000.0, Some(25_000.0));
         let r = rate_ask(&fleet, &terms(17), &busy, false).unwrap();
         assert_eq!((r.rate_mtps, r.capacity, r.batch), (31_250_000, 533, 426));
-        // From a horizon of 50 ms on, the bound again.
+        // From a horizon of 50 ms on, the bound again; and with tokens to spare (a demand
+        // under the share), the bound whatever the horizon.
         assert_eq!(rate_ask(&fleet, &terms(50), &busy, false), None);
+        let ample = ctx(fleet, 0, 0, 25_000.0, Some(40_000.0));
+        assert_eq!(rate_ask(&fleet, &terms(17), &ample, false), None);
+        // Rated, it keeps the rate down to half its share.
+        let slower = ctx(fleet, 0, 0, 20_000.0, Some(25_000.0));
+        assert!(rate_ask(&fleet, &terms(17), &slower, true).is_some());
+        assert_eq!(rate_ask(&fleet, &terms(17), &slower, false), None);
     }
 
     #[test]
