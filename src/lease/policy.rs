@@ -325,9 +325,9 @@ impl AdaptiveLease {
 
     /// Whether leases may also ask to hold a rate (see [`LeaseTerms::rate_leases`]). On, a
     /// node asks for one where token leases would be small (a tight burst, a small share) or
-    /// frequent (a horizon under 50 ms) and its room in the burst can carry it (its part, or in a fleet of at most 100 what the
-    /// burst has for every leaser); `SIMULATIONS.md` ("Rate leases") has where that pays and
-    /// where it costs. Clients of the same bucket that decide per request (pure mode, another
+    /// frequent (a horizon under 50 ms) and its room in the burst can carry it (its part, or
+    /// in a fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md`
+    /// ("Rate leases") has where that pays and where it costs. Clients of the same bucket that decide per request (pure mode, another
     /// language's client of the script) report no demand; the store counts what they ask for
     /// (retries included) in the shares of the rate, from the first rate held on (the first
     /// rates may take all until their renewal).
@@ -346,9 +346,9 @@ impl AdaptiveLease {
     /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
     /// holding a lease, so a recent count reads a large fleet of mostly idle nodes as small;
     /// rate leases there admit 0.990 of the budget where token leases admit 0.997, and 0.83
-    /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A rate ends when its node goes quiet (no
-    /// request for twenty expected gaps, and for at least a quarter horizon held between 10
-    /// and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
+    /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A
+    /// rate ends when its node goes quiet (no request for twenty expected gaps, and for at
+    /// least a quarter horizon held between 10 and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
     /// token bucket.
     ///
     /// What a rated node does not call for, it learns late: a change of the stored config
