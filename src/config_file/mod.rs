@@ -28,7 +28,8 @@
 //! period = "1s"      # humantime: "250ms", "1m", "1h 30m"; default "1s"
 //! burst = 100        # default: rate
 //! horizon = "25ms"   # adaptive leasing (the default policy): how long a lease lasts,
-//!                    # at most half of burst / rate (the time the burst takes to fill)
+//!                    # at most half of burst / rate (the time the burst takes to fill),
+//!                    # never cut below 10ms
 //!
 //! [limiters.sms]
 //! rate = 1

@@ -82,13 +82,14 @@ pub(super) async fn refill_loop<S: LeaseStore>(
     s.finished.notify_waiters();
 }
 
-/// A pause on the store's answer ends once callers are denied at more than this many times
-/// the rate it was for (see `Task::pause`): a node told, at a share of a token a second, to
-/// come back in a second for its next token was blind through the second its demand rose to
-/// 4 000 a second (1 000 nodes each busy one second in twenty, under a tight burst: the
-/// worst nodes admitted 0.2 % of their requests with horizons stretched for small shares;
-/// bursty-fleet: Jain 0.9867 → 0.9994). Four: at most one early call each time the demand
-/// quadruples.
+/// A pause on the store's answer ends once callers, some of them denied, ask at more than
+/// this many times the rate it was for (see `Task::pause`): a node told, at a share of a token
+/// a second, to come back in a second for its next token was blind through the second its
+/// demand rose to 4 000 a second (1 000 nodes each busy one second in twenty, under a tight
+/// burst: the worst nodes admitted 0.2 % of their requests with horizons stretched for small
+/// shares; bursty-fleet: Jain 0.9867 → 0.9994). The rate an answer was for follows the demand
+/// estimate (a 300 ms time constant), so a step of demand makes a few early calls (until the
+/// estimate reaches a quarter of it, about 90 ms) and a steady demand none.
 const SURGE: f64 = 4.0;
 
 /// How often a pause on the store's answer looks for a surge (see [`SURGE`]).
@@ -299,8 +300,10 @@ impl Task {
     /// keeps dripping.
     ///
     /// A pause on the store's own answer (`surge_above`: the larger of the share it told and
-    /// the demand this node reported, tokens per second) ends early once callers are denied at
-    /// more than [`SURGE`] times that since the call: the answer was for a demand that is gone.
+    /// this node's demand estimate, tokens per second) ends early once callers, some of them
+    /// denied, ask at more than [`SURGE`] times that (over the interval under way, see
+    /// `RecentRate::peek`): the answer was for a demand that is gone. A rated node's wait for
+    /// its renewal ends so too.
     async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant, surge_above: Option<f64>) {
         let windowed = s.algorithm == Algorithm::FixedWindow;
         if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
@@ -724,7 +727,8 @@ impl Task {
             }
         };
         // A node holding a rate asks again at its rate's renewal (early if its demand moved
-        // away from it), whatever its callers are denied meanwhile — the rate is its share —
+        // away from it, or surged: see `pause`), whatever its callers are denied meanwhile —
+        // the rate is its share —
         // unless the store just had a whole batch of tokens beyond the rate for it: tokens are
         // plentiful, and it asks again when its callers need them (or when the store said).
         // Chasing the few tokens the refill leaves beside the rates cost a call per token or

@@ -275,7 +275,8 @@ impl AdaptiveLease {
     /// and the busiest nodes, whose steps the bucket then never holds, get nothing. (1 000
     /// nodes sharing a burst of 50 ms of the rate, a horizon of 100 ms: utilization 0.54, the
     /// busiest nodes admitting none; shortened, 0.997. SIMULATIONS.md, "A horizon the burst
-    /// can carry".)
+    /// can carry".) A small share's horizon is still stretched past it call by call (see
+    /// [`LeasePolicy::terms_at`]): its steps are a few tokens, not a large part of the burst.
     pub fn horizon(mut self, horizon: Duration) -> Self {
         self.horizon = Some(horizon.max(Duration::from_millis(1)));
         self
@@ -597,8 +598,8 @@ const MAX_SHRINK: f64 = 2.0;
 /// holding, calls are fewest with `hᵢ ∝ 1/√shareᵢ`.
 ///
 /// - A node whose share is below a thousandth of the rate (a hundredth where the burst is
-///   tight: [`TIGHT_SHARE_REF`]) leases for longer, by `√(rate / (SHARE_REF × share))`, at
-///   most half of `ttl`: under the skewed demand of a large
+///   tight: [`TIGHT_SHARE_REF`]) leases for longer, by `√(rate / (SHARE_REF × share))`
+///   (`TIGHT_SHARE_REF` there), at most half of `ttl`: under the skewed demand of a large
 ///   fleet this allows a few times fewer calls than one horizon for all (SIMULATIONS.md,
 ///   "Horizons by the square root of the share"). A node that is short of the level while its
 ///   credit covers its longer step does not starve: the store holds the step back for it (a
