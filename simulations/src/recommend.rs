@@ -5,10 +5,10 @@
 //! The rule, in order of what matters to someone running one limit for a fleet:
 //!
 //! 1. **The bound.** A mode that let any window exceed `burst + rate × W` is out.
-//! 2. **Admission and fairness.** Of the rest, those that admit within [`UTIL_SLACK`] of the
-//!    best utilization and are fair (Jain's index at least [`FAIR_JAIN`], or within
-//!    [`UTIL_SLACK`] of the fairest where none is) — a point of utilization or fairness is
-//!    worth more than any number of store calls a fleet can afford.
+//! 2. **Fairness, then admission.** Of the rest, the fair ones (Jain's index at least
+//!    [`FAIR_JAIN`], or within [`UTIL_SLACK`] of the fairest where none reaches it), and of
+//!    those the ones within [`UTIL_SLACK`] of the best utilization among them — a point of
+//!    utilization or fairness is worth more than any number of store calls a fleet can afford.
 //! 3. **Cost.** Among those, the fewest store calls, since each call is Redis CPU and a round
 //!    trip on some node — but calls within [`CALLS_SLACK`] of the fewest count as as few, and
 //!    of those the best utilization wins: a dozen calls saved is no reason to admit less. On a
@@ -52,19 +52,29 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
         return Vec::new();
     }
     let bounded: Vec<&Candidate<'_>> = modes.iter().filter(|m| m.overshoot == 0).collect();
-    let Some(best) = bounded
+    if bounded.is_empty() {
+        return vec!["recommended: none — every mode exceeded burst + rate × W".to_string()];
+    }
+    // The fair modes: Jain's index at least `FAIR_JAIN`, or, where none reaches it, within a
+    // point of the fairest.
+    let fairest = bounded.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
+    let bar = if fairest >= FAIR_JAIN {
+        FAIR_JAIN
+    } else {
+        fairest - UTIL_SLACK
+    };
+    let fair: Vec<&Candidate<'_>> = bounded.into_iter().filter(|m| m.jain >= bar).collect();
+    let Some(best) = fair
         .iter()
         .copied()
         .max_by(|a, b| a.utilization.total_cmp(&b.utilization))
     else {
-        return vec!["recommended: none — every mode exceeded burst + rate × W".to_string()];
+        return Vec::new();
     };
-    let fairest = bounded.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
-    let fair = FAIR_JAIN.min(fairest - UTIL_SLACK);
-    let near: Vec<&Candidate<'_>> = bounded
+    let near: Vec<&Candidate<'_>> = fair
         .iter()
         .copied()
-        .filter(|m| m.utilization >= best.utilization - UTIL_SLACK && m.jain >= fair)
+        .filter(|m| m.utilization >= best.utilization - UTIL_SLACK)
         .collect();
     let fewest = near.iter().map(|m| m.store_calls).min().unwrap_or(0);
     // On a tie, the mode that ran first (the report's order puts the simpler first: the
@@ -91,11 +101,11 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
         }
     }
     let rule = if pick.mode == best.mode {
-        "the best utilization with no overshoot".to_string()
+        "the best utilization of the fair modes, no overshoot".to_string()
     } else {
         format!(
-            "the fewest store calls within {UTIL_SLACK} of the best utilization ({:.4}, {}), \
-             fair, no overshoot",
+            "the fewest store calls within {UTIL_SLACK} of the best utilization of the fair \
+             modes ({:.4}, {}), no overshoot",
             best.utilization, best.mode
         )
     };
@@ -165,7 +175,9 @@ mod tests {
             m("hybrid-rate", 0.9926, 0.9826, 0, 2_368),
         ];
         assert_eq!(picked(&modes), "pure-redis");
-        assert!(recommend(&modes)[1].ends_with("the best utilization with no overshoot"));
+        assert!(
+            recommend(&modes)[1].ends_with("the best utilization of the fair modes, no overshoot")
+        );
         // A fifth fewer: the calls win.
         let mut cheaper = modes;
         cheaper[2].store_calls = 1_900;
@@ -199,6 +211,23 @@ mod tests {
             m("hybrid-rate", 0.9985, 0.9999, 0, 1_318),
         ];
         assert_eq!(picked(&same), "hybrid");
+    }
+
+    #[test]
+    fn an_unfair_mode_sets_no_bar_for_the_fair_ones() {
+        // The best utilization is unfair: the fair mode a point and a half below it is picked.
+        let modes = [
+            m("hybrid", 0.985, 0.99, 0, 1_000),
+            m("static-share", 0.999, 0.90, 0, 0),
+        ];
+        assert_eq!(picked(&modes), "hybrid");
+        // With a fair mode, the bar is `FAIR_JAIN`, not a point below the fairest: 0.976 is not
+        // fair beside 0.985.
+        let modes = [
+            m("hybrid", 0.99, 0.985, 0, 1_000),
+            m("hybrid-rate", 0.99, 0.976, 0, 100),
+        ];
+        assert_eq!(picked(&modes), "hybrid");
     }
 
     #[test]
