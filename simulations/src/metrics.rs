@@ -279,7 +279,7 @@ pub fn by_demand_rank(nodes: usize, log: &RunLog, duration_s: f64) -> Vec<RankGr
 }
 
 /// Requests and admissions per node.
-fn per_node_requests(nodes: usize, log: &RunLog) -> (Vec<u64>, Vec<u64>) {
+pub fn per_node_requests(nodes: usize, log: &RunLog) -> (Vec<u64>, Vec<u64>) {
     let mut demand = vec![0u64; nodes];
     let mut admitted = vec![0u64; nodes];
     for r in &log.requests {

@@ -6,7 +6,6 @@
 use std::path::Path;
 
 use simulations::metrics::{self, ModeMetrics};
-use simulations::record::Outcome;
 use simulations::{demand, sim, Mode, Scenario};
 
 fn shipped(name: &str, duration_s: f64) -> Scenario {
@@ -202,14 +201,7 @@ fn a_node_whose_demand_surges_asks_again_before_its_retry() {
     let sc = shipped("sparse-tight-fleet", 5.0);
     let trace = demand::generate(&sc, sc.seed);
     let log = sim::run_mode(&sc, &trace, Mode::Hybrid, &|_| {}).unwrap();
-    let mut asked = vec![0u64; sc.nodes];
-    let mut admitted = vec![0u64; sc.nodes];
-    for r in &log.requests {
-        asked[r.node as usize] += 1;
-        if r.outcome == Outcome::Admitted {
-            admitted[r.node as usize] += 1;
-        }
-    }
+    let (asked, admitted) = metrics::per_node_requests(sc.nodes, &log);
     let busy: Vec<f64> = (0..asked.len())
         .filter(|&i| asked[i] >= 3_000)
         .map(|i| admitted[i] as f64 / asked[i] as f64)
