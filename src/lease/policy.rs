@@ -298,7 +298,7 @@ impl AdaptiveLease {
 
     /// The horizon used for `quota`.
     pub fn horizon_for(&self, quota: &Quota) -> Duration {
-        let fill = quota.burst() as f64 / quota.per_second_f64();
+        let fill = fill_s(quota);
         match self.horizon {
             // The longest a burst carries (see `horizon`).
             Some(set) => set.min(
@@ -368,10 +368,7 @@ impl AdaptiveLease {
     /// the burst is tight and the fleet small.
     fn rate_leases_at(&self, asked: bool, call: &CallContext) -> bool {
         self.rate_leases.unwrap_or_else(|| {
-            let fill = call.quota.burst() as f64 / call.quota.per_second_f64();
-            asked
-                || fill < AUTO_RATE_FILL.as_secs_f64()
-                    && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
+            asked || tight(&call.quota) && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
         })
     }
 
@@ -566,6 +563,18 @@ const ROOM_PER_LEASER: f64 = 4.0;
 /// store calls a second or more (see [`AdaptiveLease::rate_leases`]).
 const AUTO_RATE_FILL: Duration = Duration::from_millis(250);
 
+/// The time `quota`'s bucket takes to fill, seconds (`burst / rate`).
+fn fill_s(quota: &Quota) -> f64 {
+    quota.burst() as f64 / quota.per_second_f64()
+}
+
+/// Whether `quota`'s burst is tight: it fills in under [`AUTO_RATE_FILL`] (where rate leases
+/// are on by default in a small fleet, and small shares lease for longer from
+/// [`TIGHT_SHARE_REF`]).
+fn tight(quota: &Quota) -> bool {
+    fill_s(quota) < AUTO_RATE_FILL.as_secs_f64()
+}
+
 /// The largest fleet (the most leasers the store has reported to a node) in which
 /// [`AdaptiveLease`] leases a rate by default: with 10–100 nodes rate leases cost a tight burst
 /// at most a quarter of a point of utilization; with 300, 0.4–0.9 points; with 1 000, a
@@ -623,8 +632,7 @@ fn by_share(horizon: Duration, call: &CallContext, ttl: Duration, shrink: bool) 
     let nodes = if shrink { call.leasers as f64 } else { 0.0 };
     let fleet = (nodes * nodes / SHARE_REF).min(SHARE_REF);
     // Where the burst is tight, from a hundredth of the rate (see `TIGHT_SHARE_REF`).
-    let fill = call.quota.burst() as f64 / call.quota.per_second_f64();
-    let reference = if fill < AUTO_RATE_FILL.as_secs_f64() {
+    let reference = if tight(&call.quota) {
         TIGHT_SHARE_REF
     } else {
         SHARE_REF
