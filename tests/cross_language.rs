@@ -16,7 +16,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ratelease::{AdaptiveLease, HybridLimiter, Quota, RedisStore, TOKEN_BUCKET_LUA};
@@ -39,7 +39,14 @@ fn run(cmd: &mut Command, what: &str, hint: &str) {
 }
 
 /// The venv's python, with `requirements.txt` installed.
+///
+/// The tests of this file run on parallel threads of one process; the first to get here
+/// builds the venv while the others wait on `VENV`, so two never build it into one directory
+/// at once (on a fresh target dir they did: `File exists`, then `ensurepip` failed).
 fn python() -> PathBuf {
+    static VENV: Mutex<()> = Mutex::new(());
+    // A test that panicked while building leaves the lock poisoned; the next one rebuilds.
+    let _building = VENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
     let python = venv.join("bin").join("python");
     let stamp = venv.join("ratelease-requirements.txt");
