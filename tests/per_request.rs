@@ -128,3 +128,51 @@ async fn where_leasing_buys_nothing_acquire_now_decides_in_the_store() {
         decided.requests
     );
 }
+
+/// A burst of a few milliseconds of the rate (2 000/s, burst 10) shared by 10 nodes, each
+/// asked 400/s: every node's part of the burst is a token, so each decides per request after
+/// its first (blind) lease. That lease's token is spent at once, but the store counts it
+/// until the node calls again — and a node deciding per request calls for no lease. Nine
+/// spent tokens held the bucket's ceiling at one token until the leases expired, a second
+/// later: the fleet admitted a tenth of its first second. A node deciding per request gives
+/// back what the store counts for it, so the first second is admitted as in pure-Redis mode.
+#[tokio::test(start_paused = true)]
+async fn a_node_deciding_per_request_leaves_nothing_counted_in_the_store() {
+    const NODES: u64 = 10;
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let quota = Quota::with_parts(2_000, Duration::from_secs(1), 10).unwrap();
+    let nodes: Vec<_> = (0..NODES)
+        .map(|i| {
+            HybridLimiter::builder("tiny-burst", quota, store.clone())
+                .seed(i)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // 400 requests a second per node, two every 5 ms each, spread over the milliseconds.
+    let (mut admitted, mut requests) = (0u64, 0u64);
+    for ms in 0..1_000u64 {
+        for (i, limiter) in nodes.iter().enumerate() {
+            if (ms + i as u64) % 5 < 2 {
+                requests += 1;
+                if limiter.acquire_now(1).await.unwrap().is_allowed() {
+                    admitted += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let deciding = nodes.iter().filter(|l| l.stats().per_request).count();
+    // The regime was used, and the demand was twice what the first second allows.
+    assert!(
+        deciding >= NODES as usize / 2,
+        "{deciding} nodes decide per request"
+    );
+    assert!(requests >= 4_000, "{requests} requests");
+    // burst + rate × 1 s = 2 010 allowed (measured: 2 006; 214 with the spent tokens counted).
+    assert!(
+        admitted >= 1_900,
+        "admitted {admitted} of 2 010 in the first second"
+    );
+    assert!(admitted <= 2_010, "admitted {admitted}: over the bound");
+}

@@ -62,6 +62,12 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         let now = Instant::now();
         task.observe(&s, now);
         task.review_per_request(&s, now);
+        if task.counted_but_spent(&s) {
+            // Every token the store counts lowers the bucket's ceiling: ten nodes sharing a
+            // burst of 10, nine deciding per request with their spent first lease still
+            // counted, admitted a tenth of their first second.
+            task.give_back(&s, true).await;
+        }
         task.expire(&s, now).await;
         task.trim(&s, now).await;
         task.add_drip(&s, now);
@@ -253,6 +259,16 @@ impl Task {
                 .terms
                 .map_or(RECENT_MAX_AGE, |t| review_after(t.horizon))
         });
+    }
+
+    /// Whether the store counts tokens for this node that it no longer holds while it decides
+    /// per request: it calls the store for no lease then (a denial of `try_acquire` aside), so
+    /// what it spent would stay counted until the lease expired.
+    fn counted_but_spent<S>(&self, s: &Shared<S>) -> bool {
+        // Relaxed: the flag only this task writes.
+        s.per_request.load(Ordering::Relaxed)
+            && self.expires.is_some()
+            && self.counted > s.local.available()
     }
 
     /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
