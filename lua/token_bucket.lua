@@ -79,9 +79,11 @@
 --   rate, period_us, burst, source[, rate_mtps, leasers] }: the quota the call ran under and
 --   its source (0 the caller's, 1 the stored config, 2 none: nothing was done, the rest is 0);
 --   a node's lease (and only it) gets both last entries: the rate it holds (0 if it asked for
---   none), and `leasers`, the number of nodes holding a lease on the bucket after the call (0
---   if the server does not let the script count them: an ACL without ZCARD; while scripts of
---   an earlier version run beside this one, it may be off until the next recount, below).
+--   none), and `leasers`, the number of nodes holding a lease on the bucket after the call,
+--   plus one while anonymous callers ask beside them (one more claimant of the burst, see
+--   "Anonymous callers") (0 if the server does not let the script count them: an ACL without
+--   ZCARD; while scripts of an earlier version run beside this one, it may be off until the
+--   next recount, below).
 --
 -- Central configuration (4 keys; "config_get" also with 1, the config hash alone, as a
 -- one-key client reads it; ARGV[2..4] the quota for init/set, ignored otherwise;
@@ -809,6 +811,9 @@ if first ~= q then
 end
 
 local granted, retry, share, held_rate = 0, 0, 0, 0
+-- Whether anonymous callers ask beside the leasers: a node's lease counts them as one more
+-- claimant in its reply (see the reply's `leasers`).
+local anon_asking = false
 -- The expiry this call gave a lease, if any; the node's record to write, if any; whether the
 -- node is new to the expiry set.
 local expiry, record, added = nil, nil, 0
@@ -894,6 +899,7 @@ elseif op == 'lease' then
   elseif now < anon_at + 2 * ANON_WINDOW_US then
     anon = anon_cur
   end
+  anon_asking = anon > 0
   local whole_share = 0
   if demand > 0 then whole_share = inc * demand / (dsum + anon * 1000) end
   share = mmin(mfloor(whole_share * 1e9 / scale), MAX)
@@ -1143,6 +1149,7 @@ end
 -- of the script, and this one cost more than the replies' two copies.
 if held then
   local nodes = count_leasers() or 0
+  if anon_asking then nodes = nodes + 1 end
   if packed_call then
     return struct.pack(REPLY11, granted, left, retry, reset, share, rate, period, burst, source,
       held_rate, nodes)

@@ -196,10 +196,12 @@ pub struct LeaseReply {
     /// The rate the node now holds (a rate lease, see [`NodeLease::rate_mtps`]), millitokens
     /// per second (0 if none, and for anonymous calls).
     pub rate_mtps: u64,
-    /// Nodes holding a lease on the bucket after the call, for a node's lease (0 for
-    /// anonymous calls and releases, and from a store that does not count them). A policy may
-    /// size leases by it: [`AdaptiveLease`](crate::AdaptiveLease) shortens the largest
-    /// shares' horizons in a large fleet.
+    /// Claimants of the bucket after the call, for a node's lease (0 for anonymous calls and
+    /// releases, and from a store that does not count them): the nodes holding a lease, and
+    /// the anonymous callers beside them (pure-mode clients, nodes deciding per request) as
+    /// one more while they ask. A policy may size leases by it:
+    /// [`AdaptiveLease`](crate::AdaptiveLease) shortens the largest shares' horizons in a
+    /// large fleet, and a rate lease's room in the burst is at most the burst over it.
     pub leasers: u64,
     /// The quota the call ran under: the name's stored config, or the caller's.
     pub quota: Quota,

@@ -333,8 +333,11 @@ pub struct StepReply {
     /// The rate the node now holds (a rate lease), millitokens per second (0 if none, and
     /// for anonymous calls).
     pub rate_mtps: u64,
-    /// Nodes holding a lease on the bucket after this step (a node's lease only; 0 for
-    /// anonymous calls and releases).
+    /// Claimants of the bucket after this step, for a node's lease only (0 for anonymous
+    /// calls and releases): the nodes holding a lease, and the anonymous callers as one more
+    /// while they ask (see [`AnonymousDemand`]) — a node that sizes its room in the burst by
+    /// the leasers must leave them theirs: two rated nodes of ten sharing a burst of 10, the
+    /// eight others deciding per request, took half the burst each and the eight got nothing.
     pub leasers: u64,
     /// The quota the step ran under.
     pub quota: Quota,
@@ -564,6 +567,9 @@ pub fn step_with(
 
     let node_lease = matches!(op, Op::Lease { node: Some(_), .. });
     let (mut granted, mut retry, mut share, mut held_rate) = (0u64, 0u64, 0u64, 0u64);
+    // Whether anonymous callers ask beside the leasers (a node's lease counts them as one more
+    // claimant: see `StepReply::leasers`).
+    let mut anonymous_asking = false;
     match op {
         // Above the effective burst (it shrank below the caller's): never grantable.
         Op::Lease { min, .. } if min > burst => {}
@@ -677,6 +683,7 @@ pub fn step_with(
             r.demand = n.demand_mtps;
             // Its share of the rate among the leasers' demand and the anonymous callers'.
             let anon = anonymous.per_window(now) as f64 * 1000.0;
+            anonymous_asking = anon > 0.0;
             let whole_share = if n.demand_mtps > 0 {
                 inc as f64 * n.demand_mtps as f64 / (dsum as f64 + anon)
             } else {
@@ -895,7 +902,7 @@ pub fn step_with(
         share_mtps: share,
         rate_mtps: held_rate,
         leasers: if node_lease {
-            stored.leasers.len() as u64
+            stored.leasers.len() as u64 + u64::from(anonymous_asking)
         } else {
             0
         },
@@ -1520,7 +1527,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_lease_counts_the_nodes_holding_leases() {
+    fn a_node_lease_counts_the_nodes_holding_leases_and_the_anonymous_callers_as_one() {
         let q = Quota::per_second(1_000).unwrap();
         let mut st = Stored::default();
         assert_eq!(node_lease(&mut st, &q, "a", 1, 0, 1_000, 0).leasers, 1);
@@ -1540,15 +1547,20 @@ mod tests {
             node: Some(leave),
         };
         assert_eq!(step(&mut st, &q, op, 1).unwrap().0.leasers, 0);
+        // "c" joins "b" beside the anonymous callers, who asked at 0 (within their window):
+        // one more claimant.
         assert_eq!(
             node_lease(&mut st, &q, "c", 1, 0, 1_000, 500_000).leasers,
-            2
+            3
         );
-        // "b"'s lease (ttl 1 s from 0) expires, then "c"'s (from 0.5 s): a new leaser is alone.
+        // "b"'s lease (ttl 1 s from 0) expires; the anonymous callers asked in the window
+        // before: still counted.
         assert_eq!(
             node_lease(&mut st, &q, "d", 1, 0, 1_000, 1_200_000).leasers,
-            2
+            3
         );
+        // "c"'s lease (from 0.5 s) expires, and the anonymous count is two windows old: a new
+        // leaser is alone.
         assert_eq!(
             node_lease(&mut st, &q, "e", 1, 0, 1_000, 2_300_000).leasers,
             1

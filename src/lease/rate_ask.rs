@@ -8,8 +8,9 @@
 //! Two rules make rate leases fill the whole rate where the burst is tight:
 //! - **Room for small shares.** A node's counted tokens are its part of the burst (by its part
 //!   of the rate), which for a small share may have no room for the slack and [`MIN_ROOM`]
-//!   tokens. When the store's count of leasers says every node could have that room beside
-//!   the others (`leasers × (slack + MIN_ROOM) ≤ burst`), a small share takes it anyway — in a
+//!   tokens. When the store's count of claimants (the leasers, and the anonymous callers
+//!   beside them as one more) says every node could have that room beside the others
+//!   (`leasers × (slack + MIN_ROOM) ≤ burst`), a small share takes it anyway — in a
 //!   fleet of at most [`EVEN_ROOM_MAX_LEASERS`]: in a larger one the many small shares' rate
 //!   leases hold more of the burst than the busy nodes can spare.
 //! - **Asking a little above the share.** Shares move between renewals, so the rates held sum
@@ -139,7 +140,8 @@ impl RateAsk {
 /// [`RATE_LEASE_SHORTER`] and the node held to its share, and none when the node's room
 /// has none for [`MIN_ROOM`] tokens beside the slack — its room being its part of the burst
 /// (by its part of the rate), or, if larger and the fleet has at most
-/// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the leasers the store counts.
+/// [`EVEN_ROOM_MAX_LEASERS`] nodes, that much of the burst over the claimants the store counts
+/// (the leasers, and anonymous callers as one more).
 /// Its capacity never exceeds that room. Parts fit in the burst together; rooms taken by small
 /// shares beside large parts may not — then the last nodes to ask cannot start a rate (the
 /// store grants counted tokens only from the bucket, whose level and outstanding tokens never
