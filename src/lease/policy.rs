@@ -383,7 +383,15 @@ impl AdaptiveLease {
     /// call brings as many more tokens. Where the burst has room for 4 tokens per node of the
     /// fleet (the most leasers the store has counted: [`LeaseContext::fleet`]) no node decides
     /// per request — leasing strands little of such a burst, and a node that decides per
-    /// request is served before leasers that wait for credit. 0 turns it off.
+    /// request is served before leasers that wait for credit. Where the horizon is longer than
+    /// a third of the fill time (the automatic horizon's 10 ms floor, under a burst that fills
+    /// in under 30 ms of the rate), a lease holds that many times more of a node's part of the
+    /// burst, and the threshold is that many times higher: ten nodes sharing 2 000/s with a
+    /// burst of 10 (it fills in 5 ms) admitted 0.91–0.98 of their budget leasing beside nodes
+    /// deciding per request (the busiest node, its lease of 10 ms of its demand twice the
+    /// burst, starved while the others took the refill token by token), 0.996–1.000 all
+    /// deciding per request, as pure-Redis mode (SIMULATIONS.md, "A burst of a few
+    /// milliseconds"). 0 turns it off.
     pub fn per_request_below(mut self, tokens: f64) -> Self {
         self.per_request_below = at_least(tokens, 0.0);
         self
@@ -473,7 +481,8 @@ impl LeasePolicy for AdaptiveLease {
     /// of the burst (`burst × demand / rate`; by its share before any demand is measured, and
     /// no change before the first share), times how much longer than the policy's horizon
     /// its leases last (a small share: [`terms_at`](LeasePolicy::terms_at)), to
-    /// enter; twice that to leave. The demand, not the
+    /// enter; twice that to leave. The threshold itself grows by as much as the policy's
+    /// horizon exceeds a third of the fill time (see `per_request_below`). The demand, not the
     /// share: nodes that decide per request report no demand to the store, so the shares of
     /// the others grow past what they use.
     fn per_request(&self, ctx: &LeaseContext, deciding: bool) -> bool {
@@ -497,7 +506,12 @@ impl LeasePolicy for AdaptiveLease {
             / self.horizon_for(&ctx.quota).as_secs_f64())
         .max(1.0);
         let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64() * stretch;
-        part < below
+        // A horizon longer than a third of the fill time (the automatic one's 10 ms floor
+        // where the burst fills in under 30 ms) makes a lease hold as many times more of the
+        // node's part: the part must be as many times larger for leasing to pay.
+        let over_fill =
+            (self.horizon_for(&ctx.quota).as_secs_f64() * FILL_PARTS / fill_s(&ctx.quota)).max(1.0);
+        part < below * over_fill
     }
 
     /// The horizon by the square root of the node's part of the rate: longer for a small
@@ -990,6 +1004,21 @@ pub(crate) mod tests {
         assert!(!p.per_request(&ctx(wide, 0, 0, 0.0, Some(10.0)), false));
         // A fixed batch lease never decides per request.
         assert!(!FixedLease::new(1).per_request(&ctx(q, 0, 0, 1.0, Some(1.0)), false));
+    }
+
+    #[test]
+    fn where_the_horizon_outlasts_a_third_of_the_fill_the_threshold_is_as_much_higher() {
+        // 2 000/s with a burst of 10 fills in 5 ms; the horizon is its 10 ms floor, six times
+        // a third of the fill: a node whose part of the burst is 9 tokens (1 800/s) decides
+        // per request, one with 18 or more leases.
+        let tiny = Quota::per_second(2_000).unwrap().with_burst(10).unwrap();
+        let p = AdaptiveLease::new();
+        assert!(p.per_request(&ctx(tiny, 0, 0, 1_800.0, Some(1_000.0)), false));
+        assert!(!p.per_request(&ctx(tiny, 0, 0, 3_700.0, Some(1_000.0)), false));
+        // With a burst of 100 (50 ms: the horizon is a third of it) the same part leases.
+        let tight = Quota::per_second(2_000).unwrap().with_burst(100).unwrap();
+        assert!(!p.per_request(&ctx(tight, 0, 0, 180.0, Some(100.0)), false));
+        assert!(p.per_request(&ctx(tight, 0, 0, 50.0, Some(100.0)), false));
     }
 
     #[test]
