@@ -43,6 +43,7 @@ fn every_shipped_scenario_parses() {
             "store-outage",
             "tight-burst",
             "tight-burst-fleet",
+            "tiny-burst",
             "uniform"
         ]
     );
