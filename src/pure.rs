@@ -438,14 +438,8 @@ impl<S: LeaseStore> RedisLimiter<S> {
                 return Err(error.into());
             }
             Err(error) => {
-                let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
-                let opened = s.outage.circuit.fail(&self.name, policy, error.clone());
-                // The call that opens the circuit schedules the first probe (calls failing
-                // alongside it do not stretch the back-off); a probe's ticket reschedules when
-                // dropped.
-                if opened && probe.is_none() {
-                    s.outage.probe.failed();
-                }
+                self.outage(&error, probe.is_some());
+                // A probe's ticket reschedules when dropped.
                 drop(probe);
                 return self.degraded(n, Some(error));
             }
@@ -544,6 +538,18 @@ impl<S: LeaseStore> RedisLimiter<S> {
             .map(AcquireError::Store)
     }
 
+    /// A store outage met by a call (`probing`: the circuit's probe): the circuit opens; the
+    /// call that opens it schedules the first probe unless it is one (calls failing alongside
+    /// it do not stretch the back-off).
+    fn outage(&self, error: &StoreError, probing: bool) {
+        let s = &*self.state;
+        let policy = self.failure.unwrap_or(FailurePolicy::FailClosed);
+        let opened = s.outage.circuit.fail(&self.name, policy, error.clone());
+        if opened && !probing {
+            s.outage.probe.failed();
+        }
+    }
+
     /// A warm start, as [`HybridLimiter::ready`](crate::HybridLimiter::ready) is for a hybrid
     /// limiter: one store call that takes nothing (a release of 0 tokens), so the first
     /// decision pays neither the connection nor the script's load, and a store that does not
@@ -563,13 +569,20 @@ impl<S: LeaseStore> RedisLimiter<S> {
     /// ```
     ///
     /// # Errors
-    /// [`AcquireError::Store`] if the store did not answer. The limiter keeps working: each
-    /// decision asks the store again, and its failure policy answers while the store fails,
-    /// so a service may also start anyway and call `ready` again later.
+    /// [`AcquireError::Store`] if the store did not answer. Like a failed decision, that opens
+    /// the circuit: decisions are the failure policy's at once, each without a store call,
+    /// until a probe finds the store again (after 10–500 ms of back-off), so a service may
+    /// start anyway and call `ready` again later.
     /// [`AcquireError::Unconfigured`] under [`Unconfigured::Error`] for a name with no stored
     /// quota.
     pub async fn ready(&self) -> Result<(), AcquireError> {
-        let reply = self.peek().await?;
+        let reply = match self.peek().await {
+            Err(AcquireError::Store(error)) if error.is_outage() => {
+                self.outage(&error, false);
+                return Err(AcquireError::Store(error));
+            }
+            reply => reply?,
+        };
         // The call runs under the builder's quota where the name has none stored: a limiter
         // that must refuse such a name says so now, as its decisions will.
         if reply.source == QuotaSource::Caller && self.unconfigured == Unconfigured::Error {

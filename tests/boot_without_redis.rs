@@ -205,3 +205,27 @@ async fn a_lazy_cluster_store_builds_without_nodes_and_connects_on_first_use() {
         assert_eq!(call.await.unwrap(), 3);
     }
 }
+
+/// A pure limiter's `ready` that finds no store counts as a failed call: the circuit opens, so
+/// the next decisions are the failure policy's at once (here, from its local bucket), each
+/// without waiting on the store, until a probe finds it. Before, a failed `ready` opened
+/// nothing and the first decision paid the store's failure again.
+#[tokio::test]
+async fn a_failed_ready_opens_a_pure_limiters_circuit() {
+    let nothing = RedisServer::reserve(&[]);
+    let store = nothing.lazy_store().await;
+    let quota = Quota::per_second(100).unwrap();
+    let pure = RedisLimiter::builder("down-pure", quota, store)
+        .on_store_failure(FailurePolicy::local_fallback(1))
+        .build()
+        .unwrap();
+    assert!(!pure.circuit_open());
+    let err = pure.ready().await.unwrap_err();
+    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
+    assert!(
+        pure.circuit_open(),
+        "a failed ready left the circuit closed"
+    );
+    // The policy answers (its local bucket holds the burst), not the store's error.
+    assert!(pure.acquire_now(1).await.unwrap().is_allowed());
+}
