@@ -6,9 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use ratelease::{
-    AcquireError, BuildError, LockError, Quota, RedisLimiter, RedisLock, RedisStore, StoreError,
-};
+use ratelease::{AcquireError, LockError, Quota, RedisLimiter, RedisLock, RedisStore, StoreError};
 use support::RedisServer;
 
 /// Clients connected to `server`, not counting the connection that asks.
@@ -160,7 +158,7 @@ async fn tls_settings_on_a_shared_connection_are_a_config_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, BuildError::Config(msg) if msg.contains("redis::Client")),
+        matches!(&err, ratelease::BuildError::Config(msg) if msg.contains("redis::Client")),
         "{err}"
     );
 }
