@@ -1148,8 +1148,10 @@ end
 -- written out here rather than by a shared function: a function is built anew on every call
 -- of the script, and this one cost more than the replies' two copies.
 if held then
-  local nodes = count_leasers() or 0
-  if anon_asking then nodes = nodes + 1 end
+  -- (0 stays "not known": no claimant is added to a count the server refused.)
+  local nodes = count_leasers()
+  if nodes and anon_asking then nodes = nodes + 1 end
+  nodes = nodes or 0
   if packed_call then
     return struct.pack(REPLY11, granted, left, retry, reset, share, rate, period, burst, source,
       held_rate, nodes)

@@ -107,14 +107,24 @@ async fn an_acl_without_zcard_still_leases_and_reports_no_leaser_count() {
             .unwrap();
         assert_eq!((reply.granted, reply.leasers), (10, 0), "{reply:?}");
     }
-    // The documented ACL counts them.
+    // Anonymous callers beside the leasers are one more claimant where the count is known,
+    // but do not make an unknown count read as one.
+    old.lease("old-acl", &quota, &LeaseRequest::new(1, 1))
+        .await
+        .unwrap();
+    let reply = old
+        .lease("old-acl", &quota, &LeaseRequest::new(10, 1).by(node(1)))
+        .await
+        .unwrap();
+    assert_eq!(reply.leasers, 0, "{reply:?}");
+    // The documented ACL counts them, and the anonymous callers as one more.
     create_user(&server, "new-acl", LEAST_PRIVILEGE);
     let reply = store(&server, "new-acl")
         .await
         .lease("old-acl", &quota, &LeaseRequest::new(10, 1).by(node(3)))
         .await
         .unwrap();
-    assert_eq!((reply.granted, reply.leasers), (10, 3), "{reply:?}");
+    assert_eq!((reply.granted, reply.leasers), (10, 4), "{reply:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
