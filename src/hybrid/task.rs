@@ -62,7 +62,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         let now = Instant::now();
         task.observe(&s, now);
         task.review_per_request(&s, now);
-        if task.counted_but_spent(&s) {
+        if task.counted_but_spent(&s, now) {
             // Every token the store counts lowers the bucket's ceiling: ten nodes sharing a
             // burst of 10, nine deciding per request with their spent first lease still
             // counted, admitted a tenth of their first second.
@@ -126,11 +126,12 @@ struct Task {
     recent: RecentRate,
     /// Fair share the store last reported, tokens per second.
     share: Option<f64>,
-    /// Nodes holding a lease, as the store last reported (0: not known).
+    /// Claimants of the bucket (nodes holding a lease, and the anonymous callers as one), as
+    /// the store last reported (0: not known).
     leasers: u64,
-    /// The most nodes the store has reported holding a lease (see `LeaseContext::fleet`). It
-    /// never falls: nodes that decide per request are not counted, so a count that fell
-    /// would let them leave the regime a few at a time. A fleet that shrank (or doubled for
+    /// The most claimants the store has reported (see `LeaseContext::fleet`). It never
+    /// falls: nodes that decide per request count as one claimant together, so a count that
+    /// fell would let them leave the regime a few at a time. A fleet that shrank (or doubled for
     /// a rolling restart's overlap) keeps deciding per request where its old size would
     /// have: exact decisions, the safe side.
     fleet: u64,
@@ -254,21 +255,29 @@ impl Task {
                 s.signal.request();
             }
         }
-        self.per_request_review = is.then(|| {
-            now + self
-                .terms
-                .map_or(RECENT_MAX_AGE, |t| review_after(t.horizon))
-        });
+        self.per_request_review = is.then(|| now + self.per_request_look());
+    }
+
+    /// How often a node deciding per request looks at its demand again.
+    fn per_request_look(&self) -> Duration {
+        self.terms
+            .map_or(RECENT_MAX_AGE, |t| review_after(t.horizon))
     }
 
     /// Whether the store counts tokens for this node that it no longer holds while it decides
     /// per request: it calls the store for no lease then (a denial of `try_acquire` aside), so
-    /// what it spent would stay counted until the lease expired.
-    fn counted_but_spent<S>(&self, s: &Shared<S>) -> bool {
-        // Relaxed: the flag only this task writes.
-        s.per_request.load(Ordering::Relaxed)
+    /// what it spent would stay counted until the lease expired. Not while it holds a rate
+    /// (its bucket is kept a step below what is counted), nor within a look of its last call
+    /// (a node that leases on `try_acquire`'s denials would otherwise give back after every
+    /// lease, two calls for one).
+    fn counted_but_spent<S: LeaseStore>(&self, s: &Shared<S>, now: Instant) -> bool {
+        s.decides_per_request()
+            && self.drip.rate_mtps() == 0
             && self.expires.is_some()
-            && self.counted > s.local.available()
+            && self
+                .sent_at
+                .is_none_or(|at| now >= at + self.per_request_look())
+            && self.counted > s.local.settled()
     }
 
     /// Gives the local tokens back once their lease has (nearly) expired: the store forgets
@@ -574,8 +583,9 @@ impl Task {
         // A rated node gone quiet asks for no rate (see `quiet_at`).
         // (Rated as held before the call: the drip is suspended by now.)
         let quiet = rated && self.quiet_at().is_some_and(|at| paused >= at);
+        // Nor does a node deciding per request (it leases on a denial of `try_acquire` only).
         let rate = terms
-            .filter(|t| t.rate_leases && !quiet)
+            .filter(|t| t.rate_leases && !quiet && !s.decides_per_request())
             .and_then(|t| rate_ask(&self.quota, &t, &ctx, rated));
         let (rate_ask, capacity) = match rate {
             Some(r) => {

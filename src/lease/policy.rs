@@ -40,12 +40,13 @@ pub struct LeaseContext {
     /// own, or longer for a node with a small share (see [`LeasePolicy::terms_at`]). `None`:
     /// the policy's own.
     pub horizon: Option<Duration>,
-    /// Nodes holding a lease on the bucket, as the store last reported
+    /// Claimants of the bucket, as the store last reported: the nodes holding a lease, and
+    /// the anonymous callers beside them as one more while they ask
     /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
     pub leasers: u64,
-    /// The most nodes the store has reported holding a lease since this node started (0:
-    /// none yet): the fleet's size, as near as a node can tell. The store's count misses the
-    /// nodes that decide per request, which keep no lease.
+    /// The most claimants the store has reported since this node started (0: none yet): the
+    /// fleet's size, as near as a node can tell. The store's count takes the nodes that
+    /// decide per request, which keep no lease, for one claimant, however many they are.
     pub fleet: u64,
 }
 
@@ -59,11 +60,10 @@ pub struct CallContext {
     /// The fair share the store last reported, tokens per second (`None` before the first
     /// reply).
     pub share: Option<f64>,
-    /// Nodes holding a lease on the bucket, as the store last reported
-    /// ([`LeaseReply::leasers`](crate::LeaseReply::leasers); 0: not known).
+    /// Claimants of the bucket, as the store last reported (see [`LeaseContext::leasers`]).
     pub leasers: u64,
-    /// The most nodes the store has reported holding a lease since this node started (0:
-    /// none yet; see [`LeaseContext::fleet`]).
+    /// The most claimants the store has reported since this node started (0: none yet; see
+    /// [`LeaseContext::fleet`]).
     pub fleet: u64,
 }
 
@@ -78,15 +78,16 @@ impl CallContext {
         }
     }
 
-    /// The same context, with `leasers` nodes holding a lease as the store last reported.
+    /// The same context, with `leasers` claimants as the store last reported (see
+    /// [`LeaseContext::leasers`]).
     pub fn with_leasers(mut self, leasers: u64) -> Self {
         self.leasers = leasers;
         self.fleet = self.fleet.max(leasers);
         self
     }
 
-    /// The same context, with a fleet of `fleet` nodes: the most the store has reported
-    /// holding a lease (never below `leasers`).
+    /// The same context, with a fleet of `fleet` nodes: the most claimants the store has
+    /// reported (never below `leasers`).
     pub fn with_fleet(mut self, fleet: u64) -> Self {
         self.fleet = fleet.max(self.leasers);
         self
@@ -345,7 +346,7 @@ impl AdaptiveLease {
     /// room"). The fleet is the most
     /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
     /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
-    /// holding a lease, so a recent count reads a large fleet of mostly idle nodes as small;
+    /// holding a lease, and anonymous callers as one, so a recent count reads a large fleet of mostly idle nodes as small;
     /// rate leases there admit 0.990 of the budget where token leases admit 0.997, and 0.83
     /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A
     /// rate ends when its node goes quiet (no request for twenty expected gaps, and for at
@@ -386,7 +387,10 @@ impl AdaptiveLease {
     /// request is served before leasers that wait for credit. Where the horizon is longer than
     /// a third of the fill time (the automatic horizon's 10 ms floor, under a burst that fills
     /// in under 30 ms of the rate), a lease holds that many times more of a node's part of the
-    /// burst, and the threshold is that many times higher: ten nodes sharing 2 000/s with a
+    /// burst, and the threshold is that many times higher (so is the threshold to leave: where
+    /// the burst is a few tokens, a node leaves only with demand several times the rate — it
+    /// decides per request for good, as pure-Redis mode does; a horizon set by hand, up to half
+    /// the fill time, raises it too, by up to 1.5): ten nodes sharing 2 000/s with a
     /// burst of 10 (it fills in 5 ms) admitted 0.91–0.98 of their budget leasing beside nodes
     /// deciding per request (the busiest node, its lease of 10 ms of its demand twice the
     /// burst, starved while the others took the refill token by token), 0.996–1.000 all
