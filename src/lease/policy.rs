@@ -506,15 +506,13 @@ impl LeasePolicy for AdaptiveLease {
         // A lease stretched longer than the policy's horizon (a small share) brings as many
         // more tokens a call. (One shortened for a large share of a large fleet is not a
         // reason to decide per request: it is shortened to hold fewer tokens, not for want.)
-        let stretch = (self.horizon_of(ctx).as_secs_f64()
-            / self.horizon_for(&ctx.quota).as_secs_f64())
-        .max(1.0);
+        let policy_horizon = self.horizon_for(&ctx.quota).as_secs_f64();
+        let stretch = (self.horizon_of(ctx).as_secs_f64() / policy_horizon).max(1.0);
         let part = ctx.quota.burst() as f64 * usable / ctx.quota.per_second_f64() * stretch;
         // A horizon longer than a third of the fill time (the automatic one's 10 ms floor
         // where the burst fills in under 30 ms) makes a lease hold as many times more of the
         // node's part: the part must be as many times larger for leasing to pay.
-        let over_fill =
-            (self.horizon_for(&ctx.quota).as_secs_f64() * FILL_PARTS / fill_s(&ctx.quota)).max(1.0);
+        let over_fill = (policy_horizon * FILL_PARTS / fill_s(&ctx.quota)).max(1.0);
         part < below * over_fill
     }
 
