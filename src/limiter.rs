@@ -259,8 +259,9 @@ pub trait Limiter: Send + Sync {
     }
 
     /// Takes `n` tokens now, or says when to retry: one decision, never a wait for tokens. A
-    /// pure limiter makes one store call; a hybrid one answers from its local bucket, as its
-    /// synchronous `try_acquire` (the future is ready at once).
+    /// pure limiter makes one store call; a hybrid one is its own
+    /// [`acquire_now`](crate::HybridLimiter::acquire_now): an answer from its local bucket (the
+    /// future is ready at once), or where leasing buys nothing one store call for a miss.
     ///
     /// # Errors
     /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`], or a store failure.
@@ -289,9 +290,10 @@ pub trait Limiter: Send + Sync {
     /// The limiter's synchronous `try_acquire_local`, if it keeps local state (a
     /// [`HybridLimiter`](crate::HybridLimiter) does): takes `n` tokens without awaiting, and
     /// tells a refusal from "no answer from the store yet" ([`LocalAnswer::NeedsLease`]).
-    /// `None` if this limiter must ask the store (pure mode: use
-    /// [`acquire_now`](Limiter::acquire_now)), the default. Middleware uses it to admit without
-    /// allocating a future.
+    /// `None` if this limiter must ask the store (pure mode, and a hybrid limiter's miss where
+    /// leasing buys nothing: use [`acquire_now`](Limiter::acquire_now) or
+    /// [`try_acquire_or_lease`](Limiter::try_acquire_or_lease)), the default. Middleware uses
+    /// it to admit without allocating a future.
     fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         let _ = n;
         None

@@ -317,6 +317,32 @@ async fn a_global_limit_sheds_with_headers_and_its_first_request_waits_for_the_l
     );
 }
 
+/// A global limit whose limiter decides per request (a burst of two tokens at 30/s, asked
+/// twice a second: leasing buys nothing there), with no lease wait: a miss is one decision in
+/// the store, awaited — not a 429 for want of a lease that never comes, which every request
+/// got.
+#[tokio::test(start_paused = true)]
+async fn a_global_limit_deciding_per_request_admits_with_no_lease_wait() {
+    let store = MemoryStore::with_clock(ratelease::TokioClock::new());
+    let quota = Quota::with_parts(30, Duration::from_secs(1), 2).unwrap();
+    let limiter = HybridLimiter::new("http-per-request", quota, store).unwrap();
+    limiter.ready().await.unwrap();
+    for _ in 0..limiter.available() {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(limiter.stats().per_request, "{:?}", limiter.stats());
+    let svc = ServiceBuilder::new()
+        .layer(LimitLayer::global(limiter.clone()).lease_wait(Duration::ZERO))
+        .service(counting(Arc::default()));
+    for i in 0..10 {
+        let response = svc.clone().oneshot(as_key("any")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {i}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(limiter.stats().decisions >= 10, "{:?}", limiter.stats());
+}
+
 #[tokio::test]
 async fn a_pure_mode_limiter_decides_per_request_and_sheds() {
     let quota = Quota::per_minute(2).unwrap();

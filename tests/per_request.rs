@@ -189,3 +189,45 @@ async fn a_node_deciding_per_request_leaves_nothing_counted_in_the_store() {
     );
     assert!(admitted <= 2_010, "admitted {admitted}: over the bound");
 }
+
+/// A limiter alone on a limit whose burst is two tokens (30/s) decides per request while it
+/// is asked a few times a second (its part of the burst is under three tokens): no lease
+/// comes, so every call that waits for one must decide in the store too, as `acquire_now`
+/// does. `acquire` (and the tower layer that awaits it) waited for a lease that never came,
+/// forever; the `Limiter` trait's `acquire_now` answered from the empty local bucket.
+#[tokio::test(start_paused = true)]
+async fn every_call_that_waits_decides_per_request_where_no_lease_comes() {
+    use ratelease::Limiter;
+
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let quota = Quota::with_parts(30, Duration::from_secs(1), 2).unwrap();
+    let limiter = HybridLimiter::new("alone", quota, store).unwrap();
+    limiter.ready().await.unwrap();
+    for _ in 0..limiter.available() {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    // The regime is entered on the first share (the whole rate: 2 tokens of its part).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(limiter.stats().per_request, "{:?}", limiter.stats());
+    assert_eq!(limiter.available(), 0);
+    let before = limiter.stats();
+    let waited = tokio::time::timeout(Duration::from_secs(1), limiter.acquire(1)).await;
+    assert!(waited.is_ok(), "acquire still waiting after 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let decisions = limiter.stats().decisions;
+    assert!(Limiter::acquire_now(&limiter, 1)
+        .await
+        .unwrap()
+        .is_allowed());
+    assert_eq!(limiter.stats().decisions, decisions + 1);
+    assert!(limiter
+        .try_acquire_for(1, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .is_allowed());
+    // Each was a decision in the store, and no lease was made for them.
+    let after = limiter.stats();
+    assert!(after.per_request, "{after:?}");
+    assert_eq!(after.leases, before.leases, "{after:?}");
+    assert_eq!(after.tokens_decided, before.tokens_decided + 3, "{after:?}");
+}

@@ -272,7 +272,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     }
 
     /// Waits until `n` tokens are taken. The background task does the store calls; this
-    /// future only waits for their results.
+    /// future only waits for their results — except where leasing buys nothing (see
+    /// [`acquire_now`](Self::acquire_now)): there no lease comes, and each try is one decision
+    /// in the store.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire), plus [`AcquireError::Store`] if a lease fails while
@@ -299,7 +301,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);
             finished.as_mut().enable();
-            let retry_after = match self.try_acquire_local(n)? {
+            let retry_after = match self.answer(n).await? {
                 LocalAnswer::Allowed => return Ok(Decision::Allowed),
                 LocalAnswer::Denied { retry_after } if patience.sheds(retry_after) => {
                     return match failed() {
@@ -324,6 +326,19 @@ impl<S: LeaseStore> HybridLimiter<S> {
         }
     }
 
+    /// Each turn of a wait: [`try_acquire_local`](Self::try_acquire_local), or where leasing
+    /// buys nothing (no lease will come) a decision in the store for this miss, as
+    /// [`acquire_now`](Self::acquire_now) makes.
+    async fn answer(&self, n: u64) -> Result<LocalAnswer, AcquireError> {
+        let s = &*self.handle.shared;
+        match self.try_acquire_local(n)? {
+            LocalAnswer::NeedsLease { .. } if s.decides_per_request() => {
+                s.decide(n).await.map(LocalAnswer::from)
+            }
+            answer => Ok(answer),
+        }
+    }
+
     /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once if the store already
     /// said no tokens will come within the timeout.
     ///
@@ -334,7 +349,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
         n: u64,
         timeout: Duration,
     ) -> Result<Decision, AcquireError> {
-        let denied = match self.try_acquire(n)? {
+        let denied = match self.acquire_now(n).await? {
             Decision::Allowed => return Ok(Decision::Allowed),
             denied => denied,
         };
@@ -359,7 +374,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// the tokens back, a refill late while demand grows). A limiter the store refused within
     /// the last second (over the limit, or pacing its grants) is at its limit: a miss then is
     /// `Denied`; a back-off after store errors is no refusal. Never waits; starts a lease as
-    /// `try_acquire` does.
+    /// `try_acquire` does — except where leasing buys nothing (see
+    /// [`acquire_now`](Self::acquire_now)): there a miss is `NeedsLease` (the answer is one
+    /// decision in the store, which [`try_acquire_or_lease`](Self::try_acquire_or_lease) and
+    /// the waiting calls make) or, while the store's last refusal stands, `Denied`, and no
+    /// lease is started.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -489,7 +508,7 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
     }
 
     async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
-        HybridLimiter::try_acquire(self, n)
+        HybridLimiter::acquire_now(self, n).await
     }
 
     async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
@@ -501,7 +520,11 @@ impl<S: LeaseStore> Limiter for HybridLimiter<S> {
     }
 
     fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
-        Some(HybridLimiter::try_acquire_local(self, n))
+        match HybridLimiter::try_acquire_local(self, n) {
+            // Where leasing buys nothing, a miss is a decision in the store: one to await.
+            Ok(LocalAnswer::NeedsLease { .. }) if self.handle.shared.decides_per_request() => None,
+            answer => Some(answer),
+        }
     }
 
     async fn try_acquire_or_lease(
