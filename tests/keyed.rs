@@ -567,3 +567,45 @@ async fn a_key_created_after_an_idle_spell_is_not_evicted_at_once() {
     assert_eq!(limiter.stats().evicted_idle, 2, "{:?}", limiter.stats());
     limiter.shutdown().await;
 }
+
+/// A large request denied for want of tokens does not make the key's next lease refuse the
+/// small ones: the lease is for at least the request that asks it, and for the large one only
+/// as far as the store has tokens. Under a stored config whose burst (5) is below the large
+/// request (50), a small waiter was answered `ExceedsBurst` for another caller's request, or
+/// the key was refused for a second while the store held tokens.
+#[tokio::test(start_paused = true)]
+async fn a_large_denied_request_does_not_refuse_the_small_ones_after_it() {
+    let store = memory();
+    let limiter =
+        KeyedHybridLimiter::new("sized", Quota::per_second(100).unwrap(), store.clone()).unwrap();
+    store
+        .modify_config(&limiter.bucket_name("k"), &Quota::per_second(5).unwrap())
+        .await
+        .unwrap();
+    limiter.acquire("k", 1).await.unwrap();
+    assert_eq!(limiter.available("k"), 0);
+    // 50 tokens at once: never there (the stored burst is 5), so denied.
+    assert!(!limiter.try_acquire("k", 50).unwrap().is_allowed());
+    settle().await;
+    for i in 0..4 {
+        let decision = limiter
+            .try_acquire_for("k", 1, Duration::from_millis(100))
+            .await;
+        assert!(
+            matches!(decision, Ok(Decision::Allowed)),
+            "request {i}: {decision:?}"
+        );
+    }
+    // A waiter's own request beyond the stored burst is its error, and only its own.
+    assert!(matches!(
+        limiter.acquire("k", 6).await,
+        Err(AcquireError::ExceedsBurst {
+            requested: 6,
+            burst: 5
+        })
+    ));
+    let decision = limiter
+        .try_acquire_for("k", 1, Duration::from_millis(300))
+        .await;
+    assert!(matches!(decision, Ok(Decision::Allowed)), "{decision:?}");
+}

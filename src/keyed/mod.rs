@@ -286,10 +286,9 @@ where
     /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`] (more than the builder's
     /// burst); [`AcquireError::Closed`] after shutdown. A key whose stored config (central
     /// configuration) has a smaller burst than `n` is not known here: `try_acquire` answers
-    /// it `Denied` (the key is left alone a second at a time), while the waiting calls
-    /// ([`acquire`](Self::acquire), [`try_acquire_for`](Self::try_acquire_for)) hear
-    /// [`AcquireError::ExceedsBurst`] when they ask the store (after that second, if one is
-    /// under way and they may wait it out).
+    /// it `Denied` (the key's leases still serve its smaller requests), while the waiting
+    /// calls ([`acquire`](Self::acquire), [`try_acquire_for`](Self::try_acquire_for)) hear
+    /// [`AcquireError::ExceedsBurst`] when they ask the store.
     #[inline]
     pub fn try_acquire<Q>(&self, key: &Q, n: u64) -> Result<Decision, AcquireError>
     where

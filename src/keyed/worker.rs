@@ -49,9 +49,6 @@ use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 /// pile up.
 const MAX_RELEASE_BACKLOG: usize = 4096;
 
-/// How long a key whose requests exceed a per-key config's burst is left alone.
-const TOO_LARGE_PAUSE: Duration = Duration::from_secs(1);
-
 /// The worker's two queues (see `Shared::queue_for`).
 pub(super) struct Requests<K> {
     pub(super) known: mpsc::Receiver<Request<K>>,
@@ -240,15 +237,25 @@ where
     fn size(&self, state: Option<&mut KeyState>, request: &Request<K>) -> Option<LeaseAsk> {
         let quota = &self.s.quota;
         let burst = quota.burst();
-        let exact = |n: u64| LeaseAsk {
-            want: n,
-            min: n,
+        // At least a waiter's own tokens (`min`), and for a refill (a denied `try_acquire`'s
+        // or a low-water mark's) any: beyond that the lease is for the request and the largest
+        // one denied meanwhile, whose retry needs them at once. A store with fewer serves the
+        // smaller requests, as pure mode does, rather than refusing the key until the largest
+        // fits — or, under a stored config whose burst it exceeds, answering a waiter
+        // `ExceedsBurst` for another caller's request.
+        let min = match request.reply {
+            Some(_) => request.n.clamp(1, burst),
+            None => 1,
+        };
+        let exact = |want: u64| LeaseAsk {
+            want,
+            min,
             low_water: 0,
         };
         let Some(state) = state else {
             return Some(exact(request.n.clamp(1, burst)));
         };
-        let need = request.n.max(state.take_denied()).clamp(1, burst);
+        let need = request.n.max(state.take_denied()).clamp(min, burst);
         let held = state.tokens();
         if request.reply.is_none() && held >= need && !state.below_low_water(held) {
             return None;
@@ -272,7 +279,7 @@ where
         let want = ask.want.clamp(need, burst);
         Some(LeaseAsk {
             want,
-            min: need,
+            min,
             low_water: if want > need {
                 ask.low_water.min(burst)
             } else {
@@ -497,10 +504,9 @@ where
                 count(&c.over_limit, 1);
                 refused = true;
                 if reply.retry_after.is_zero() && ask.min > reply.quota.burst() {
-                    (
-                        Some(Answer::TooLarge(reply.quota.burst())),
-                        Some(now + TOO_LARGE_PAUSE),
-                    )
+                    // A waiter's own request beyond a stored config's burst: its error, and
+                    // nothing the key's other callers wait for.
+                    (Some(Answer::TooLarge(reply.quota.burst())), None)
                 } else {
                     let wait = reply.retry_after.max(MIN_RETRY);
                     (Some(Answer::Denied(wait)), Some(now + wait))
