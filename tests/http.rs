@@ -343,6 +343,43 @@ async fn a_global_limit_deciding_per_request_admits_with_no_lease_wait() {
     assert!(limiter.stats().decisions >= 10, "{:?}", limiter.stats());
 }
 
+/// The policy a 429 states counts requests (the quota's rate over the tokens a request
+/// costs), under the quota the limiter has now: a stored config that differs from the one the
+/// layer was built with. It stated the builder's 600 a minute, ignoring both.
+#[tokio::test]
+async fn the_policy_header_states_requests_under_the_quota_in_force() {
+    use ratelease::ConfigStore;
+
+    let store = MemoryStore::new();
+    store
+        .init_config("http-stored", &Quota::per_minute(10).unwrap())
+        .await
+        .unwrap();
+    let limiter =
+        HybridLimiter::new("http-stored", Quota::per_minute(600).unwrap(), store).unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(LimitLayer::global(limiter.clone()).tokens(5).unwrap())
+        .service(counting(Arc::default()));
+    limiter.ready().await.unwrap();
+    assert_eq!(limiter.quota(), Quota::per_minute(10).unwrap());
+    // Ten tokens a minute at five a request: at most two requests, then a 429.
+    let mut admitted = 0;
+    let limited = loop {
+        let response = svc.clone().oneshot(as_key("any")).await.unwrap();
+        if response.status() != StatusCode::OK {
+            break response;
+        }
+        admitted += 1;
+        assert!(admitted <= 2, "{admitted} requests of 5 tokens admitted");
+    };
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(admitted >= 1);
+    assert_eq!(
+        limited.headers()["ratelimit-policy"],
+        "\"default\";q=2;w=60"
+    );
+}
+
 #[tokio::test]
 async fn a_pure_mode_limiter_decides_per_request_and_sheds() {
     let quota = Quota::per_minute(2).unwrap();

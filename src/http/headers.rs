@@ -7,11 +7,16 @@
 //! Retry-After: 12
 //! ```
 //!
-//! The policy describes the quota's rate (`q` per `w` seconds). A quota whose period is not a
-//! whole number of seconds is stated per second, rounded down. The policy value is built once
-//! per layer; a refusal formats its two numbers. A limited request's `RateLimit` always says
-//! `r=0`: in hybrid mode the fleet's remaining budget lives in the store, and this process's
-//! local share of it would mislead a client, so admitted requests carry no `RateLimit` field.
+//! The policy describes the quota's rate in requests (`q` per `w` seconds): the quota's rate
+//! divided by the tokens a request costs. A whole number of requests per a period of whole
+//! seconds is stated as configured; any other rate in lowest terms (1 per 1.5 s is `q=2;w=3`),
+//! or, where those terms would span more than a day, per the period rounded up to whole
+//! seconds, requests rounded down (a client within it stays within the limit). The value is
+//! built once per layer, for the quota the limiter had then; a stored config that differs
+//! (see [`Limiter::quota`](crate::Limiter::quota)) is stated as it is, formatted per response.
+//! A refusal formats its two numbers. A limited request's `RateLimit` always says `r=0`: in
+//! hybrid mode the fleet's remaining budget lives in the store, and this process's local share
+//! of it would mislead a client, so admitted requests carry no `RateLimit` field.
 
 use std::time::Duration;
 
@@ -40,13 +45,18 @@ pub struct InvalidPolicyName(pub String);
 pub(crate) struct PolicyHeaders {
     /// `"name"` quoted, as both fields start.
     quoted: String,
-    /// The `RateLimit-Policy` value.
+    /// The tokens a request costs.
+    tokens: u64,
+    /// The quota `policy` states.
+    quota: Quota,
+    /// The `RateLimit-Policy` value for `quota`.
     policy: HeaderValue,
 }
 
 impl PolicyHeaders {
-    /// The headers of policy `name` for `quota`.
-    pub(crate) fn new(name: &str, quota: &Quota) -> Result<Self, InvalidPolicyName> {
+    /// The headers of policy `name` for `quota`, each request costing `tokens` (0 is read
+    /// as 1).
+    pub(crate) fn new(name: &str, quota: &Quota, tokens: u64) -> Result<Self, InvalidPolicyName> {
         let valid = !name.is_empty()
             && name.len() <= MAX_POLICY_NAME
             && name
@@ -56,15 +66,34 @@ impl PolicyHeaders {
             return Err(InvalidPolicyName(name.to_owned()));
         }
         let quoted = format!("\"{name}\"");
-        let (q, w) = quota_window(quota);
-        let policy = HeaderValue::try_from(format!("{quoted};q={q};w={w}"))
-            .map_err(|_| InvalidPolicyName(name.to_owned()))?;
-        Ok(PolicyHeaders { quoted, policy })
+        let tokens = tokens.max(1);
+        let policy = policy_value(&quoted, quota, tokens);
+        Ok(PolicyHeaders {
+            quoted,
+            tokens,
+            quota: *quota,
+            policy,
+        })
     }
 
-    /// The `RateLimit-Policy` value.
-    pub(crate) fn policy(&self) -> HeaderValue {
-        self.policy.clone()
+    /// The same policy, each request costing `tokens`.
+    pub(crate) fn with_tokens(&self, tokens: u64) -> Self {
+        let tokens = tokens.max(1);
+        PolicyHeaders {
+            tokens,
+            policy: policy_value(&self.quoted, &self.quota, tokens),
+            ..self.clone()
+        }
+    }
+
+    /// The `RateLimit-Policy` value under `quota`, the limiter's now: the value built for it,
+    /// or (a stored config that differs) a new one.
+    pub(crate) fn policy(&self, quota: &Quota) -> HeaderValue {
+        if *quota == self.quota {
+            self.policy.clone()
+        } else {
+            policy_value(&self.quoted, quota, self.tokens)
+        }
     }
 
     /// The `RateLimit` value of a refusal: nothing left, back in `retry_after`.
@@ -75,15 +104,45 @@ impl PolicyHeaders {
     }
 }
 
-/// `(q, w)`: the quota's rate per its period in whole seconds, else per second.
-fn quota_window(quota: &Quota) -> (u64, u64) {
-    let period = quota.period();
-    if period.subsec_nanos() == 0 && period.as_secs() > 0 {
-        (quota.rate(), period.as_secs())
-    } else {
-        // f64 -> u64 saturates; the rate is finite and non-negative.
-        (quota.per_second_f64().floor() as u64, 1)
+/// `"name";q=…;w=…` for `quota` at `tokens` a request.
+fn policy_value(quoted: &str, quota: &Quota, tokens: u64) -> HeaderValue {
+    let (q, w) = quota_window(quota, tokens);
+    // Only the validated name, digits and `;=`: always a valid header value.
+    HeaderValue::try_from(format!("{quoted};q={q};w={w}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("q=0"))
+}
+
+/// The longest window a policy is stated over in lowest terms, seconds (a day).
+const MAX_WINDOW_S: u128 = 86_400;
+
+/// `(q, w)`: requests of `tokens` each that `quota` allows per `w` seconds (see the module
+/// docs).
+fn quota_window(quota: &Quota, tokens: u64) -> (u64, u64) {
+    const NS: u128 = 1_000_000_000;
+    let (rate, tokens) = (u128::from(quota.rate()), u128::from(tokens.max(1)));
+    let period = quota.period().as_nanos().max(1);
+    let saturate = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
+    if period.is_multiple_of(NS) && rate.is_multiple_of(tokens) {
+        return (saturate(rate / tokens), saturate(period / NS));
     }
+    // Requests per second = rate × 1e9 / (tokens × period ns), in lowest terms. Both factors
+    // are below 2^64 and 2^128 / 1e9, so neither product overflows.
+    let (num, den) = (rate * NS, tokens.saturating_mul(period));
+    let g = gcd(num, den);
+    let (q, w) = (num / g, den / g);
+    if w <= MAX_WINDOW_S {
+        return (saturate(q), saturate(w));
+    }
+    let w = period.div_ceil(NS);
+    (saturate(rate * w * NS / den.max(1)), saturate(w))
+}
+
+/// Greatest common divisor (Euclid).
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
 }
 
 /// Whole seconds, rounded up, at least 1: `Retry-After` has second resolution, and 0 would
@@ -98,16 +157,48 @@ mod tests {
 
     #[test]
     fn policy_and_exhausted_values() {
-        let h = PolicyHeaders::new("api", &Quota::per_minute(5).unwrap()).unwrap();
-        assert_eq!(h.policy(), "\"api\";q=5;w=60");
+        let per_minute = Quota::per_minute(5).unwrap();
+        let h = PolicyHeaders::new("api", &per_minute, 1).unwrap();
+        assert_eq!(h.policy(&per_minute), "\"api\";q=5;w=60");
         assert_eq!(
             h.exhausted(Duration::from_millis(11_200)),
             "\"api\";r=0;t=12"
         );
         assert_eq!(h.exhausted(Duration::ZERO), "\"api\";r=0;t=1");
         let fast = Quota::new(3, Duration::from_millis(10)).unwrap();
-        let h = PolicyHeaders::new("x", &fast).unwrap();
-        assert_eq!(h.policy(), "\"x\";q=300;w=1");
+        let h = PolicyHeaders::new("x", &fast, 1).unwrap();
+        assert_eq!(h.policy(&fast), "\"x\";q=300;w=1");
+        // A stored config that differs is stated as it is.
+        assert_eq!(h.policy(&per_minute), "\"x\";q=5;w=60");
+    }
+
+    #[test]
+    fn the_policy_counts_requests_in_lowest_terms_never_rounding_a_rate_to_zero() {
+        let q = |rate, ms, tokens| {
+            let quota = Quota::new(rate, Duration::from_millis(ms)).unwrap();
+            quota_window(&quota, tokens)
+        };
+        // As configured where it is whole requests per whole seconds.
+        assert_eq!(q(100, 60_000, 1), (100, 60));
+        assert_eq!(q(100, 60_000, 5), (20, 60));
+        // Otherwise in lowest terms: 1 per 1.5 s (it was "q=0;w=1"), 3 per 2.5 s, 100 per
+        // minute at 3 tokens a request (33⅓ a minute), 7/s at 2.
+        assert_eq!(q(1, 1_500, 1), (2, 3));
+        assert_eq!(q(3, 2_500, 1), (6, 5));
+        assert_eq!(q(100, 60_000, 3), (5, 9));
+        assert_eq!(q(7, 1_000, 2), (7, 2));
+        // Terms longer than a day: per the period rounded up, requests rounded down.
+        let odd = Quota::new(1_000_003, Duration::from_micros(1_000_001)).unwrap();
+        assert_eq!(quota_window(&odd, 1), (2_000_003, 2));
+        let odd = Quota::new(7, Duration::from_micros(2_000_001)).unwrap();
+        assert_eq!(quota_window(&odd, 2), (5, 3));
+    }
+
+    #[test]
+    fn a_policy_for_tokens_states_requests() {
+        let quota = Quota::per_minute(100).unwrap();
+        let h = PolicyHeaders::new("api", &quota, 1).unwrap().with_tokens(5);
+        assert_eq!(h.policy(&quota), "\"api\";q=20;w=60");
     }
 
     #[test]
@@ -115,7 +206,7 @@ mod tests {
         let q = Quota::per_second(1).unwrap();
         for bad in ["", "a\"b", "with space", "é", &"n".repeat(65)] {
             assert_eq!(
-                PolicyHeaders::new(bad, &q).unwrap_err(),
+                PolicyHeaders::new(bad, &q, 1).unwrap_err(),
                 InvalidPolicyName(bad.to_owned())
             );
         }

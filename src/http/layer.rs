@@ -42,13 +42,14 @@ struct Config {
 }
 
 impl Config {
-    fn reject<B: Default>(&self, rejection: Rejection) -> Response<B> {
-        rejection.into_response(&self.headers)
+    /// The response for `rejection`; a 429 states the policy of the quota `gate` has now.
+    fn reject<B: Default>(&self, rejection: Rejection, gate: &impl Gate) -> Response<B> {
+        rejection.into_response(&self.headers, || gate.quota())
     }
 
     /// The `RateLimit-Policy` value for admitted responses, if they carry it.
-    fn advertised(&self) -> Option<HeaderValue> {
-        self.advertise.then(|| self.headers.policy())
+    fn advertised(&self, gate: &impl Gate) -> Option<HeaderValue> {
+        self.advertise.then(|| self.headers.policy(&gate.quota()))
     }
 }
 
@@ -124,7 +125,7 @@ where
 impl<G: Gate> LimitLayer<G> {
     /// A layer asking `gate`, with the default settings.
     pub fn new(gate: G) -> Self {
-        let headers = PolicyHeaders::new(DEFAULT_POLICY_NAME, &gate.quota())
+        let headers = PolicyHeaders::new(DEFAULT_POLICY_NAME, &gate.quota(), 1)
             .expect("the default policy name is valid");
         LimitLayer {
             gate: Arc::new(gate),
@@ -142,7 +143,8 @@ impl<G: Gate> LimitLayer<G> {
         self
     }
 
-    /// Charges `tokens` per request instead of one (0 is read as 1).
+    /// Charges `tokens` per request instead of one (0 is read as 1); `RateLimit-Policy`
+    /// then states the requests the quota allows (its rate over `tokens`).
     ///
     /// # Errors
     /// [`BuildError::Config`] for more than the limiter's burst now: no request could ever be
@@ -150,7 +152,10 @@ impl<G: Gate> LimitLayer<G> {
     /// refused.)
     pub fn tokens(self, tokens: u64) -> Result<Self, BuildError> {
         let tokens = layer_tokens(tokens, &self.gate.quota())?;
-        Ok(self.with(|c| c.tokens = tokens))
+        Ok(self.with(|c| {
+            c.tokens = tokens;
+            c.headers = c.headers.with_tokens(tokens);
+        }))
     }
 
     /// How long a request may wait when the limiter has no answer for it yet — a key new to
@@ -174,13 +179,15 @@ impl<G: Gate> LimitLayer<G> {
     /// # Errors
     /// [`InvalidPolicyName`] unless `name` is 1 to 64 of letters, digits and `-_.:/`.
     pub fn policy_name(self, name: &str) -> Result<Self, InvalidPolicyName> {
-        let headers = PolicyHeaders::new(name, &self.gate.quota())?;
+        let headers = PolicyHeaders::new(name, &self.gate.quota(), self.config.tokens)?;
         Ok(self.with(|c| c.headers = headers))
     }
 
     /// Whether admitted responses carry `RateLimit-Policy` too (default: only 429s do). It
     /// costs an admitted request the header's insertion (two allocations when the inner
-    /// service's response has no headers yet); the default path allocates nothing
+    /// service's response has no headers yet) and a read of the limiter's quota (a short lock
+    /// for a plain hybrid or pure limiter, and the value formatted anew while a stored config
+    /// differs from the quota the layer was built with); the default path allocates nothing
     /// (`tests/http_alloc.rs`).
     pub fn advertise_policy(self, advertise: bool) -> Self {
         self.with(|c| c.advertise = advertise)
@@ -251,17 +258,20 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let c = &*self.config;
         let rejection = match self.gate.check(&request, c.tokens, c.waits) {
-            Step::Admit => return ResponseFuture::inner(self.inner.call(request), c.advertised()),
+            Step::Admit => {
+                let advertised = c.advertised(&*self.gate);
+                return ResponseFuture::inner(self.inner.call(request), advertised);
+            }
             Step::Shed { retry_after } => Rejection::Limited { retry_after },
             Step::NoKey(e) => Rejection::NoKey(e),
             Step::Fail(e) => Rejection::Unavailable(e),
             Step::Wait(decision) => return self.wait(decision, request),
         };
-        ResponseFuture::ready(c.reject(rejection))
+        ResponseFuture::ready(c.reject(rejection, &*self.gate))
     }
 }
 
-impl<S, G> Limit<S, G> {
+impl<S, G: Gate> Limit<S, G> {
     /// The response future of a request that waits for its `decision`.
     fn wait<B, RB>(
         &mut self,
@@ -279,20 +289,20 @@ impl<S, G> Limit<S, G> {
         // to be called); a clone takes its place, to be polled ready before the next call.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
-        let config = self.config.clone();
+        let (config, gate) = (self.config.clone(), self.gate.clone());
         ResponseFuture::boxed(Box::pin(async move {
             match decision.await {
                 Ok(Decision::Allowed) => {
                     let mut response = inner.call(request).await?;
-                    if let Some(policy) = config.advertised() {
+                    if let Some(policy) = config.advertised(&*gate) {
                         response.headers_mut().insert(RATELIMIT_POLICY, policy);
                     }
                     Ok(response)
                 }
                 Ok(Decision::Denied { retry_after }) => {
-                    Ok(config.reject(Rejection::Limited { retry_after }))
+                    Ok(config.reject(Rejection::Limited { retry_after }, &*gate))
                 }
-                Err(e) => Ok(config.reject(Rejection::Unavailable(e))),
+                Err(e) => Ok(config.reject(Rejection::Unavailable(e), &*gate)),
             }
         }))
     }

@@ -62,6 +62,7 @@ use http::{HeaderValue, Response, StatusCode};
 use super::headers::{retry_after_secs, PolicyHeaders, RATELIMIT, RATELIMIT_POLICY};
 use super::key::KeyError;
 use crate::error::AcquireError;
+use crate::quota::Quota;
 use crate::time::Origin;
 
 /// Why the layer answered a request instead of the inner service; found in the response's
@@ -108,8 +109,13 @@ impl Rejection {
         }
     }
 
-    /// The response for this rejection, with `headers`' policy for a 429.
-    pub(crate) fn into_response<B: Default>(self, headers: &PolicyHeaders) -> Response<B> {
+    /// The response for this rejection, with `headers`' policy for a 429 (under the quota
+    /// `quota()` reads).
+    pub(crate) fn into_response<B: Default>(
+        self,
+        headers: &PolicyHeaders,
+        quota: impl FnOnce() -> Quota,
+    ) -> Response<B> {
         let mut response = Response::new(B::default());
         *response.status_mut() = self.status();
         match &self {
@@ -120,7 +126,7 @@ impl Rejection {
                     HeaderValue::from(retry_after_secs(*retry_after)),
                 );
                 h.insert(RATELIMIT, headers.exhausted(*retry_after));
-                h.insert(RATELIMIT_POLICY, headers.policy());
+                h.insert(RATELIMIT_POLICY, headers.policy(&quota()));
             }
             // The details are for the operator, not for the client: a warning at most once a
             // second, with the count of those it stands for (an outage refuses every request).
