@@ -232,13 +232,20 @@ impl LeaseReply {
         }
     }
 
-    /// Refuses a reply that grants more than `request` wanted, tokens or rate: a store (or a
-    /// wrapper around one) that did would have limiters count tokens the bucket never had.
+    /// Refuses a reply that grants more than `request` wanted, tokens or rate, or some tokens
+    /// but fewer than its minimum: a store (or a wrapper around one) that did would have
+    /// limiters count tokens the bucket never had, or hand a waiter fewer than it asked for.
     pub(crate) fn within(self, request: &LeaseRequest) -> Result<Self, StoreError> {
         if self.granted > request.want {
             return Err(StoreError::BadReply(format!(
                 "granted {} of a lease that wanted at most {}",
                 self.granted, request.want
+            )));
+        }
+        if self.granted > 0 && self.granted < request.min {
+            return Err(StoreError::BadReply(format!(
+                "granted {} of a lease that needed at least {}",
+                self.granted, request.min
             )));
         }
         let asked = request.node.map_or(0, |n| n.rate_mtps);

@@ -748,62 +748,81 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
     conc.shutdown().await;
 }
 
-/// A store (or a wrapper around one) that grants more than a lease asked for: the limiters
+/// A store (or a wrapper around one) that tampers with its grants: more than a lease asked for
+/// (`less: false`), or fewer than its minimum (`less: true`).
+#[derive(Clone)]
+struct Tampering {
+    inner: ratelease::MemoryStore,
+    less: bool,
+    tampered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ratelease::LeaseStore for Tampering {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ratelease::LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        let mut reply = self.inner.lease(name, quota, req).await?;
+        if reply.granted > 0 && (!self.less || req.min >= 2) {
+            reply.granted = if self.less { req.min - 1 } else { u64::MAX };
+            self.tampered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(reply)
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ratelease::ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        self.inner.release(name, quota, req).await
+    }
+}
+
+/// A store that grants more than a lease asked for, or fewer than its minimum: the limiters
 /// treat the reply as a store failure (`StoreError::BadReply`, the failure policy answers)
-/// instead of counting tokens the bucket never had, or overflowing.
+/// instead of counting tokens the bucket never had, overflowing, or handing a waiter of `n`
+/// tokens the `n - 1` granted (an overshoot).
 #[tokio::test(start_paused = true)]
-async fn a_store_granting_more_than_asked_is_a_bad_reply() {
-    use ratelease::{
-        FailurePolicy, HybridLimiter, KeyedHybridLimiter, LeaseReply, LeaseRequest, LeaseStore,
-        MemoryStore, ReleaseRequest, StoreError,
-    };
+async fn a_store_granting_more_than_asked_or_less_than_the_minimum_is_a_bad_reply() {
+    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, MemoryStore, StoreError};
 
-    #[derive(Clone)]
-    struct Generous(MemoryStore);
-
-    impl LeaseStore for Generous {
-        async fn lease(
-            &self,
-            name: &str,
-            quota: &Quota,
-            req: &LeaseRequest,
-        ) -> Result<LeaseReply, StoreError> {
-            let mut reply = self.0.lease(name, quota, req).await?;
-            reply.granted = u64::MAX;
-            Ok(reply)
+    for less in [false, true] {
+        let store = Tampering {
+            inner: MemoryStore::with_clock(ratelease::TokioClock::new()),
+            less,
+            tampered: Default::default(),
+        };
+        let quota = Quota::per_second(10).unwrap();
+        let keyed = KeyedHybridLimiter::<String, _>::builder("tampered", quota, store.clone())
+            .on_store_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap();
+        // A waiter of 3: its lease's minimum is 3.
+        let mut errors = vec![keyed.acquire("k", 3).await.unwrap_err()];
+        assert_eq!(keyed.available("k"), 0);
+        assert!(keyed.stats().circuit_open);
+        if !less {
+            let hybrid = HybridLimiter::builder("tampered", quota, store.clone())
+                .on_store_failure(FailurePolicy::FailClosed)
+                .build()
+                .unwrap();
+            errors.push(hybrid.acquire(1).await.unwrap_err());
+            assert_eq!(hybrid.available(), 0);
+            assert!(hybrid.stats().circuit_open);
         }
-
-        async fn release(
-            &self,
-            name: &str,
-            quota: &Quota,
-            req: &ReleaseRequest,
-        ) -> Result<LeaseReply, StoreError> {
-            self.0.release(name, quota, req).await
+        for e in errors {
+            assert!(
+                matches!(e, AcquireError::Store(StoreError::BadReply(_))),
+                "less: {less}: {e:?}"
+            );
         }
+        assert!(store.tampered.load(std::sync::atomic::Ordering::Relaxed) > 0);
     }
-
-    let store = Generous(MemoryStore::with_clock(ratelease::TokioClock::new()));
-    let quota = Quota::per_second(10).unwrap();
-    let hybrid = HybridLimiter::builder("generous", quota, store.clone())
-        .on_store_failure(FailurePolicy::FailClosed)
-        .build()
-        .unwrap();
-    let keyed = KeyedHybridLimiter::<String, _>::builder("generous", quota, store)
-        .on_store_failure(FailurePolicy::FailClosed)
-        .build()
-        .unwrap();
-    let h = hybrid.acquire(1).await.unwrap_err();
-    let k = keyed.acquire("k", 1).await.unwrap_err();
-    for e in [h, k] {
-        assert!(
-            matches!(e, AcquireError::Store(StoreError::BadReply(_))),
-            "{e:?}"
-        );
-    }
-    assert_eq!(hybrid.available(), 0);
-    assert_eq!(keyed.available("k"), 0);
-    assert!(hybrid.stats().circuit_open && keyed.stats().circuit_open);
 }
 
 /// At the end of representable time (2^53 µs; "2^53 + 1" parses to it) a node's lease still
