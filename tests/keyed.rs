@@ -609,3 +609,19 @@ async fn a_large_denied_request_does_not_refuse_the_small_ones_after_it() {
         .await;
     assert!(matches!(decision, Ok(Decision::Allowed)), "{decision:?}");
 }
+
+/// `max_keys(usize::MAX)` — no cap — builds a limiter (it aborted the process: shards were
+/// allocated for every key it could ever hold).
+#[tokio::test(start_paused = true)]
+async fn a_limiter_with_no_key_cap_builds_and_serves() {
+    let limiter = KeyedHybridLimiter::<String, _>::builder(
+        "uncapped",
+        Quota::per_second(10).unwrap(),
+        memory(),
+    )
+    .max_keys(usize::MAX)
+    .build()
+    .unwrap();
+    limiter.acquire("k", 1).await.unwrap();
+    assert_eq!(limiter.live_keys(), 1);
+}

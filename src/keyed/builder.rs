@@ -91,9 +91,9 @@ where
         runtime,
     }
 
-    /// Most keys with local state (default [`DEFAULT_MAX_KEYS`], at least 1). Memory is about
-    /// this many times the per-key size (see `BENCHMARKS.md`); at the cap the least recently
-    /// used keys are evicted.
+    /// Most keys with local state (default [`DEFAULT_MAX_KEYS`], at least 1; `usize::MAX` for
+    /// no cap). Memory is about this many times the per-key size (see `BENCHMARKS.md`); at
+    /// the cap the least recently used keys are evicted.
     pub fn max_keys(mut self, max: usize) -> Self {
         self.max_keys = max.max(1);
         self

@@ -50,6 +50,10 @@ use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 pub(super) const KEYS_PER_SHARD: usize = 3_277;
 /// Fewest shards, so that threads on different keys rarely share a lock word.
 const MIN_SHARDS: usize = 8;
+/// Most shards: 8 MiB of padded locks, sized for about 200 million keys. A larger cap (up to
+/// `usize::MAX`, "no cap") gives each shard more keys instead of allocating shards for keys
+/// that will never come — it aborted the process at build.
+const MAX_SHARDS: usize = 1 << 16;
 /// Buckets a walk over the map reads per hold of a shard's lock (about a microsecond).
 pub(super) const SCAN_CHUNK: usize = 256;
 
@@ -86,7 +90,9 @@ where
 {
     /// A map sharded for at most `max_keys` keys.
     pub(super) fn new(hasher: H, max_keys: usize) -> Self {
-        let shards = max_keys.div_ceil(KEYS_PER_SHARD).max(MIN_SHARDS);
+        let shards = max_keys
+            .div_ceil(KEYS_PER_SHARD)
+            .clamp(MIN_SHARDS, MAX_SHARDS);
         KeyMap {
             shards: (0..shards)
                 .map(|_| CachePadded::new(Mutex::new(HashTable::new())))
@@ -290,6 +296,15 @@ mod tests {
 
     fn map(max_keys: usize) -> KeyMap<String, AtomicU64, foldhash::fast::RandomState> {
         KeyMap::new(foldhash::fast::RandomState::default(), max_keys)
+    }
+
+    #[test]
+    fn a_cap_of_any_size_builds_at_most_max_shards() {
+        assert_eq!(map(1).shards.len(), MIN_SHARDS);
+        assert_eq!(map(100 * KEYS_PER_SHARD).shards.len(), 100);
+        let unbounded = map(usize::MAX);
+        assert_eq!(unbounded.shards.len(), MAX_SHARDS);
+        assert!(unbounded.insert_new("a".to_owned(), || AtomicU64::new(1)));
     }
 
     #[test]
