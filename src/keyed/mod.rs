@@ -23,10 +23,16 @@
 //! key with foldhash, take its shard's mutex: one atomic read-modify-write, and one to let go;
 //! one group of control bytes, then the entry, key and state side by side), a load and a store of the
 //! key's token word under that lock, and on a hit the coarse time of use (a load, and a store
-//! once per 100 ms tick). No clock read, no allocation, no I/O. A call waits only while
-//! another holds its shard: another call on a key of that shard (nanoseconds), an insert or
-//! removal of one key, a shard's resize (a few thousand keys at most), or a sweep's look at
-//! 256 buckets of it. Nothing that holds a shard waits or wakes a task.
+//! once per 100 ms tick). No clock read, no allocation, no I/O — but for the hit that leaves
+//! the key below its low-water mark: it queues the key's refill for the worker, a copy of the
+//! key (an allocation for an owned key such as `String`), a slot of the worker's queue (tokio's
+//! channel takes a new block of 32 slots now and then) and a wake-up of the worker, at most
+//! once per refill. A call waits only while another holds its shard: another call on a key of
+//! that shard (nanoseconds), an insert or removal of one key, a shard's resize (a few thousand
+//! keys at most), a sweep's look at 256 buckets of it, or, once per
+//! [`PUBLISH_INTERVAL`](crate::telemetry::PUBLISH_INTERVAL) while metrics are published, the
+//! count of the tokens keys hold (each shard read whole). Nothing that holds a shard waits or
+//! wakes a task.
 //!
 //! **A key without tokens.** A sync [`try_acquire`](KeyedHybridLimiter::try_acquire) cannot
 //! wait, so the first call on a new key (or on a key whose tokens are spent) answers
@@ -69,7 +75,9 @@
 //! [`idle_ttl`](KeyedHybridBuilder::idle_ttl) (default: the time the bucket takes to fill
 //! plus 10 s, as Redis funnel limiters keep theirs, so a key is never forgotten while its store answer
 //! could still differ from a fresh bucket's) is removed, and its tokens are returned to the
-//! store. A key with a lease queued or in flight is never evicted. Eviction removes the state
+//! store. A key with a refill queued or in flight is never evicted (a waiter's own lease does
+//! not hold its key: if the key is evicted meanwhile, what the lease brings beyond the
+//! waiter's tokens goes back to the store). Eviction removes the state
 //! under the shard's lock, which no caller can hold at the same time, so no token is spent
 //! after it was given back. The sweep evicts one key per hold of a shard's lock and looks at
 //! 256 buckets per hold, so a caller waits for it about a microsecond at most while the worker
