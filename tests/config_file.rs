@@ -145,6 +145,62 @@ fn a_bad_value_names_its_table_line_and_key() {
     assert_ne!(e.table(), Some("5"), "{e}");
 }
 
+/// A value of the wrong type (or out of range) for one of the keys every kind of table shares
+/// (`mode`, `on_store_failure`, `expected_nodes`, `horizon`, `lease_size`) is blamed by the
+/// parser on the table alone, since those keys are read after the rest: the error finds the
+/// line and the key by the value (it said "line 1: [limiters.a] invalid type: string "10",
+/// expected u32", naming neither).
+#[test]
+fn a_shared_key_of_the_wrong_type_names_its_line_and_key() {
+    for (text, key, line) in [
+        (
+            "[limiters.a]\nrate = 5\nexpected_nodes = \"10\"",
+            "expected_nodes",
+            3,
+        ),
+        (
+            "[limiters.a]\nrate = 5\n\nhorizon = \"25 mss\"",
+            "horizon",
+            4,
+        ),
+        ("[keyed.k]\nrate = 5\nlease_size = -1\n", "lease_size", 3),
+        (
+            "[defaults]\nexpected_nodes = true\n[limiters.a]\nrate = 5",
+            "expected_nodes",
+            2,
+        ),
+    ] {
+        let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(text) else {
+            panic!("{text}: expected a parse error");
+        };
+        assert_eq!((e.key(), e.line()), (Some(key), line), "{e}");
+        assert!(e.to_string().contains(&format!("`{key}`: invalid")), "{e}");
+    }
+}
+
+/// `expected_nodes` in a table whose failure policy keeps no local rate — fail open or
+/// closed, or a pure limiter with no policy named — would be ignored: refused, as every
+/// setting a limiter would not use is. (`[defaults]`' falls through to the limiters it sizes.)
+#[test]
+fn expected_nodes_where_no_policy_uses_it_is_refused() {
+    for text in [
+        "[limiters.a]\nrate = 5\nmode = \"pure\"\nexpected_nodes = 10",
+        "[limiters.a]\nrate = 5\non_store_failure = \"fail-open\"\nexpected_nodes = 10",
+        "[keyed.a]\nrate = 5\non_store_failure = \"fail-closed\"\nexpected_nodes = 10",
+        "[defaults]\non_store_failure = \"fail-open\"\n[limiters.a]\nrate = 5\nexpected_nodes = 3",
+    ] {
+        invalid(text, "a", "expected_nodes");
+        invalid(text, "a", "would ignore it");
+    }
+    for text in [
+        "[limiters.a]\nrate = 5\nexpected_nodes = 10",
+        "[limiters.a]\nrate = 5\nmode = \"pure\"\non_store_failure = \"last-known-share\"\nexpected_nodes = 10",
+        "[defaults]\nexpected_nodes = 10\n[limiters.a]\nrate = 5\nmode = \"pure\"",
+    ] {
+        LimitersConfig::from_toml(text).unwrap();
+    }
+}
+
 /// An invalid limiter in a file read from disk names the file too.
 #[test]
 fn an_invalid_limiter_in_a_file_names_the_file() {

@@ -88,7 +88,9 @@
 //!   that sets `lease_size`, `horizon`, `prefetch`, `max_keys`, `idle_ttl`, `give_back_after`,
 //!   `max_in_flight`, `batch` or `idle_return` on a pure limiter asks for something it would
 //!   not get; so does a local-rate `on_store_failure` or `expected_nodes` on a pure keyed
-//!   limiter. Such keys in `[defaults]` are skipped for pure limiters.
+//!   limiter, and `expected_nodes` in any table whose failure policy keeps no local rate to
+//!   size (fail open or closed, or a pure limiter with no policy named). Such keys in
+//!   `[defaults]` are skipped for pure limiters.
 //! - **Values a builder would quietly raise are refused**: `max_keys = 0`,
 //!   `max_in_flight = 0`, an `idle_ttl` under 200 ms — the file would say one thing and the
 //!   limiter do another.
@@ -281,13 +283,25 @@ impl std::fmt::Display for ParseError {
 
 /// For an error reported at the table starting at `table`: the offset of the line it is
 /// about, if the message says and one line of the table matches — for "unknown field `key`"
-/// the line that sets `key`, for "unknown variant `value`" the line that sets a key to
-/// `"value"` (not a comment; if two lines do, neither: the table is blamed).
+/// the line that sets `key`; for "unknown variant `value`" the line that sets a key to
+/// `"value"`; for a value of the wrong type or out of range (`invalid type: string "10"`,
+/// `invalid value: integer `-1``, as the keys every kind of table shares are reported) the
+/// line that sets a key to it (not a comment; if two lines do, neither: the table is blamed).
 fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
-    let (key, value) = if let Some(rest) = message.strip_prefix("unknown field `") {
-        (Some(rest.split('`').next()?), None)
+    let quoted = |v: &str| vec![format!("\"{v}\""), format!("'{v}'")];
+    let (key, values) = if let Some(rest) = message.strip_prefix("unknown field `") {
+        (Some(rest.split('`').next()?), Vec::new())
     } else if let Some(rest) = message.strip_prefix("unknown variant `") {
-        (None, Some(rest.split('`').next()?))
+        (None, quoted(rest.split('`').next()?))
+    } else if let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    {
+        match rest.strip_prefix("string \"") {
+            Some(string) => (None, quoted(string.split('"').next()?)),
+            // `integer `-1``, `floating point `1.5``, `boolean `true``: written bare.
+            None => (None, vec![rest.split('`').nth(1)?.to_owned()]),
+        }
     } else {
         return None;
     };
@@ -303,16 +317,15 @@ fn offending_line(message: &str, text: &str, table: usize) -> Option<usize> {
             offset += line.len();
             continue;
         }
-        let found = match (key, value) {
-            (Some(key), _) => [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
+        let found = match key {
+            Some(key) => [key.to_owned(), format!("\"{key}\""), format!("'{key}'")]
                 .iter()
                 .find_map(|k| trimmed.strip_prefix(k.as_str()))
                 .is_some_and(|r| r.trim_start().starts_with('=')),
-            (None, Some(value)) => trimmed.split_once('=').is_some_and(|(_, v)| {
+            None => trimmed.split_once('=').is_some_and(|(_, v)| {
                 let v = v.split('#').next().unwrap_or("").trim();
-                v == format!("\"{value}\"") || v == format!("'{value}'")
+                values.iter().any(|value| v == value)
             }),
-            (None, None) => false,
         };
         if found {
             if found_at.is_some() {

@@ -166,6 +166,31 @@ pub(super) fn failure_policy(
     })
 }
 
+/// Refuses a table's own `expected_nodes` (`[defaults]`' falls through) where the failure
+/// policy it resolves to (`defaults`' name if the table names none) keeps no local rate for it
+/// to size: fail open or closed, or a pure limiter with no policy named (its calls return the
+/// store's errors). Set, it would be ignored.
+pub(super) fn unused_expected_nodes(
+    own: &Shared,
+    defaults: &Shared,
+    mode: Mode,
+) -> Result<(), String> {
+    let sizes_a_rate = match own.on_store_failure.or(defaults.on_store_failure) {
+        Some(FailureName::LocalFallback | FailureName::LastKnownShare) => true,
+        Some(FailureName::FailOpen | FailureName::FailClosed) => false,
+        None => mode == Mode::Hybrid,
+    };
+    if own.expected_nodes.is_some() && !sizes_a_rate {
+        return Err(
+            "expected_nodes sizes the local rate of on_store_failure = \"last-known-share\" or \
+             \"local-fallback\" (a hybrid limiter's default); this limiter's policy keeps none \
+             and would ignore it"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// What the shared keys of a plain or keyed limiter's table resolve to.
 pub(super) struct Common {
     pub(super) mode: Mode,

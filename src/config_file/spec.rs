@@ -27,8 +27,8 @@ use crate::store::LeaseStore;
 
 use super::built::{AnyKeyedLimiter, AnyLimiter};
 use super::raw::{
-    failure_policy, invalid, quota, reason, BudgetName, Common, ConcurrencyTable, Defaults,
-    FailureName, KeyedTable, Lease, Table, UnconfiguredName,
+    failure_policy, invalid, quota, reason, unused_expected_nodes, BudgetName, Common,
+    ConcurrencyTable, Defaults, FailureName, KeyedTable, Lease, Table, UnconfiguredName,
 };
 use super::{ConfigFileError, Mode};
 
@@ -67,6 +67,7 @@ impl LimiterSpec {
             .shared
             .resolve(&defaults.shared, &quota)
             .map_err(&invalid)?;
+        unused_expected_nodes(&table.shared, &defaults.shared, mode).map_err(&invalid)?;
         let algorithm = match table.algorithm.as_ref().or(defaults.algorithm.as_ref()) {
             Some(name) => Algorithm::from_name(name).map_err(|e| invalid(e.to_string()))?,
             None => Algorithm::default(),
@@ -259,6 +260,7 @@ impl KeyedSpec {
                 .transpose()
                 .map_err(&invalid)?;
         }
+        unused_expected_nodes(&table.shared, &defaults.shared, mode).map_err(&invalid)?;
         if table.max_keys == Some(0) {
             return Err(invalid("max_keys must be at least 1".into()));
         }
