@@ -1147,3 +1147,134 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
     let record = decode_leaser_record(&raw).expect("a leaser record");
     assert!(record.iter().all(|x| x.is_sign_positive()), "{record:?}");
 }
+
+/// A store (a wrapper around one) whose calls panic while `panics` is above zero, one call at
+/// a time.
+#[derive(Clone)]
+struct Panicking {
+    inner: ratelease::MemoryStore,
+    leases: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    releases: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Panicking {
+    fn due(counter: &std::sync::atomic::AtomicU64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        counter
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl ratelease::LeaseStore for Panicking {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ratelease::LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        if Self::due(&self.leases) {
+            panic!("a lease panicked");
+        }
+        self.inner.lease(name, quota, req).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ratelease::ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        if Self::due(&self.releases) {
+            panic!("a release panicked");
+        }
+        self.inner.release(name, quota, req).await
+    }
+}
+
+/// A store call that panics in a limiter's background task is a failed call: the failure
+/// policy answers (here failing closed: the store's error) and the next call serves. The
+/// panic ended the hybrid limiter's task — every later wait hung — and left the keyed
+/// worker's bookkeeping of the call in flight for good (a waiter heard `Closed`; a release
+/// that panicked never freed its slot, so with one slot no key was given back again).
+#[tokio::test(start_paused = true)]
+async fn a_store_call_that_panics_is_a_failed_call_not_a_dead_limiter() {
+    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, MemoryStore, StoreError};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let store = Panicking {
+        inner: MemoryStore::with_clock(ratelease::TokioClock::new()),
+        leases: std::sync::Arc::new(AtomicU64::new(1)),
+        releases: std::sync::Arc::new(AtomicU64::new(0)),
+    };
+    let quota = Quota::per_second(100).unwrap();
+    let patience = Duration::from_secs(5);
+    let hybrid = HybridLimiter::builder("panicking", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailClosed)
+        .build()
+        .unwrap();
+    let first = tokio::time::timeout(patience, hybrid.ready())
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, Err(AcquireError::Store(StoreError::BadReply(ref m))) if m.contains("panicked")),
+        "{first:?}"
+    );
+    tokio::time::timeout(patience, hybrid.acquire(1))
+        .await
+        .expect("the limiter's task lives on")
+        .unwrap();
+
+    hybrid.shutdown().await;
+    store.leases.store(1, Ordering::SeqCst);
+    store.releases.store(1, Ordering::SeqCst);
+    let keyed = KeyedHybridLimiter::<String, _>::builder("panicking", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailClosed)
+        .max_in_flight(1)
+        .give_back_after(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let first = tokio::time::timeout(patience, keyed.acquire("a", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, Err(AcquireError::Store(StoreError::BadReply(_)))),
+        "{first:?}"
+    );
+    assert_eq!(
+        store.leases.load(Ordering::SeqCst),
+        0,
+        "the lease panic ran"
+    );
+    // Failing closed, the store's error answers until a probe finds it serving again.
+    let mut served = false;
+    for _ in 0..20 {
+        let next = tokio::time::timeout(patience, keyed.acquire("a", 1));
+        if next.await.expect("the key's waiters are answered").is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served, "{:?}", keyed.stats());
+    // Idle keys give their tokens back: the first release panics, the next ones serve. (Each
+    // key is asked at 50/s for a while first, so that its leases are sized for that and
+    // leave tokens over.)
+    for key in ["b", "c"] {
+        for _ in 0..200 {
+            let _ = keyed.try_acquire(key, 1).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(
+        store.releases.load(Ordering::SeqCst),
+        0,
+        "the release panic ran"
+    );
+    let stats = keyed.stats();
+    assert!(
+        stats.releases >= 2 && stats.tokens_released > 0,
+        "{stats:?}"
+    );
+}

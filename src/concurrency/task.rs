@@ -38,6 +38,7 @@ use super::store::ConcurrencyStore;
 use crate::error::StoreError;
 use crate::lease::refill::Wake;
 use crate::retry::{Backoff, ERROR_BACKOFF_MIN};
+use crate::store::unwinding;
 use crate::time;
 use crate::time::micros;
 
@@ -270,7 +271,7 @@ impl Task {
         s: &Shared<S>,
         op: &Op<'_>,
     ) -> Result<Reply, StoreError> {
-        let result = s.store.concurrency(&s.name, op).await;
+        let result = unwinding(s.store.concurrency(&s.name, op)).await;
         match &result {
             Ok(reply) => {
                 self.excess = reply.in_use.saturating_sub(s.limit);

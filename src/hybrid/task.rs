@@ -16,7 +16,9 @@ use crate::lease::rate_ask::rate_ask;
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
 use crate::retry::{jitter, Backoff, MIN_RETRY};
-use crate::store::{LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest};
+use crate::store::{
+    unwinding, LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest,
+};
 
 use super::shared::{not_denied_per_request, spurious, Shared};
 use super::{WINDOW_JITTER, WINDOW_MARGIN};
@@ -496,7 +498,7 @@ impl Task {
         s.counters.releases.fetch_add(1, Ordering::Relaxed);
         // Relaxed: read by the metrics publisher, which runs on this task (between its polls).
         s.counters.returning.store(tokens, Ordering::Relaxed);
-        let result = s.store.release(&s.name, &s.quota, &request).await;
+        let result = unwinding(s.store.release(&s.name, &s.quota, &request)).await;
         s.counters.returning.store(0, Ordering::Relaxed);
         match result {
             Ok(_) => {
@@ -630,7 +632,7 @@ impl Task {
         }
         let sent = Instant::now();
         let call = async {
-            let reply = s.store.lease(&s.name, &s.quota, &request).await;
+            let reply = unwinding(s.store.lease(&s.name, &s.quota, &request)).await;
             reply.and_then(|r| r.within(&request))
         };
         let result = match self

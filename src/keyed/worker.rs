@@ -42,7 +42,7 @@ use super::TICK;
 use crate::error::StoreError;
 use crate::lease::policy::{LeaseAsk, LeaseContext};
 use crate::retry::{Backoff, MIN_RETRY};
-use crate::store::{LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
+use crate::store::{unwinding, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 
 /// Releases waiting to start above which no new key is taken from the queue of first leases:
 /// under a flood, evictions (each returning a key's tokens) then cannot outpace releases and
@@ -220,7 +220,7 @@ where
         self.jobs.spawn(async move {
             let lease = LeaseRequest::new(ask.want, ask.min);
             let sent = Instant::now();
-            let result = s.store.lease(&name, &s.quota, &lease).await;
+            let result = unwinding(s.store.lease(&name, &s.quota, &lease)).await;
             let result = result.and_then(|reply| reply.within(&lease));
             Done::Lease {
                 req: request,
@@ -405,8 +405,9 @@ where
     }
 
     fn finish(&mut self, joined: Result<Done<K>, JoinError>) {
-        // A store call that panicked is lost; so is its key's request flag, which keeps the
-        // key from leasing or being evicted. Stores must not panic (ours do not).
+        // A job that panicked outside its store call (a store call's panic is its error, see
+        // `unwinding`) is lost; so is its key's request flag, which keeps the key from
+        // leasing or being evicted. The worker's own code does not panic.
         let Ok(done) = joined else {
             return;
         };
@@ -572,10 +573,8 @@ where
             self.releasing += 1;
             let s = self.s.clone();
             self.jobs.spawn(async move {
-                let result = s
-                    .store
-                    .release(&name, &s.quota, &ReleaseRequest::new(tokens))
-                    .await;
+                let release = ReleaseRequest::new(tokens);
+                let result = unwinding(s.store.release(&name, &s.quota, &release)).await;
                 Done::Release { tokens, result }
             });
         }

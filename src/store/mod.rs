@@ -33,9 +33,34 @@ use crate::error::StoreError;
 pub use crate::protocol::{LeaseReply, LeaseRequest, NodeLease, NodeRelease, ReleaseRequest};
 use crate::quota::Quota;
 
+/// A store call made by a limiter's background task: one that panics is a failed call
+/// ([`StoreError::BadReply`]: whether it changed the store is unknown, as for any failed
+/// call), so the task lives on — its failure policy answers, and its bookkeeping of calls in
+/// flight stays whole — where the panic would have ended it, and with it every lease.
+pub(crate) async fn unwinding<T>(
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    use futures_util::FutureExt;
+
+    std::panic::AssertUnwindSafe(call)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(StoreError::BadReply(format!("the store panicked: {what}")))
+        })
+}
+
 /// A shared token bucket (or another [`Algorithm`](crate::Algorithm)'s budget), addressed by limiter name.
 ///
 /// Implementations must be atomic per name: concurrent calls behave as if run one at a time.
+/// A call that panics is a failed call to the limiters' background tasks
+/// ([`StoreError::BadReply`]), and a panic to the caller of a decision made on its own task
+/// (a pure limiter's, or a hybrid one's per-request decision).
 pub trait LeaseStore: Send + Sync + 'static {
     /// Takes between `min` and `want` tokens from `name`'s bucket, or none.
     ///
