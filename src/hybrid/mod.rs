@@ -151,7 +151,10 @@ impl<S: LeaseStore> HybridLimiter<S> {
         if self.take_local(n)? {
             Ok(Decision::Allowed)
         } else {
-            self.handle.shared.denied(n)
+            let s = &*self.handle.shared;
+            // Relaxed: a statistic the task reads to tell its callers apart.
+            s.counters.sync_misses.fetch_add(1, Ordering::Relaxed);
+            s.denied(n)
         }
     }
 
@@ -195,6 +198,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
         if s.decides_per_request() {
             s.decide(n).await
         } else {
+            // Relaxed: as in `try_acquire`.
+            s.counters.async_misses.fetch_add(1, Ordering::Relaxed);
             s.denied(n)
         }
     }

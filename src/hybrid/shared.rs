@@ -113,6 +113,12 @@ pub(super) struct Counters {
     pub(super) tokens_dripped: AtomicU64,
     /// Tokens taken from the local bucket for a release still in flight.
     pub(super) returning: AtomicU64,
+    /// Misses of `try_acquire`, which cannot decide in the store (see
+    /// `Task::sync_callers`).
+    pub(super) sync_misses: AtomicU64,
+    /// Misses of `acquire_now` outside the per-request regime (inside it, each is one of
+    /// `decisions`).
+    pub(super) async_misses: AtomicU64,
     /// Decisions made in the store for one request each (see [`Shared::decide`]).
     pub(super) decisions: AtomicU64,
     /// Tokens they admitted.

@@ -55,6 +55,8 @@ pub(super) async fn refill_loop<S: LeaseStore>(
         early_gap: Duration::ZERO,
         started: Instant::now(),
         per_request_review: None,
+        misses_seen: (0, 0),
+        sync_callers: false,
     };
     loop {
         match s.signal.wait_until(task.next_timer(&s)).await {
@@ -167,6 +169,16 @@ struct Task {
     /// While a miss is a decision in the store: when to look at the demand again (the task
     /// is not woken by those misses).
     per_request_review: Option<Instant>,
+    /// Misses of `try_acquire`, and of the calls that can decide in the store, as of the last
+    /// review of the regime.
+    misses_seen: (u64, u64),
+    /// Whether most misses since the regime was last reviewed with any were `try_acquire`'s.
+    /// Those cannot decide in the store: deciding per request, such a node leases on each
+    /// denial and spends what one lease brings, and its callers got less than leasing gives
+    /// them (ten nodes sharing 2 000/s with a burst of 10, asked at 2× it with `try_acquire`:
+    /// 0.60 of the budget deciding per request, 0.71 leasing; twenty sharing 20/s: 0.85 and
+    /// 0.90). So such a node does not decide per request.
+    sync_callers: bool,
 }
 
 impl Task {
@@ -260,7 +272,18 @@ impl Task {
         } else {
             0.0
         };
-        let is = s.policy.per_request(&ctx, was);
+        // Relaxed: statistics; a miss read late is counted at the next review.
+        let c = &s.counters;
+        let seen = (
+            c.sync_misses.load(Ordering::Relaxed),
+            c.async_misses.load(Ordering::Relaxed) + c.decisions.load(Ordering::Relaxed),
+        );
+        let (sync, other) = (seen.0 - self.misses_seen.0, seen.1 - self.misses_seen.1);
+        self.misses_seen = seen;
+        if sync + other > 0 {
+            self.sync_callers = sync > other;
+        }
+        let is = !self.sync_callers && s.policy.per_request(&ctx, was);
         if is != was {
             s.per_request.store(is, Ordering::Relaxed);
             if !is {

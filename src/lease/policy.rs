@@ -379,7 +379,8 @@ impl AdaptiveLease {
     /// holds one most of the time — a fleet of such nodes keeps its bucket near empty. A miss
     /// in [`acquire_now`](crate::HybridLimiter::acquire_now) is then one decision in the
     /// store, as in pure-Redis mode (`try_acquire` still answers from the local bucket and
-    /// leases on a denial). A node whose leases last longer than the horizon (a small share of
+    /// leases on a denial; a node whose misses are mostly `try_acquire`'s does not decide per
+    /// request, since leasing serves those callers better). A node whose leases last longer than the horizon (a small share of
     /// a large fleet's rate) counts its part as that many times larger: each
     /// call brings as many more tokens. Where the burst has room for 4 tokens per node of the
     /// fleet (the most leasers the store has counted: [`LeaseContext::fleet`]) no node decides
