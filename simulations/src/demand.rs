@@ -106,12 +106,18 @@ pub fn rates_at(sc: &Scenario, t_s: f64) -> Vec<f64> {
     w.iter().map(|wi| d.total_rps * wi / total).collect()
 }
 
-/// Times (s) where any node's rate may change, sorted, from 0 to `duration_s` inclusive.
+/// Times (s) where any node's rate may change, sorted, from 0 to `duration_s` inclusive: the
+/// events, and each node's own start and stop (an event spread over `duration_s` starts or
+/// stops its nodes one after another, and the fleet's demand moves to those up at each).
 pub fn breakpoints(sc: &Scenario) -> Vec<f64> {
     let end = sc.duration_s;
     let mut b = vec![0.0, end];
     for e in &sc.events {
         b.push(e.at_s);
+    }
+    for life in sc.lives() {
+        b.extend(life.join_s);
+        b.extend(life.leave_s);
     }
     b.extend(hot_moves(sc));
     if sc.demand.pattern == Pattern::OnOff {
@@ -132,28 +138,31 @@ pub fn breakpoints(sc: &Scenario) -> Vec<f64> {
     b
 }
 
-/// The request trace of `sc` under `seed`, sorted by (time, node).
+/// The request trace of `sc` under `seed`, sorted by (time, node). Each node's arrivals are
+/// a Poisson process at its rate in each segment between [`breakpoints`], drawn from its own
+/// random stream; the segments are walked in time order, holding one segment's rates at a
+/// time (a fleet of 10 000 nodes started one by one has 10 000 segments).
 pub fn generate(sc: &Scenario, seed: u64) -> Vec<Arrival> {
     let points = breakpoints(sc);
-    let segments: Vec<(f64, f64, Vec<f64>)> = points
-        .windows(2)
-        .map(|w| (w[0], w[1], rates_at(sc, (w[0] + w[1]) / 2.0)))
-        .collect();
     let end_ns = sc.duration_ns();
+    let mut rngs: Vec<_> = (0..sc.nodes)
+        .map(|node| rng_for(seed, "demand", node as u64))
+        .collect();
+    let mut needs: Vec<f64> = rngs.iter_mut().map(|rng| exponential(rng, 1.0)).collect();
     let mut out = Vec::new();
-    for node in 0..sc.nodes {
-        let mut rng = rng_for(seed, "demand", node as u64);
-        let mut need = exponential(&mut rng, 1.0);
-        for (start, end, rates) in &segments {
+    for w in points.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        let rates = rates_at(sc, (start + end) / 2.0);
+        for (node, (rng, need)) in rngs.iter_mut().zip(&mut needs).enumerate() {
             let rate = rates[node];
-            let mut t = *start;
+            let mut t = start;
             loop {
                 let here = rate * (end - t);
-                if need >= here {
-                    need -= here;
+                if *need >= here {
+                    *need -= here;
                     break;
                 }
-                t += need / rate;
+                t += *need / rate;
                 let t_ns = s_to_ns(t);
                 if t_ns < end_ns {
                     out.push(Arrival {
@@ -161,7 +170,7 @@ pub fn generate(sc: &Scenario, seed: u64) -> Vec<Arrival> {
                         node: node as u32,
                     });
                 }
-                need = exponential(&mut rng, 1.0);
+                *need = exponential(rng, 1.0);
             }
         }
     }
@@ -188,6 +197,39 @@ mod tests {
             c[a.node as usize] += 1;
         }
         c
+    }
+
+    /// A scale-out or scale-in spread over a period starts or stops its nodes one by one; no
+    /// node sees a request before it starts or after it stops (the trace changed rates only
+    /// at the event: a node joining 4.9 s into a spread scale-out had 4.9 s of requests that
+    /// no limiter of it could answer), and the fleet's demand stays the scenario's.
+    #[test]
+    fn no_node_sees_requests_outside_its_life() {
+        for event in [
+            "at_s = 5\nkind = \"scale_out\"\ncount = 2\nduration_s = 4",
+            "at_s = 5\nkind = \"scale_in\"\ncount = 2\nduration_s = 4",
+        ] {
+            let sc = scenario("zipf", &format!("[[events]]\n{event}"));
+            let trace = generate(&sc, 7);
+            for a in &trace {
+                let life = sc.lives()[a.node as usize];
+                assert!(
+                    life.join_s.is_none_or(|j| a.t_ns >= s_to_ns(j)),
+                    "{event}: node {} at {} ns, before its start",
+                    a.node,
+                    a.t_ns
+                );
+                assert!(
+                    life.leave_s.is_none_or(|l| a.t_ns < s_to_ns(l)),
+                    "{event}: node {} at {} ns, after its stop",
+                    a.node,
+                    a.t_ns
+                );
+            }
+            // 1 000 requests a second for 20 s, whichever nodes are up.
+            let n = trace.len() as f64;
+            assert!((n - 20_000.0).abs() < 3.0 * 20_000f64.sqrt(), "{event}: {n}");
+        }
     }
 
     #[test]
