@@ -228,7 +228,10 @@ mod tests {
             }
             // 1 000 requests a second for 20 s, whichever nodes are up.
             let n = trace.len() as f64;
-            assert!((n - 20_000.0).abs() < 3.0 * 20_000f64.sqrt(), "{event}: {n}");
+            assert!(
+                (n - 20_000.0).abs() < 3.0 * 20_000f64.sqrt(),
+                "{event}: {n}"
+            );
         }
     }
 
