@@ -165,6 +165,40 @@ async fn hybrid_hands_permits_out_locally_without_a_store_call_each() {
     );
 }
 
+/// Hybrid: a request for more than one batch gets its slots at once, in a store call or two.
+/// The lease for it went back before the caller could take it (the pool is trimmed to one
+/// batch), the caller was denied again and the slots leased again, a store call each way,
+/// until a renewal let it in; and a lease asked for the whole request again, although the
+/// pooled slots counted already: with a permit out of a batch of 8 on a limit of 10, a
+/// caller of 8 waited forever.
+#[tokio::test(start_paused = true)]
+async fn hybrid_grants_a_request_larger_than_a_batch_at_once() {
+    let store = Faulty::new(RTT);
+    let limiter = hybrid(&store, 10, 2);
+    let calls = store.inner.calls();
+    let wide = limiter
+        .try_acquire_for(5, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(wide.is_some(), "{:?}", limiter.stats());
+    assert!(
+        store.inner.calls() - calls <= 3,
+        "{} store calls",
+        store.inner.calls() - calls
+    );
+    drop(wide);
+    limiter.shutdown().await;
+
+    let store = Faulty::new(RTT);
+    let limiter = hybrid(&store, 10, 8);
+    let _one = limiter.acquire(1).await.unwrap();
+    let eight = limiter
+        .try_acquire_for(8, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(eight.is_some(), "{:?}", limiter.stats());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crashed_holder_frees_its_slots_after_the_ttl_and_a_live_one_keeps_them() {
     for hybrid_mode in [false, true] {

@@ -57,6 +57,7 @@ pub(crate) async fn run<S: ConcurrencyStore>(s: Arc<Shared<S>>) {
         renewed_at: None,
         idle_since: None,
         excess: 0,
+        hold_for: 0,
         rng: fastrand::Rng::new(),
     };
     loop {
@@ -105,6 +106,9 @@ struct Task {
     /// Hybrid: slots held across the fleet above the limit, at the last reply (after lost
     /// state was registered again); given back from the pool first.
     excess: u64,
+    /// The largest request the last lease was for: the pool keeps that many, not only one
+    /// batch, until the caller has taken them (see `give_back_unused`).
+    hold_for: u64,
     rng: fastrand::Rng,
 }
 
@@ -325,13 +329,18 @@ impl Task {
     async fn lease<S: ConcurrencyStore>(&mut self, s: &Shared<S>) {
         let l = &s.local;
         let denied = l.signal.take_denied();
+        self.hold_for = denied;
         let pooled = l.pool.load(Ordering::SeqCst);
         let stale = l.stale.load(Ordering::SeqCst);
         if stale {
             // Renew first: a stale pool is useless until the store counts it again.
             self.sync(s).await;
         } else if pooled < denied.max(s.low_water.max(1)) && self.leased < s.limit {
-            let min = denied.max(1);
+            // The pooled slots count in this holder's total already: a caller denied `denied`
+            // needs the rest (asking for all of them again was refused while the store had
+            // the rest to give: one permit out of a batch of 8 on a limit of 10, a caller of 8
+            // waited forever).
+            let min = denied.saturating_sub(pooled).max(1);
             let want = s.batch.saturating_sub(pooled).max(min);
             self.aseq += 1;
             let op = Op::Acquire {
@@ -388,13 +397,17 @@ impl Task {
         }
     }
 
-    /// Hybrid: the pool above one batch (or above what the fleet holds beyond the limit, after
-    /// lost state) goes back at once; the whole pool once no permit has been held for the
-    /// idle time.
+    /// Hybrid: the pool above one batch, or above the request the last lease was for if larger
+    /// (or above what the fleet holds beyond the limit, after lost state), goes back at once;
+    /// the whole pool once no permit has been held for the idle time. (Trimmed to one batch
+    /// before its caller ran, a lease for a request of more than a batch went back at once,
+    /// and the caller, denied again, had it leased again: a store call each way, until a
+    /// renewal let the caller in.)
     async fn give_back_unused<S: ConcurrencyStore>(&mut self, s: &Shared<S>, now: Instant) {
         let l = &s.local;
         let pooled = l.pool.load(Ordering::SeqCst);
-        let above = (pooled.saturating_sub(s.batch)).max(self.excess.min(pooled));
+        let keep = s.batch.max(self.hold_for);
+        let above = (pooled.saturating_sub(keep)).max(self.excess.min(pooled));
         if above > 0 {
             self.excess = 0;
             let n = l.take_up_to(above);
