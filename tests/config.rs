@@ -563,3 +563,47 @@ async fn a_pure_limiters_fallback_follows_the_stored_quota_into_an_outage() {
         assert_eq!(admitted, 5, "{policy:?}: the stored quota's burst");
     }
 }
+
+/// A pure limiter checks a request against the burst of the quota in force — the stored
+/// config's, once a reply has carried it, and never above its builder's (the store checks a
+/// call's arguments against the caller's quota) — as its module docs say: a request above a
+/// smaller stored burst was refused only after a store call.
+#[tokio::test]
+async fn a_pure_limiter_checks_requests_against_the_stored_burst() {
+    use ratelease::MemoryStore;
+
+    let store = MemoryStore::new();
+    store
+        .init_config("narrow", &Quota::per_second(10).unwrap())
+        .await
+        .unwrap();
+    let narrow =
+        RedisLimiter::new("narrow", Quota::per_second(100).unwrap(), store.clone()).unwrap();
+    narrow.ready().await.unwrap();
+    let calls = store.calls();
+    assert!(matches!(
+        narrow.acquire_now(50).await,
+        Err(AcquireError::ExceedsBurst {
+            requested: 50,
+            burst: 10
+        })
+    ));
+    assert_eq!(store.calls(), calls, "refused without a store call");
+    assert!(narrow.acquire_now(10).await.unwrap().is_allowed());
+
+    store
+        .init_config("wide", &Quota::per_second(100).unwrap())
+        .await
+        .unwrap();
+    let wide = RedisLimiter::new("wide", Quota::per_second(10).unwrap(), store.clone()).unwrap();
+    wide.ready().await.unwrap();
+    assert_eq!(wide.quota().burst(), 100);
+    assert!(matches!(
+        wide.acquire_now(50).await,
+        Err(AcquireError::ExceedsBurst {
+            requested: 50,
+            burst: 10
+        })
+    ));
+    assert!(wide.acquire_now(10).await.unwrap().is_allowed());
+}
