@@ -199,6 +199,31 @@ async fn hybrid_grants_a_request_larger_than_a_batch_at_once() {
     assert!(eight.is_some(), "{:?}", limiter.stats());
 }
 
+/// Pure: a caller parked while a renewal is counted (the gate closed) is answered when the
+/// limiter is aborted meanwhile: the renewal never reopened the gate, and the caller — even one
+/// with a 50 ms deadline — waited for good.
+#[tokio::test(start_paused = true)]
+async fn a_caller_parked_at_a_renewal_is_answered_when_the_limiter_is_aborted() {
+    let store = Faulty::new(Duration::from_millis(100));
+    let limiter = pure(&store, 2);
+    let sent = tokio::time::Instant::now();
+    let _held = limiter.acquire(1).await.unwrap();
+    // The renewal of the held slot is sent a third of the ttl after the acquire was, and
+    // takes 100 ms.
+    tokio::time::sleep_until(sent + TTL / 3 + Duration::from_millis(10)).await;
+    let waiter = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { limiter.try_acquire_for(1, Duration::from_millis(50)).await }
+    });
+    tokio::task::yield_now().await;
+    limiter.abort();
+    let answered = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+    assert!(
+        matches!(answered, Ok(Ok(Err(AcquireError::Closed)))),
+        "{answered:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crashed_holder_frees_its_slots_after_the_ttl_and_a_live_one_keeps_them() {
     for hybrid_mode in [false, true] {

@@ -361,6 +361,10 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
             task.abort();
         }
         s.local.pool.swap(0, Ordering::SeqCst);
+        // A renewal stopped while it counted leaves the gate closed: callers parked at it
+        // would wait for good. Opened, they see the limiter closed.
+        s.gate.store(false, Ordering::SeqCst);
+        s.gate_open.notify_waiters();
     }
 }
 
@@ -536,7 +540,9 @@ impl<S: ConcurrencyStore> Shared<S> {
         if self.local.signal.is_closed() {
             return Err(AcquireError::Closed);
         }
-        let reservation = self.reserve(n).await;
+        let Some(reservation) = self.reserve(n).await else {
+            return Err(AcquireError::Closed);
+        };
         let op = Op::Acquire {
             holder: &self.holder,
             want: n,
@@ -589,10 +595,15 @@ impl<S: ConcurrencyStore> Shared<S> {
     }
 
     /// Pure: counts `n` slots as claimed and the call as in flight, and draws an acquire
-    /// sequence number, waiting while a renewal is being counted (see `task`).
-    async fn reserve(&self, n: u64) -> Reservation<'_, S> {
+    /// sequence number, waiting while a renewal is being counted (see `task`). `None` if the
+    /// limiter closed meanwhile: a call sent once its task has gone would hold slots that no
+    /// renewal keeps and no release frees until its record expires.
+    async fn reserve(&self, n: u64) -> Option<Reservation<'_, S>> {
         loop {
             let opened = self.gate_open.notified();
+            if self.local.signal.is_closed() {
+                return None;
+            }
             // SeqCst throughout: the task closes the gate, then waits for `in_flight` to drain,
             // then reads `aseq` and `claimed`; a caller increments `in_flight`, `claimed` and
             // `aseq`, then reads the gate. Either the task's read of `in_flight` comes after
@@ -614,7 +625,7 @@ impl<S: ConcurrencyStore> Shared<S> {
                 };
                 if !self.gate.load(Ordering::SeqCst) {
                     self.touched.store(true, Ordering::SeqCst);
-                    return reservation;
+                    return Some(reservation);
                 }
                 // Backing out: nothing was sent.
                 self.claimed.fetch_sub(n, Ordering::SeqCst);
