@@ -16,8 +16,10 @@
 //!   ratios `admitted_i / demand_i` (nodes without demand left out): 1 when every node is
 //!   served in the same proportion, `1/n` when one node gets everything.
 //! - `min_max_acceptance_ratio`: the lowest per-node acceptance ratio over the highest.
-//! - `store_calls`; `store_calls_per_s_per_node_max`: the most calls one node made in one
-//!   window, per second.
+//! - `store_calls`; `store_calls_per_s_per_node_max`: the most calls one node made in any
+//!   window (sliding: every window that starts at one of its calls), per second. (Until
+//!   2026-11-27 the report's fixed windows: a burst of calls across a window's edge read up
+//!   to half as many.)
 //! - `redis_cpu`: the Redis server time of the run's calls over its duration, in cores (each
 //!   call costs the measured service time of its kind when simulated; live, Redis's own
 //!   `INFO commandstats` accounting).
@@ -41,7 +43,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::demand::hot_moves;
-use crate::record::{Outcome, RunLog};
+use crate::record::{CallRecord, Outcome, RunLog};
 use crate::scenario::{s_to_ns, Scenario};
 
 /// Bin length of the recovery metric.
@@ -72,6 +74,14 @@ pub fn min_max_ratio(xs: &[f64]) -> f64 {
 /// The most admissions in any window `[t, t + window_ns)` anchored at an admission time `t`,
 /// beyond `allowed`, floored at 0. `sorted_ns` must be sorted.
 pub fn max_window_overshoot(sorted_ns: &[u64], window_ns: u64, allowed: f64) -> u64 {
+    // A whole count exceeds `allowed` exactly when it exceeds its floor.
+    max_in_window(sorted_ns, window_ns).saturating_sub(allowed.floor() as u64)
+}
+
+/// The most of `sorted_ns` in any half-open window of `window_ns`: the windows that start at
+/// one of them are the ones to look at (any other holds no more than the one starting at its
+/// first time).
+pub fn max_in_window(sorted_ns: &[u64], window_ns: u64) -> u64 {
     debug_assert!(sorted_ns.is_sorted());
     let mut most = 0;
     let mut j = 0;
@@ -82,8 +92,23 @@ pub fn max_window_overshoot(sorted_ns: &[u64], window_ns: u64, allowed: f64) -> 
         }
         most = most.max(j - i);
     }
-    // A whole count exceeds `allowed` exactly when it exceeds its floor.
-    (most as u64).saturating_sub(allowed.floor() as u64)
+    most as u64
+}
+
+/// The most store calls one node made in any window of `window_ns` (see [`max_in_window`]).
+fn peak_node_calls(nodes: usize, calls: &[CallRecord], window_ns: u64) -> u64 {
+    let mut times: Vec<Vec<u64>> = vec![Vec::new(); nodes];
+    for c in calls {
+        times[c.node as usize].push(c.t_ns);
+    }
+    times
+        .iter_mut()
+        .map(|t| {
+            t.sort_unstable();
+            max_in_window(t, window_ns)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// `admitted / min(demand, allowed)`; 1 when there was nothing to admit.
@@ -329,14 +354,8 @@ pub fn compute(sc: &Scenario, log: &RunLog) -> ModeMetrics {
     let admitted = admitted_at.len() as u64;
     let ratios = acceptance_ratios(sc.nodes, log);
     let window_ns = sc.window_ns();
-    let windows = sc.duration_ns().div_ceil(window_ns) as usize;
 
-    let mut per_node_window = vec![0u64; sc.nodes * windows.max(1)];
-    for c in &log.calls {
-        let w = ((c.t_ns / window_ns) as usize).min(windows.max(1) - 1);
-        per_node_window[c.node as usize * windows.max(1) + w] += 1;
-    }
-    let peak_calls = per_node_window.iter().copied().max().unwrap_or(0);
+    let peak_calls = peak_node_calls(sc.nodes, &log.calls, window_ns);
 
     let start = if sc.lives().iter().any(|l| l.join_s.is_none()) {
         0
@@ -553,6 +572,30 @@ mod tests {
         assert_eq!(max_window_overshoot(&[], s, 0.0), 0);
         // Five at the same instant against an allowance of 2.
         assert_eq!(max_window_overshoot(&[7; 5], s, 2.0), 3);
+    }
+
+    /// The busiest node's calls per window slide as the overshoot's windows do: 100 calls
+    /// 10 ms apart from 0.5 s are 100 in the second from 0.5 s, though the report's fixed
+    /// windows see 50 and 50.
+    #[test]
+    fn peak_node_calls_count_sliding_windows() {
+        use crate::record::CallKind;
+        let s = 1_000_000_000u64;
+        let mut calls: Vec<CallRecord> = (0..100)
+            .map(|i| CallRecord {
+                t_ns: s / 2 + i * s / 100,
+                node: 1,
+                kind: CallKind::Lease,
+            })
+            .collect();
+        calls.push(CallRecord {
+            t_ns: 0,
+            node: 0,
+            kind: CallKind::Lease,
+        });
+        assert_eq!(peak_node_calls(2, &calls, s), 100);
+        assert_eq!(peak_node_calls(2, &calls[..50], s), 50);
+        assert_eq!(peak_node_calls(3, &[], s), 0);
     }
 
     #[test]
