@@ -13,7 +13,9 @@
 //! applied first. Releases numbered up to the sync's are ignored afterwards, so nothing is
 //! subtracted twice. Slots of calls whose replies were lost (timeouts, dropped connections,
 //! cancelled futures) are thus counted right again by the next sync; only a lost call that
-//! reaches Redis after the sync (it was still queued) can leak, until the sync after that.
+//! reaches Redis after the sync (it was still queued) can leak, until the sync after that —
+//! or, where the holder then holds nothing (no record, so no later sync), until its record
+//! expires, one ttl later.
 //!
 //! **Hybrid mode.** The task makes every store call, one at a time, so its own tally of leased
 //! slots is exact: it leases when callers ask (a denial, or the pool below a quarter batch),
@@ -24,7 +26,10 @@
 //!
 //! Over-full fleets and store errors back off (1 ms to 50 ms, and 10 ms to 500 ms — from twice
 //! the timeout after a timeout — jittered);
-//! the circuit and the failure policy are as for the rate limiters (`crate::failure`).
+//! the failure policy answers as for the rate limiters (`crate::failure`). The circuit is
+//! the hybrid mode's: in pure mode every caller makes its own call to a failing store (and
+//! waits out its own timeout) — there is no one-probe-at-a-time gate as in a
+//! [`RedisLimiter`](crate::RedisLimiter).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
