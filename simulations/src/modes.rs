@@ -9,7 +9,8 @@
 //!   the Redis service model, and their decision latency is the virtual time they waited.
 //! - `hybrid`: a [`HybridLimiter`] per node with the builder's defaults (whatever lease policy
 //!   the library ships) and a seed derived from the master seed. Requests call
-//!   `acquire_now(1)` from the driver itself, as a request handler would. Answered from the
+//!   `acquire_now(1)` from the driver itself, as a request handler would (`try_acquire(1)`
+//!   under the scenario's `try_acquire = true`: answered at once, never by the store). Answered from the
 //!   local bucket (the common case) it is ready at once: no task, no waiting, decision latency
 //!   zero. Where leasing buys the node nothing (a part of the burst of a token or two, see
 //!   `AdaptiveLease::per_request_below`) a miss is a decision in the store: that request then
@@ -102,6 +103,8 @@ pub struct Fleet<S: LeaseStore + Clone> {
     seed: u64,
     batch: u64,
     prefetch: bool,
+    /// Hybrid nodes ask with `try_acquire`, not `acquire_now`.
+    try_acquire: bool,
     /// The scenario's failure policy, if it sets one.
     failure: Option<FailurePolicy>,
     /// The fleet the hybrid modes' default fallback divides the quota by (`expected_nodes`,
@@ -189,6 +192,7 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
             seed,
             batch: sc.batch(),
             prefetch: sc.prefetch,
+            try_acquire: sc.try_acquire,
             failure: sc.failure_policy()?,
             fallback_nodes: sc.fallback_nodes(),
             lease: sc.lease.clone(),
@@ -378,6 +382,10 @@ impl<S: LeaseStore + Clone + 'static> Fleet<S> {
                 return;
             }
             Nodes::Hybrid { live, .. } => match live[node].clone().map(|l| {
+                if self.try_acquire {
+                    // `try_acquire`: the local bucket alone, answered at once.
+                    return Some(l.try_acquire(1));
+                }
                 // `acquire_now`: the local bucket, or (where leasing buys nothing) a decision
                 // in the store, in which case the request waits for it as in pure-Redis mode.
                 let mut decision =

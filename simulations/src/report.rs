@@ -369,6 +369,12 @@ impl Report {
             sc.batch(),
             n = sc.nodes,
         );
+        if sc.try_acquire {
+            out.push_str(
+                "Hybrid nodes ask with the synchronous `try_acquire` (`try_acquire = true`), \
+                 not `acquire_now`: a miss is never decided in the store.\n\n",
+            );
+        }
         if !sc.prefetch {
             out.push_str(
                 "Hybrid nodes lease on first demand (`prefetch = false`: \

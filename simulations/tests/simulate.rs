@@ -331,6 +331,33 @@ fn a_scenarios_policy_and_lease_settings_reach_the_limiters() {
     assert!(sc.validate().is_err());
 }
 
+/// `try_acquire = true` has hybrid nodes ask with the synchronous `try_acquire`: on
+/// tiny-burst (a burst of 10 on 2 000/s over 10 nodes) no request waits for a decision in the
+/// store — every hybrid decision takes no time — where `acquire_now` decides misses in the store
+/// (as pure-Redis mode does) and admits more of the budget. The scenario as run says so.
+#[test]
+fn a_scenario_can_ask_with_try_acquire() {
+    let mut sc = shipped("tiny-burst");
+    sc.duration_s = 5.0;
+    sc.validate().unwrap();
+    let now = run(&sc, Mode::Hybrid);
+    assert!(
+        now.latency_us.p99 > 0.0,
+        "misses decided in the store: {now:?}"
+    );
+    sc.try_acquire = true;
+    let sync = run(&sc, Mode::Hybrid);
+    assert_eq!(sync.latency_us.p999, 0.0, "{sync:?}");
+    assert_eq!(sync.max_window_overshoot, 0);
+    assert!(
+        sync.utilization < now.utilization - 0.1,
+        "try_acquire {} against acquire_now {}",
+        sync.utilization,
+        now.utilization
+    );
+    assert!(toml::to_string(&sc).unwrap().contains("try_acquire = true"));
+}
+
 /// Lock-based mode runs, is exact, and pays four round trips (and more under contention) per
 /// decision, against one for pure-Redis.
 #[test]

@@ -175,9 +175,11 @@ struct Task {
     /// Whether most misses since the regime was last reviewed with any were `try_acquire`'s.
     /// Those cannot decide in the store: deciding per request, such a node leases on each
     /// denial and spends what one lease brings, and its callers got less than leasing gives
-    /// them (ten nodes sharing 2 000/s with a burst of 10, asked at 2× it with `try_acquire`:
-    /// 0.60 of the budget deciding per request, 0.71 leasing; twenty sharing 20/s: 0.85 and
-    /// 0.90). So such a node does not decide per request.
+    /// them (ten nodes sharing 2 000/s with a burst of 10, asked evenly at 2× it with
+    /// `try_acquire`: 0.60 of the budget deciding per request, 0.69 leasing; twenty sharing
+    /// 20/s: 0.85 and 0.90; the simulator's tiny-burst and low-rate, SIMULATIONS.md "Asked with
+    /// `try_acquire`": 0.42 → 0.45 and 0.85 → 0.88). So such a node does not decide per
+    /// request.
     sync_callers: bool,
 }
 

@@ -79,6 +79,10 @@ pub(super) fn is_true(b: &bool) -> bool {
     *b
 }
 
+pub(super) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 pub(super) fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }

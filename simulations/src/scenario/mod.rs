@@ -38,6 +38,10 @@
 //! each node leases on first demand instead of when it is built (default `true`, the library's
 //! default).
 //!
+//! `try_acquire = true` has the hybrid modes' nodes ask with the synchronous `try_acquire`
+//! instead of `acquire_now` (default `false`): the call a hot path that cannot await makes,
+//! which never decides in the store (see `AdaptiveLease::per_request_below`).
+//!
 //! `on_store_failure` (a policy's name as in a limiters file: `"fail-open"`, `"fail-closed"`,
 //! `"local-fallback"`, `"last-known-share"`) and `expected_nodes` (default `nodes`) set the
 //! failure policy of every mode that has one. By default the hybrid modes fall back to
@@ -144,6 +148,10 @@ pub struct Scenario {
     /// library's default) or on first demand (`false`: `HybridBuilder::prefetch(false)`).
     #[serde(default = "default_prefetch", skip_serializing_if = "is_true")]
     pub prefetch: bool,
+    /// Whether hybrid nodes ask with the synchronous `try_acquire` (`true`) rather than
+    /// `acquire_now` (`false`, the default).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub try_acquire: bool,
     /// The failure policy of every mode that has one, by its name in a limiters file
     /// (`"fail-open"`, `"fail-closed"`, `"local-fallback"`, `"last-known-share"`; see the
     /// module docs for the default).
