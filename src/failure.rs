@@ -59,7 +59,10 @@ pub enum FailurePolicy {
     /// next store call fails: both were granted by the store before it failed) while the store
     /// is failing.
     FailClosed,
-    /// Enforce `rate / expected_nodes` locally while the store is failing.
+    /// Enforce `rate / expected_nodes` locally while the store is failing (with the same part
+    /// of the burst: a request larger than that is never served locally — it is denied until
+    /// the store answers, the retry hint the store's back-off, and a keyed limiter's waiter
+    /// gets the store's error; so under [`LastKnownShare`](Self::LastKnownShare)).
     LocalFallback {
         /// How many nodes share the limit.
         expected_nodes: NonZeroU32,
@@ -227,6 +230,15 @@ impl LocalRate {
         } else {
             self.set_share_of(quota, nodes);
         }
+    }
+
+    /// Whether `n` tokens fit in this rate's burst at all: a request for more is refused
+    /// however long it waits, so its wait is not this rate's to tell (the store, once it
+    /// answers again, may serve it).
+    pub(crate) fn fits(&self, n: u64) -> bool {
+        // Relaxed: as in `try_take_at`.
+        let emission = self.emission_ns.load(Ordering::Relaxed);
+        n.saturating_mul(emission) <= self.tolerance_ns.load(Ordering::Relaxed)
     }
 
     /// Takes `n` tokens, or says how long until it could.

@@ -523,8 +523,9 @@ impl<S: LeaseStore> RedisLimiter<S> {
         };
         let decision = match (failure, &s.fallback) {
             (FailurePolicy::FailOpen, _) => Ok(()),
-            (_, Some(local)) => local.try_take(n),
-            // Fail closed: ask again when the next probe may go.
+            (_, Some(local)) if local.fits(n) => local.try_take(n),
+            // Fail closed, or more than the local rate's burst (its wait would never come
+            // true): ask again when the next probe may go.
             _ => Err(s.outage.probe.wait()),
         };
         let decision = match decision {

@@ -878,3 +878,70 @@ async fn timeouts_do_not_count_as_round_trips() {
     // with the timeouts counted as round trips it was 347.
     assert!((290..=323).contains(&after.want), "{after:?}");
 }
+
+/// In an outage, a request larger than the local fallback's burst (50 of a share of 25/s,
+/// burst 25) can never be served locally: it is denied with a retry hint of the store's
+/// back-off (when the store may answer again), not told a wait of its own that never comes
+/// true (the local rate said 1 s, and said it again a second later), while requests that fit
+/// are served by the fallback. Pure and hybrid alike.
+#[tokio::test(start_paused = true)]
+async fn a_request_larger_than_the_fallbacks_burst_is_not_told_a_wait_that_never_ends() {
+    use ratelease::RedisLimiter;
+
+    let store = Wrapped::new(Duration::from_millis(1));
+    let quota = Quota::per_second(100).unwrap();
+    let policy = FailurePolicy::local_fallback(4);
+    let pure = RedisLimiter::builder("big-pure", quota, store.clone())
+        .on_store_failure(policy)
+        .build()
+        .unwrap();
+    let hybrid = HybridLimiter::builder("big-hybrid", quota, store.clone())
+        .on_store_failure(policy)
+        .build()
+        .unwrap();
+    hybrid.ready().await.unwrap();
+    for _ in 0..hybrid.available() {
+        assert!(hybrid.try_acquire(1).unwrap().is_allowed());
+    }
+    store.failing.store(true, Ordering::SeqCst);
+    // Both circuits open on a failed call.
+    let _ = pure.acquire_now(1).await;
+    let _ = hybrid.try_acquire(1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(hybrid.stats().circuit_open);
+    let hint = |d: Decision| match d {
+        Decision::Denied { retry_after } => retry_after,
+        Decision::Allowed => panic!("50 tokens admitted by a local rate of burst 25"),
+    };
+    let pure_wait = hint(pure.acquire_now(50).await.unwrap());
+    let hybrid_wait = hint(hybrid.try_acquire(50).unwrap());
+    for wait in [pure_wait, hybrid_wait] {
+        assert!(
+            wait <= Duration::from_millis(500),
+            "told {wait:?} for tokens the local rate can never hold"
+        );
+    }
+    assert!(pure.acquire_now(10).await.unwrap().is_allowed());
+    assert!(hybrid.try_acquire(10).unwrap().is_allowed());
+
+    // A keyed limiter: a denial, and for a waiter the store's error (it waited for good).
+    store.failing.store(false, Ordering::SeqCst);
+    let keyed =
+        ratelease::KeyedHybridLimiter::<String, _>::builder("big-keyed", quota, store.clone())
+            .on_store_failure(policy)
+            .build()
+            .unwrap();
+    keyed.acquire("k", 1).await.unwrap();
+    store.failing.store(true, Ordering::SeqCst);
+    let _ = keyed.try_acquire("k", 100);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(keyed.stats().circuit_open);
+    let wait = hint(keyed.try_acquire("k", 50).unwrap());
+    assert!(wait <= Duration::from_millis(500), "told {wait:?}");
+    let waited = tokio::time::timeout(Duration::from_secs(5), keyed.acquire("k", 50)).await;
+    assert!(
+        matches!(waited, Ok(Err(AcquireError::Store(_)))),
+        "{waited:?}"
+    );
+    assert!(keyed.try_acquire("k", 10).unwrap().is_allowed());
+}

@@ -198,10 +198,12 @@ impl<S: LeaseStore> Shared<S> {
         if self.circuit.is_open() {
             let admit = match (self.failure, &self.fallback) {
                 (FailurePolicy::FailOpen, _) => Ok(()),
+                // More than the local rate's burst is denied as usual (until the store
+                // answers: the retry hint of the back-off), not told a wait that never ends.
                 (
                     FailurePolicy::LocalFallback { .. } | FailurePolicy::LastKnownShare { .. },
                     Some(local),
-                ) => local.try_take(n),
+                ) if local.fits(n) => local.try_take(n),
                 _ => Err(Duration::ZERO),
             };
             match admit {

@@ -437,6 +437,12 @@ where
         K: Borrow<Q>,
         Q: KeyRef<K> + ?Sized,
     {
+        if !rate.fits(n) {
+            // More than the local rate's burst: never locally, so no wait of its to tell; the
+            // store's failure is the answer (a waiter gets its error under a policy that
+            // answers for it, a `try_acquire` a denial) until the store answers again.
+            return Err((self.rtt(), Why::Failing));
+        }
         let taken = match self.fallback_words.get(key) {
             Some(word) => rate.try_take_at(&word, n),
             None => {
