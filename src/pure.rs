@@ -9,7 +9,7 @@
 //! under; the limiter keeps the last one (for [`Limiter::quota`] and the burst check: a
 //! request above the smaller of its burst and the builder's is refused before any call, since
 //! the store checks a call's arguments against the caller's quota), behind a mutex that is
-//! only touched next to a store call (its burst in an atomic), and the local rate of its failure policy
+//! only touched next to a store call, and the local rate of its failure policy
 //! follows it (as a hybrid limiter's does), so an outage is answered at the share of the quota
 //! in force, not of the builder's. An unconfigured name answered
 //! [`QuotaSource::Absent`] is remembered for [`Unconfigured::RECHECK`] in one atomic word, so an
@@ -148,7 +148,6 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
             failure: self.knobs.failure,
             state: Arc::new(State {
                 effective: Mutex::new(self.quota),
-                burst: AtomicU64::new(self.quota.burst()),
                 origin: Origin::now(),
                 absent_until_ns: AtomicU64::new(0),
                 metrics,
@@ -189,8 +188,6 @@ impl Outage {
 struct State {
     /// The quota of the last reply (the builder's until then).
     effective: Mutex<Quota>,
-    /// Its burst, which a request is checked against before its call (no lock).
-    burst: AtomicU64,
     origin: Origin,
     /// Until when (ns since `origin`) the name is known to be unconfigured.
     absent_until_ns: AtomicU64,
@@ -401,10 +398,7 @@ impl<S: LeaseStore> RedisLimiter<S> {
     pub async fn check(&self, n: u64) -> Result<Verdict, AcquireError> {
         // The burst in force, and never above the builder's: the store checks a call's
         // arguments against the caller's quota (a request above it is not a valid call).
-        // Relaxed: the burst of the last reply's quota, as `effective` holds it; a call that
-        // reads the one before a change is checked by the store's answer again.
-        let burst = self.state.burst.load(Ordering::Relaxed);
-        check_tokens(n, burst.min(self.quota.burst()))?;
+        check_tokens(n, self.quota().burst().min(self.quota.burst()))?;
         // Relaxed: a cache of the store's answer; nothing else is published through it. The
         // clock is read only while such an answer is cached.
         let absent_until = self.state.absent_until_ns.load(Ordering::Relaxed);
@@ -498,10 +492,6 @@ impl<S: LeaseStore> RedisLimiter<S> {
             return false;
         }
         let changed = std::mem::replace(&mut *s.effective.lock(), reply.quota) != reply.quota;
-        if changed {
-            // Relaxed: see `check`.
-            s.burst.store(reply.quota.burst(), Ordering::Relaxed);
-        }
         if let (true, Some(failure), Some(local)) = (changed, self.failure, &s.fallback) {
             // A central change: the fallback follows it (as the hybrid task's `adopt` does).
             // Relaxed: a hint; a share measured at this moment is taken up by its own call.
