@@ -151,10 +151,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
         if self.take_local(n)? {
             Ok(Decision::Allowed)
         } else {
-            let s = &*self.handle.shared;
-            // Relaxed: a statistic the task reads to tell its callers apart.
-            s.counters.sync_misses.fetch_add(1, Ordering::Relaxed);
-            s.denied(n)
+            self.handle
+                .shared
+                .missed(n, &self.handle.shared.counters.sync_misses)
         }
     }
 
@@ -198,9 +197,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
         if s.decides_per_request() {
             s.decide(n).await
         } else {
-            // Relaxed: as in `try_acquire`.
-            s.counters.async_misses.fetch_add(1, Ordering::Relaxed);
-            s.denied(n)
+            s.missed(n, &s.counters.async_misses)
         }
     }
 

@@ -178,6 +178,15 @@ pub(super) fn publisher<S: LeaseStore>(s: Arc<Shared<S>>) -> impl FnMut() -> boo
 }
 
 impl<S: LeaseStore> Shared<S> {
+    /// A miss of `try_acquire` or `acquire_now` (which `counter` counts, for the task to tell
+    /// its callers apart: see `Task::sync_callers`), answered as [`denied`](Self::denied).
+    #[cold]
+    pub(super) fn missed(&self, n: u64, counter: &AtomicU64) -> Result<Decision, AcquireError> {
+        // Relaxed: a statistic the task reads at its next review.
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.denied(n)
+    }
+
     /// The slow half of `try_acquire`: record the demand and say when to retry.
     #[cold]
     pub(super) fn denied(&self, n: u64) -> Result<Decision, AcquireError> {
