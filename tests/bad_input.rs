@@ -748,27 +748,52 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
     conc.shutdown().await;
 }
 
-/// A store (or a wrapper around one) that tampers with its grants: more than a lease asked for
-/// (`less: false`), or fewer than its minimum (`less: true`).
-#[derive(Clone)]
-struct Tampering {
+/// A store (a wrapper around one) that misbehaves: it tampers with its grants (`tamper`: more
+/// than a lease asked for, or with `Some(true)` fewer than its minimum, counted in `tampered`),
+/// and its calls panic while `lease_panics` / `release_panics` are above zero, one a call.
+#[derive(Clone, Default)]
+struct Misbehaving {
     inner: ratelease::MemoryStore,
-    less: bool,
+    tamper: Option<bool>,
     tampered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    lease_panics: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    release_panics: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl ratelease::LeaseStore for Tampering {
+impl Misbehaving {
+    fn new() -> Self {
+        Misbehaving {
+            inner: ratelease::MemoryStore::with_clock(ratelease::TokioClock::new()),
+            ..Misbehaving::default()
+        }
+    }
+
+    /// Whether a call is to panic now (taking one from `counter`).
+    fn due(counter: &std::sync::atomic::AtomicU64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        counter
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl ratelease::LeaseStore for Misbehaving {
     async fn lease(
         &self,
         name: &str,
         quota: &Quota,
         req: &ratelease::LeaseRequest,
     ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        if Self::due(&self.lease_panics) {
+            panic!("a lease panicked");
+        }
         let mut reply = self.inner.lease(name, quota, req).await?;
-        if reply.granted > 0 && (!self.less || req.min >= 2) {
-            reply.granted = if self.less { req.min - 1 } else { u64::MAX };
-            self.tampered
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(less) = self.tamper {
+            if reply.granted > 0 && (!less || req.min >= 2) {
+                reply.granted = if less { req.min - 1 } else { u64::MAX };
+                self.tampered
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         Ok(reply)
     }
@@ -779,6 +804,9 @@ impl ratelease::LeaseStore for Tampering {
         quota: &Quota,
         req: &ratelease::ReleaseRequest,
     ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        if Self::due(&self.release_panics) {
+            panic!("a release panicked");
+        }
         self.inner.release(name, quota, req).await
     }
 }
@@ -789,13 +817,12 @@ impl ratelease::LeaseStore for Tampering {
 /// tokens the `n - 1` granted (an overshoot).
 #[tokio::test(start_paused = true)]
 async fn a_store_granting_more_than_asked_or_less_than_the_minimum_is_a_bad_reply() {
-    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, MemoryStore, StoreError};
+    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, StoreError};
 
     for less in [false, true] {
-        let store = Tampering {
-            inner: MemoryStore::with_clock(ratelease::TokioClock::new()),
-            less,
-            tampered: Default::default(),
+        let store = Misbehaving {
+            tamper: Some(less),
+            ..Misbehaving::new()
         };
         let quota = Quota::per_second(10).unwrap();
         let keyed = KeyedHybridLimiter::<String, _>::builder("tampered", quota, store.clone())
@@ -1148,50 +1175,6 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
     assert!(record.iter().all(|x| x.is_sign_positive()), "{record:?}");
 }
 
-/// A store (a wrapper around one) whose calls panic while `panics` is above zero, one call at
-/// a time.
-#[derive(Clone)]
-struct Panicking {
-    inner: ratelease::MemoryStore,
-    leases: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    releases: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Panicking {
-    fn due(counter: &std::sync::atomic::AtomicU64) -> bool {
-        use std::sync::atomic::Ordering::SeqCst;
-        counter
-            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    }
-}
-
-impl ratelease::LeaseStore for Panicking {
-    async fn lease(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &ratelease::LeaseRequest,
-    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
-        if Self::due(&self.leases) {
-            panic!("a lease panicked");
-        }
-        self.inner.lease(name, quota, req).await
-    }
-
-    async fn release(
-        &self,
-        name: &str,
-        quota: &Quota,
-        req: &ratelease::ReleaseRequest,
-    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
-        if Self::due(&self.releases) {
-            panic!("a release panicked");
-        }
-        self.inner.release(name, quota, req).await
-    }
-}
-
 /// A store call that panics in a limiter's background task is a failed call: the failure
 /// policy answers (here failing closed: the store's error) and the next call serves. The
 /// panic ended the hybrid limiter's task — every later wait hung — and left the keyed
@@ -1199,14 +1182,11 @@ impl ratelease::LeaseStore for Panicking {
 /// that panicked never freed its slot, so with one slot no key was given back again).
 #[tokio::test(start_paused = true)]
 async fn a_store_call_that_panics_is_a_failed_call_not_a_dead_limiter() {
-    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, MemoryStore, StoreError};
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use ratelease::{FailurePolicy, HybridLimiter, KeyedHybridLimiter, StoreError};
+    use std::sync::atomic::Ordering;
 
-    let store = Panicking {
-        inner: MemoryStore::with_clock(ratelease::TokioClock::new()),
-        leases: std::sync::Arc::new(AtomicU64::new(1)),
-        releases: std::sync::Arc::new(AtomicU64::new(0)),
-    };
+    let store = Misbehaving::new();
+    store.lease_panics.store(1, Ordering::SeqCst);
     let quota = Quota::per_second(100).unwrap();
     let patience = Duration::from_secs(5);
     let hybrid = HybridLimiter::builder("panicking", quota, store.clone())
@@ -1226,8 +1206,8 @@ async fn a_store_call_that_panics_is_a_failed_call_not_a_dead_limiter() {
         .unwrap();
 
     hybrid.shutdown().await;
-    store.leases.store(1, Ordering::SeqCst);
-    store.releases.store(1, Ordering::SeqCst);
+    store.lease_panics.store(1, Ordering::SeqCst);
+    store.release_panics.store(1, Ordering::SeqCst);
     let keyed = KeyedHybridLimiter::<String, _>::builder("panicking", quota, store.clone())
         .on_store_failure(FailurePolicy::FailClosed)
         .max_in_flight(1)
@@ -1242,7 +1222,7 @@ async fn a_store_call_that_panics_is_a_failed_call_not_a_dead_limiter() {
         "{first:?}"
     );
     assert_eq!(
-        store.leases.load(Ordering::SeqCst),
+        store.lease_panics.load(Ordering::SeqCst),
         0,
         "the lease panic ran"
     );
@@ -1268,7 +1248,7 @@ async fn a_store_call_that_panics_is_a_failed_call_not_a_dead_limiter() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     assert_eq!(
-        store.releases.load(Ordering::SeqCst),
+        store.release_panics.load(Ordering::SeqCst),
         0,
         "the release panic ran"
     );
