@@ -51,9 +51,10 @@
 --   existed  1 if the holder had a live record before the call
 --
 -- Bad arguments get a "RATELEASE invalid argument …" error reply and nothing is written; a
--- sync that would take in_use above 2^52 is refused the same way. Invalid stored state never
--- raises a Lua error: an unparsable record reads as absent, an invalid total is recounted from
--- the indexed records.
+-- sync that would take in_use above 2^52 is refused the same way. Invalid values stored in
+-- the keys never raise a Lua error: an unparsable record reads as absent, an invalid total is
+-- recounted from the indexed records. A key of another type (a string where the hash should
+-- be) raises Redis's WRONGTYPE error at the first read, before anything is written.
 
 local TOTAL = '#total'
 

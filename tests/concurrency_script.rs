@@ -273,6 +273,43 @@ async fn corrupt_state_reads_as_absent_and_is_recounted() {
     );
 }
 
+/// A key of another type under a limiter's name (a string where the holders hash should be, a
+/// hash where the expiry zset should be) is no state the script can read: Redis's WRONGTYPE
+/// error reaches the caller as a store error, and neither key is touched (the script reads
+/// both before it writes either).
+#[tokio::test]
+async fn a_key_of_another_type_is_an_error_and_nothing_is_written() {
+    let server = RedisServer::start();
+    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
+    let store = store_at(&server, &clock, "ratelease:").await;
+    let acquire = |holder| Op::Acquire {
+        holder,
+        want: 1,
+        min: 1,
+        limit: 5,
+        ttl_us: 1_000_000,
+        aseq: 1,
+        rseq: 0,
+    };
+    for (name, wrong) in [("s", 0), ("z", 1)] {
+        let keys = store.concurrency_keys(name);
+        let _: () = if wrong == 0 {
+            server.cmd(&["SET", &keys[0], "not a hash"])
+        } else {
+            server.cmd(&["HSET", &keys[1], "f", "v"])
+        };
+        let err = store.concurrency(name, &acquire("a")).await.unwrap_err();
+        assert!(err.to_string().contains("WRONGTYPE"), "{name}: {err}");
+        let types: Vec<String> = keys.iter().map(|k| server.cmd(&["TYPE", k])).collect();
+        let expected = if wrong == 0 {
+            ["string", "none"]
+        } else {
+            ["none", "hash"]
+        };
+        assert_eq!(types, expected, "{name}: nothing written");
+    }
+}
+
 /// The state under one instance's keys: absent, or a total equal to the sum of records of
 /// three integers (count ≥ 1), an expiry entry for exactly the records, and a TTL on both keys.
 const HOLDERS_STATE: fuzz::StateCheck = fuzz::StateCheck {
