@@ -280,6 +280,7 @@ mod tests {
         Scenario::parse(&format!(
             r#"
             name = "s"
+            description = "100 nodes, one crashing."
             duration_s = 2
             rate = 1000
             nodes = {nodes}
@@ -301,6 +302,11 @@ mod tests {
         let v = sizes(&sc, &[10, 1000]).unwrap();
         assert_eq!(v[0].name, "s-10");
         assert_eq!(v[0].nodes, 10);
+        assert_eq!(
+            v[0].description,
+            "Run at 10 nodes; as written, for 100: 100 nodes, one crashing."
+        );
+        assert_eq!(sizes(&sc, &[100]).unwrap()[0].description, sc.description);
         assert!(v[0].events.is_empty(), "node 50 is not in a fleet of 10");
         assert_eq!(v[1].events.len(), 1);
         assert_eq!((v[1].rate, v[1].demand.total_rps), (1000, 2000.0));

@@ -658,13 +658,20 @@ impl Scenario {
         Ok(self)
     }
 
-    /// The same scenario with `nodes` nodes (the name gains `-<nodes>`): for sweeps over
-    /// fleet size. Events that name a node beyond the new fleet are dropped.
+    /// The same scenario with `nodes` nodes (the name gains `-<nodes>`, and the description
+    /// says the fleet size it was written for): for sweeps over fleet size. Events that name
+    /// a node beyond the new fleet are dropped.
     ///
     /// # Errors
     /// If the result is invalid.
     pub fn with_nodes(mut self, nodes: usize) -> Result<Self> {
         self.name = format!("{}-{nodes}", self.name);
+        if nodes != self.nodes && !self.description.is_empty() {
+            self.description = format!(
+                "Run at {nodes} nodes; as written, for {}: {}",
+                self.nodes, self.description
+            );
+        }
         self.nodes = nodes;
         self.events
             .retain(|e| e.node.is_none_or(|n| n < nodes) && e.count.is_none_or(|c| c <= nodes));
