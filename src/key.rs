@@ -79,23 +79,43 @@ mod tests {
     }
 }
 
-/// `url` with its password replaced by `***` (`redis://user:***@host:6379/0`), for error
-/// messages and logs: a URL names the server an error is about, its password must not travel
-/// with it. Anything that does not look like `scheme://user:password@…` is returned as is.
+/// `url` with its password replaced by `***` (`redis://user:***@host:6379/0`,
+/// `redis+unix:///run/redis.sock?pass=***`), for error messages and logs: a URL names the
+/// server an error is about, its password must not travel with it. The userinfo is taken to
+/// end at the URL's last `@`, not at the first `/`, `?` or `#` as a parser reads it: a
+/// generated password holding one of those unescaped makes the URL invalid, and the error
+/// that says so must not print it. Query parameters `pass` and `password` (where redis-rs
+/// reads a unix socket's credentials) are elided too. Anything without `://` is returned as
+/// is.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    // The authority ends at the first '/', '?' or '#'; the userinfo at its last '@'.
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
+    let (userinfo, after) = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => (Some(userinfo), after),
+        None => (None, rest),
     };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_owned(),
-    }
+    let userinfo = match userinfo {
+        Some(u) => match u.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@"),
+            None => format!("{u}@"),
+        },
+        None => String::new(),
+    };
+    let after = match after.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
+                    _ => param.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => after.to_owned(),
+    };
+    format!("{scheme}://{userinfo}{after}")
 }
 
 #[cfg(test)]
@@ -108,7 +128,16 @@ mod redact_tests {
             ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),
             ("rediss://u:p@ss@h/", "rediss://u:***@h/"),
             ("redis://user@h/", "redis://user@h/"),
-            ("redis://h:6379/?password=x", "redis://h:6379/?password=x"),
+            ("redis://h:6379/?password=x", "redis://h:6379/?password=***"),
+            (
+                "redis+unix:///run/redis.sock?db=1&pass=hunter2&user=u",
+                "redis+unix:///run/redis.sock?db=1&pass=***&user=u",
+            ),
+            // A password with an unescaped '/', '?' or '#': an invalid URL, whose error
+            // names it.
+            ("redis://u:ab/cd@h:6379/0", "redis://u:***@h:6379/0"),
+            ("redis://:a?b#c@h/", "redis://:***@h/"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
             ("not a url", "not a url"),
         ];
         for (url, want) in cases {

@@ -75,6 +75,27 @@ async fn an_unreachable_redis_is_named_without_its_password() {
         ],
     );
     assert!(!text.contains("hunter2"), "{text}");
+    // A generated password with an unescaped '/' makes the URL invalid at the wrong place
+    // (its authority ends at the '/'), and the error says so without the password.
+    let err = RedisStore::connect("redis://:hunt/er2@127.0.0.1:6390/")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BuildError::Config(_)), "{err:?}");
+    let text = says_once(&err, &["invalid redis url", "redis://:***@127.0.0.1:6390/"]);
+    assert!(
+        !text.contains("er2") && !format!("{err:?}").contains("er2"),
+        "{text}"
+    );
+    // A unix socket's password is a query parameter (redis-rs reads `pass=`).
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("absent.sock");
+    let unix = format!("redis+unix://{}?pass=hunter2", socket.display());
+    let err = RedisStore::connect(&unix).await.unwrap_err();
+    let text = says_once(&err, &["pass=***"]);
+    assert!(
+        !text.contains("hunter2") && !format!("{err:?}").contains("hunter2"),
+        "{text}"
+    );
 
     // A call of a limiter on a lazy store names the server and the limiter's key.
     let store = RedisStore::builder(&url)
