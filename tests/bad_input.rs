@@ -718,6 +718,16 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
         .idle_return(Duration::MAX)
         .build()
         .unwrap();
+    // "Never give back", "never expire": the hybrid limiter's task adds them to the clock.
+    let hybrid = ratelease::HybridLimiter::builder("huge-hybrid", quota, store.clone())
+        .policy(
+            ratelease::AdaptiveLease::new()
+                .idle_after(Duration::MAX)
+                .ttl(Duration::MAX),
+        )
+        .build()
+        .unwrap();
+    hybrid.ready().await.unwrap();
     for _ in 0..3 {
         let k = keyed.try_acquire_for("k", 1, Duration::MAX).await.unwrap();
         let p = pure_keyed
@@ -727,6 +737,19 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
         let q = pure.try_acquire_for(1, Duration::MAX).await.unwrap();
         assert!(k.is_allowed() && p.is_allowed() && q.is_allowed());
     }
+    for _ in 0..25 {
+        // (A bounded wait: the task that panicked at its idle timer left waits forever.)
+        let h = hybrid
+            .try_acquire_for(1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(h.is_allowed(), "{:?}", hybrid.stats());
+    }
+    let stats = hybrid.stats();
+    assert!(
+        stats.leases >= 2 && stats.store_errors == 0 && !stats.circuit_open,
+        "it leases again, and the store takes its terms: {stats:?}"
+    );
     let permit = conc.try_acquire_for(2, Duration::MAX).await.unwrap();
     assert!(permit.is_some());
     drop(permit);
@@ -746,6 +769,7 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
     drop(again);
     keyed.shutdown().await;
     conc.shutdown().await;
+    hybrid.shutdown().await;
 }
 
 /// A store (a wrapper around one) that misbehaves: it tampers with its grants (`tamper`: more

@@ -14,7 +14,7 @@ use crate::failure::Circuit;
 use crate::failure::FailurePolicy;
 use crate::key;
 use crate::lease::local::LocalBucket;
-use crate::lease::policy::{AdaptiveLease, LeaseContext, LeasePolicy};
+use crate::lease::policy::{AdaptiveLease, LeaseContext, LeasePolicy, LeaseTerms};
 use crate::lease::refill::RefillSignal;
 use crate::quota::Quota;
 use crate::retry::{RttEstimate, DEFAULT_RTT};
@@ -149,7 +149,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             })
             .low_water
             .min(self.quota.burst());
-        let terms = self.policy.terms(&self.quota);
+        let terms = self.policy.terms(&self.quota).map(LeaseTerms::sendable);
         let metrics = HybridMetrics::new(&self.name, failure.name());
         let client = (self.knobs.budget == Budget::PerClient).then_some(node_id);
         // The builder's quota matters only where an unconfigured name runs under it.

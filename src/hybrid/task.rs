@@ -219,7 +219,7 @@ impl Task {
         let since = self.granted_at.map_or(self.demand.last_change(), |g| {
             g.max(self.demand.last_change())
         });
-        since + terms.idle_after.max(gaps)
+        crate::time::after(since, terms.idle_after.max(gaps))
     }
 
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
@@ -343,7 +343,8 @@ impl Task {
         let call = CallContext::new(self.quota, self.share)
             .with_leasers(self.leasers)
             .with_fleet(self.fleet);
-        self.node_terms(s).map(|t| s.policy.terms_at(t, &call))
+        self.node_terms(s)
+            .map(|t| s.policy.terms_at(t, &call).sendable())
     }
 
     /// Fixed window: the local tokens' window has ended (or is about to): they are gone,
@@ -592,7 +593,7 @@ impl Task {
         }
         tracing::info!(limiter = %s.name, ?quota, ?source, "quota changed");
         self.quota = quota;
-        self.terms = s.policy.terms(&quota);
+        self.terms = s.policy.terms(&quota).map(LeaseTerms::sendable);
         s.burst.store(quota.burst(), Ordering::Relaxed);
         *s.effective.lock() = quota;
         if let Some(local) = &s.fallback {

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_VALUE};
 
 /// What the node knows when it asks for a lease.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -124,6 +124,22 @@ pub struct LeaseTerms {
     /// needs a store call per half ttl rather than per batch of tokens. A policy may decide it per call ([`LeasePolicy::terms_at`]), as
     /// [`AdaptiveLease`] does by default.
     pub rate_leases: bool,
+}
+
+impl LeaseTerms {
+    /// These terms as a store takes them: a horizon and a ttl of 1 µs to
+    /// [`MAX_VALUE`](crate::MAX_VALUE) µs (a policy's "never expire", `Duration::MAX`, is 142
+    /// years). The store refuses a node's lease outside that range, so terms taken as they are
+    /// failed every lease, and the failure policy answered for good.
+    pub(crate) fn sendable(self) -> Self {
+        let within =
+            |d: Duration| d.clamp(Duration::from_micros(1), Duration::from_micros(MAX_VALUE));
+        LeaseTerms {
+            horizon: within(self.horizon),
+            ttl: within(self.ttl),
+            ..self
+        }
+    }
 }
 
 /// Decides lease sizes for a [`HybridLimiter`](crate::HybridLimiter).
