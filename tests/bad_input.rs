@@ -772,6 +772,65 @@ async fn huge_durations_are_read_as_a_long_time_not_a_panic() {
     hybrid.shutdown().await;
 }
 
+/// A store's timeouts: zero would time every call out at once, so a build refuses it (the
+/// lock's too); `Duration::MAX` ("as long as it takes") connects and serves — the lease
+/// timeout's default (three response timeouts) and a first call's bound (response plus
+/// connect timeout) panicked on it.
+#[tokio::test]
+async fn zero_store_timeouts_are_refused_and_huge_ones_serve() {
+    use ratelease::{LockError, RedisLock};
+
+    let server = RedisServer::start();
+    let url = server.url();
+    let zero = Duration::ZERO;
+    for (what, builder) in [
+        (
+            "connect timeout",
+            RedisStore::builder(&url).connect_timeout(zero),
+        ),
+        (
+            "response timeout",
+            RedisStore::builder(&url).response_timeout(zero),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(BuildError::Config(m)) => assert!(m.contains(what) && m.contains("zero"), "{m}"),
+            other => panic!("{what}: {:?}", other.map(|_| ())),
+        }
+    }
+    let lock = RedisLock::builder(&url, "job")
+        .response_timeout(zero)
+        .connect()
+        .await;
+    assert!(
+        matches!(lock, Err(LockError::Config(_))),
+        "{:?}",
+        lock.map(|_| ())
+    );
+
+    let quota = Quota::per_second(100).unwrap();
+    let long = RedisStore::builder(&url)
+        .response_timeout(Duration::MAX)
+        .connect_timeout(Duration::MAX)
+        .connect()
+        .await
+        .unwrap();
+    let lazy = RedisStore::builder(&url)
+        .lease_timeout(Duration::MAX)
+        .lazy_connect()
+        .connect()
+        .await
+        .unwrap();
+    for (name, store) in [("long", long), ("lazy", lazy)] {
+        let limiter = HybridLimiter::new(name, quota, store).unwrap();
+        limiter.ready().await.unwrap();
+        assert!(limiter.try_acquire(1).unwrap().is_allowed(), "{name}");
+        let stats = limiter.stats();
+        assert_eq!(stats.store_errors, 0, "{name}: {stats:?}");
+        limiter.shutdown().await;
+    }
+}
+
 /// A store (a wrapper around one) that misbehaves: it tampers with its grants (`tamper`: more
 /// than a lease asked for, or with `Some(true)` fewer than its minimum, counted in `tampered`),
 /// and its calls panic while `lease_panics` / `release_panics` are above zero, one a call.

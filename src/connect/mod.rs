@@ -114,9 +114,21 @@ impl ConnectSettings {
         })
     }
 
-    /// Checks the TLS material before any connection is tried, so that a bad PEM is a
-    /// configuration error that names the culprit rather than a connect error.
+    /// Checks the timeouts (none zero) and the TLS material before any connection is tried,
+    /// so that a bad setting is a configuration error that names the culprit rather than a
+    /// connect error, or calls that all time out.
     pub(crate) fn validate(&self) -> Result<(), ConnectError> {
+        let timeouts = [
+            ("connect timeout", Some(self.connect_timeout)),
+            ("response timeout", Some(self.response_timeout)),
+            ("lease timeout", self.lease_timeout),
+        ];
+        for (what, timeout) in timeouts {
+            if timeout.is_some_and(|t| t.is_zero()) {
+                // Every call would time out at once.
+                return Err(ConnectError::Url(format!("the {what} must be above zero")));
+            }
+        }
         #[cfg(feature = "tls")]
         {
             use rustls::pki_types::pem::PemObject;

@@ -186,7 +186,8 @@ impl RedisLockBuilder {
     /// Validates the configuration and connects.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad name, prefix, URL, zero lease or zero poll interval;
+    /// [`LockError::Config`] for a bad name, prefix, URL, zero lease, zero poll interval or
+    /// zero timeout;
     /// [`LockError::Redis`] or [`LockError::Timeout`] if Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisLock, LockError> {
         key::validate_prefix(&self.prefix)?;

@@ -507,7 +507,7 @@ impl RedisStore {
         let bound = if self.up.load(Ordering::Relaxed) {
             self.response_timeout
         } else {
-            self.response_timeout + self.connect_timeout
+            self.response_timeout.saturating_add(self.connect_timeout)
         };
         let result = tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
             Err(redis::RedisError::from(std::io::Error::from(

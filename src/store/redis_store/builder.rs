@@ -112,8 +112,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]).
-    /// On a cluster, per node.
+    /// Time allowed to open a connection (default [`DEFAULT_CONNECT_TIMEOUT`]; zero is refused
+    /// by [`connect`](Self::connect), `Duration::MAX` waits as long as it takes). On a cluster,
+    /// per node.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.settings.connect_timeout = timeout;
         self
@@ -269,8 +270,9 @@ impl RedisStoreBuilder {
     /// only checks the configuration.
     ///
     /// # Errors
-    /// [`BuildError::Config`] for a bad URL, prefix or TLS PEM, a setting that does not apply to
-    /// this kind of store, or a TLS client certificate the server refuses (or requires);
+    /// [`BuildError::Config`] for a bad URL, prefix or TLS PEM, a zero timeout, a setting that
+    /// does not apply to this kind of store, or a TLS client certificate the server refuses (or
+    /// requires);
     /// [`BuildError::Store`] if Redis cannot be reached (never with `lazy_connect`).
     pub async fn connect(mut self) -> Result<RedisStore, BuildError> {
         key::validate_prefix(&self.prefix)?;
@@ -288,7 +290,11 @@ impl RedisStoreBuilder {
         let lease_timeout = self
             .settings
             .lease_timeout
-            .unwrap_or(self.settings.response_timeout * LEASE_TIMEOUT_FACTOR)
+            .unwrap_or(
+                self.settings
+                    .response_timeout
+                    .saturating_mul(LEASE_TIMEOUT_FACTOR),
+            )
             .max(self.settings.response_timeout);
         self.settings.lease_timeout = Some(lease_timeout);
         self.settings.validate().map_err(|e| match e {
