@@ -554,7 +554,8 @@ if v and s and t and o and d then
   if w and w.scale == s then first = w end
   level = v
   if s ~= first.scale then level = rescale(v, s, first.scale, first.burst) end
-  out = mmin(o, mmax(burst, first.burst))
+  -- Not cut to a burst: after the burst shrank, tokens held above it are still counted.
+  out = o
   level = mmin(level, ceiling(first, out))
   ts = t
   dsum = d

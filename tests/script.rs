@@ -859,3 +859,50 @@ async fn a_node_that_gives_its_rate_up_waits_for_credit_at_its_whole_share() {
     // Its credit accrues at 500.25/s from here: the next token 2 ms away, not 4 s.
     assert_eq!(a.retry_after, Duration::from_millis(2), "{a:?}");
 }
+
+/// Tokens a node holds stay counted when the burst shrinks below them (a central change, or
+/// callers that disagree on the quota): the bucket stays empty until the node spends, returns
+/// or loses them. The second call under the smaller burst used to cut what was counted down
+/// to that burst (the node's record still held all of it), so the bucket refilled behind the
+/// node's back: with its 90 unspent tokens and a refilled burst of 10, the fleet could admit
+/// 100 where 10 were allowed.
+#[tokio::test]
+async fn tokens_held_above_a_smaller_burst_stay_counted() {
+    let server = RedisServer::start();
+    let (store, clock) = store_at_1000_s(&server).await;
+    let memory = MemoryStore::with_clock(clock.clone());
+    let wide = Quota::per_second(10).unwrap().with_burst(100).unwrap();
+    let narrow = Quota::per_second(10).unwrap();
+    let node = |want, held| {
+        LeaseRequest::new(want, 1).by(NodeLease {
+            id: 7,
+            held,
+            demand_mtps: 10_000,
+            horizon: Duration::from_secs(1),
+            ttl: Duration::from_secs(60),
+            rate_mtps: 0,
+        })
+    };
+    let anonymous = LeaseRequest::new(1, 1);
+    let steps = [
+        (0, &wide, node(100, 0)),
+        (0, &narrow, anonymous),
+        (0, &narrow, anonymous),
+        // Ten seconds on, the node reports 90 unspent: 90 are still counted against a burst
+        // of 10, so nothing is refilled and nothing granted, to it or anyone else.
+        (10_000, &narrow, node(1, 90)),
+        (0, &narrow, anonymous),
+    ];
+    for (i, (ms, q, req)) in steps.iter().enumerate() {
+        clock.advance(Duration::from_millis(*ms));
+        let (m, r) = (
+            memory.lease("shrunk", q, req).await.unwrap(),
+            store.lease("shrunk", q, req).await.unwrap(),
+        );
+        assert_eq!(m, r, "{req:?}");
+        let expected = if i == 0 { 100 } else { 0 };
+        assert_eq!(r.granted, expected, "step {i}: {r:?}");
+    }
+    let bucket = BucketState::read(&server, &store.key("shrunk")).expect("a bucket");
+    assert_eq!(bucket.o as u64, 90, "{bucket:?}");
+}

@@ -507,7 +507,8 @@ pub fn step_with(
     }) {
         first = written_under(&b).unwrap_or(quota);
         level = rescale(b.level, b.scale, first.scale(), first.burst());
-        out = b.outstanding.min(burst.max(first.burst()));
+        // Not cut to a burst: after the burst shrank, tokens held above it are still counted.
+        out = b.outstanding;
         level = level.min(ceiling(first.burst() * first.scale(), out, first.scale()));
         ts = b.ts_us;
         dsum = b.demand;
