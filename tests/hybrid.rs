@@ -945,3 +945,44 @@ async fn a_request_larger_than_the_fallbacks_burst_is_not_told_a_wait_that_never
     );
     assert!(keyed.try_acquire("k", 10).unwrap().is_allowed());
 }
+
+/// A node paused on the store's answer (over the limit: its next tokens are seconds away)
+/// still drops its local tokens when their lease nears its ttl: the store forgets them then,
+/// and spending them later admitted them twice. (Checked only at the task's loop before; a
+/// pause of the store's retry hint ran past the ttl with the tokens still spendable.)
+#[tokio::test(start_paused = true)]
+async fn local_tokens_expire_while_the_task_pauses_on_the_stores_answer() {
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(1).unwrap().with_burst(10).unwrap();
+    let limiter = HybridLimiter::builder("paused", quota, store.clone())
+        .policy(AdaptiveLease::new().ttl(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    limiter.ready().await.unwrap();
+    assert_eq!(limiter.available(), 1, "{:?}", limiter.stats());
+    // Another client takes what the bucket has left.
+    let drained = store
+        .inner
+        .lease("paused", &quota, &LeaseRequest::new(9, 1))
+        .await
+        .unwrap();
+    assert_eq!(drained.granted, 9);
+    // A request for 5: the lease for it is refused, the next try seconds away.
+    assert!(!limiter.try_acquire(5).unwrap().is_allowed());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stats = limiter.stats();
+    assert_eq!((stats.over_limit, stats.local_tokens), (1, 1), "{stats:?}");
+    match limiter.try_acquire(5).unwrap() {
+        Decision::Denied { retry_after } => {
+            assert!(retry_after > Duration::from_secs(2), "{retry_after:?}")
+        }
+        d => panic!("{d:?}"),
+    }
+    // The lease's ttl is 500 ms (twice the 250 ms horizon): long before the pause ends the
+    // token is gone, given back rather than spent.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.local_tokens, 0, "{stats:?}");
+    assert!(!limiter.try_acquire(1).unwrap().is_allowed(), "{stats:?}");
+    assert_eq!(stats.tokens_released, 1, "given back: {stats:?}");
+}

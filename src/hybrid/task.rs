@@ -358,25 +358,28 @@ impl Task {
         self.window = None;
     }
 
-    /// Sleeps until `deadline`. Under the fixed window, callers keep spending the local tokens
-    /// meanwhile, so they are dropped on the way if their window ends first; a rate lease
-    /// keeps dripping.
+    /// Sleeps until `deadline`. Callers keep spending the local tokens meanwhile, so they go on
+    /// the way if they expire first (see [`expire`](Self::expire): dropped with their window
+    /// under the fixed window, given back otherwise); a rate lease keeps dripping.
     ///
     /// A pause on the store's own answer (`surge_above`: the larger of the share it told and
     /// this node's demand estimate, tokens per second) ends early once callers, some of them
     /// denied, ask at more than [`SURGE`] times that (over the interval under way, see
     /// `RecentRate::peek`): the answer was for a demand that is gone. A rated node's wait for
     /// its renewal ends so too.
-    async fn pause<S>(&mut self, s: &Shared<S>, deadline: Instant, surge_above: Option<f64>) {
-        let windowed = s.algorithm == Algorithm::FixedWindow;
-        if let Some(end) = self.expires.filter(|&end| windowed && end < deadline) {
-            tokio::time::sleep_until(end).await;
-            self.drop_window(s);
-        }
+    async fn pause<S: LeaseStore>(
+        &mut self,
+        s: &Shared<S>,
+        deadline: Instant,
+        surge_above: Option<f64>,
+    ) {
         let mut look = surge_above.map(|_| Instant::now() + SURGE_LOOK);
         loop {
             let drip = self.drip.due().filter(|&due| due < deadline);
-            let Some(next) = [drip, look.filter(|&at| at < deadline)]
+            // The local tokens go at their expiry, paused or not (see `expire`): a pause on a
+            // refusal can last seconds, and the store forgets them at their ttl.
+            let expiry = self.expires.filter(|&end| end < deadline);
+            let Some(next) = [drip, look.filter(|&at| at < deadline), expiry]
                 .into_iter()
                 .flatten()
                 .min()
@@ -385,6 +388,9 @@ impl Task {
             };
             tokio::time::sleep_until(next).await;
             let now = Instant::now();
+            if expiry.is_some_and(|end| now >= end) {
+                self.expire(s, now).await;
+            }
             if let (Some(above), Some(at)) = (surge_above, look) {
                 if now >= at {
                     look = Some(now + SURGE_LOOK);
