@@ -273,7 +273,9 @@ pub trait Limiter: Send + Sync {
     /// As [`acquire_now`](Limiter::acquire_now).
     ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future takes no tokens.
+    /// Cancel safe in the sense that a dropped future never admits: no tokens are handed to
+    /// it. A decision already sent to the store (pure mode, or where leasing buys nothing)
+    /// still runs there and may take its tokens — the fleet then admits fewer, never more.
     fn acquire(&self, n: u64) -> impl Future<Output = Result<(), AcquireError>> + Send;
 
     /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once when the earliest
@@ -382,7 +384,9 @@ pub trait KeyedLimiter<K>: Send + Sync {
     /// As [`acquire_now`](KeyedLimiter::acquire_now).
     ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future takes no tokens.
+    /// Cancel safe in the sense that a dropped future never admits: no tokens are handed to
+    /// it. A decision already sent to the store (pure mode, or where leasing buys nothing)
+    /// still runs there and may take its tokens — the fleet then admits fewer, never more.
     fn acquire<Q>(&self, key: &Q, n: u64) -> impl Future<Output = Result<(), AcquireError>> + Send
     where
         K: Borrow<Q>,

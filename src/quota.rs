@@ -111,8 +111,11 @@ impl Quota {
     /// `rate` tokens per day (24 hours), burst = `rate`.
     ///
     /// # Errors
-    /// As [`Quota::new`] (a day is long: a large rate with a burst far above it may be
-    /// [`QuotaError::TooLarge`]).
+    /// As [`Quota::new`]. A day is long: the bucket counts exact fractions of a token, so a
+    /// rate that shares no factor with the day's 86 400 000 000 µs allows a burst of at most
+    /// 52 124 — `per_day(60_001)` is [`QuotaError::BurstTooLarge`], `per_day(60_000)` is
+    /// fine (as is any rate whose factors the day's microseconds share; see the error's
+    /// `max_burst`).
     pub fn per_day(rate: u64) -> Result<Self, QuotaError> {
         Self::new(rate, Duration::from_secs(86_400))
     }
@@ -297,6 +300,15 @@ mod tests {
         assert_eq!(d.period(), Duration::from_secs(86_400));
         assert_eq!(d.time_for(1), Duration::from_secs(3_600));
         assert_eq!(Quota::per_day(0), Err(QuotaError::ZeroRate));
+        // As its docs say: a rate prime to the day's microseconds allows a burst of 52 124.
+        assert!(matches!(
+            Quota::per_day(60_001),
+            Err(QuotaError::BurstTooLarge {
+                max_burst: 52_124,
+                ..
+            })
+        ));
+        assert!(Quota::per_day(60_000).is_ok());
     }
 
     #[test]

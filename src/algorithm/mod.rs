@@ -32,9 +32,11 @@
 //! the budget without changing it. Denials and peeks of the fixed window and the leaky bucket
 //! are read-only.
 //!
-//! Keys: an algorithm's keys are the limiter's bucket key plus a suffix (`:fw`, `:sw` and
-//! `:sw:n`, `:lb`) before the client suffix of [`Budget::PerClient`](crate::Budget::PerClient),
-//! all in the limiter's hash tag. So different algorithms on one name never share state.
+//! Keys: an algorithm's key is the limiter's bucket key plus a suffix (`:fw`, `:sw`, `:lb`),
+//! then the client suffix of [`Budget::PerClient`](crate::Budget::PerClient) (`:client:` and
+//! 16 hex digits); the sliding window's running total is its log's key plus `:n`
+//! (`<bucket>:sw:n`, or `<bucket>:sw:client:<hex>:n`). All are in the limiter's hash tag, so
+//! different algorithms on one name never share state.
 //!
 //! Central configuration ([`ConfigStore`](crate::ConfigStore)) applies to the token bucket
 //! only: the other scripts run under the caller's quota, and a limiter built with another

@@ -16,7 +16,7 @@
 //! task then caches that answer: it sleeps until then (plus jitter, so a fleet does not retry in
 //! step), while callers are denied locally with that `retry_after`. A node therefore makes at
 //! most one store call per `retry_after` however hard it is pushed. Store errors back off
-//! exponentially (10 ms to 1 s, jittered) in the same way.
+//! exponentially (10 ms to 500 ms, jittered) in the same way.
 //!
 //! Waiting callers ([`acquire`](HybridLimiter::acquire)) park on a `Notify` that the task
 //! signals after every store call; they never call the store themselves.
@@ -280,10 +280,14 @@ impl<S: LeaseStore> HybridLimiter<S> {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire), plus [`AcquireError::Store`] if a lease fails while
-    /// waiting.
+    /// waiting under [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed); the other
+    /// policies answer from their fallback meanwhile (a request larger than the fallback's
+    /// burst waits for the store).
     ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future takes no tokens.
+    /// Cancel safe in the sense that a dropped future never admits: no tokens are handed to
+    /// it. A decision already sent to the store (pure mode, or where leasing buys nothing)
+    /// still runs there and may take its tokens — the fleet then admits fewer, never more.
     pub async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         self.wait(n, Patience::Until(None)).await.map(|_| ())
     }
@@ -341,8 +345,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
         }
     }
 
-    /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once if the store already
-    /// said no tokens will come within the timeout.
+    /// Waits at most `timeout` for `n` tokens. Returns `Denied` at once if no tokens can come
+    /// within the timeout: the store said so, or the limiter backs off after a store error
+    /// until after it.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
