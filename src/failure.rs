@@ -286,15 +286,22 @@ impl Circuit {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// A store call of `limiter` (answering by `policy`) failed: open the circuit. True if
-    /// this call opened it (it was closed).
+    /// A store call of `limiter` (answering by `policy`) failed: the error is kept for
+    /// waiters, and an outage opens the circuit. True if this call opened it (it was closed).
+    ///
+    /// Only an outage is answered by the failure policy ([`StoreError::is_outage`]): an ACL
+    /// denial, a rejected or a malformed reply is the store answering, and retrying will not
+    /// help. Such an error leaves the circuit as it is: callers are denied (no tokens came)
+    /// and waits end with the error — under `FailOpen` an ACL mistake admitted everything.
     pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) -> bool {
         let policy = policy.name();
         // The error first: a caller that finds the circuit open finds an error in the slot.
         *self.error.lock() = Some(error.clone());
-        let opened = !self.open.swap(true, Ordering::Relaxed);
+        let opened = error.is_outage() && !self.open.swap(true, Ordering::Relaxed);
         if opened {
             tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
+        } else if !error.is_outage() {
+            tracing::warn!(limiter = %limiter, %error, "store refused the call");
         }
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.seq.fetch_add(1, Ordering::Release);

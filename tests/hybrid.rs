@@ -986,3 +986,43 @@ async fn local_tokens_expire_while_the_task_pauses_on_the_stores_answer() {
     assert!(!limiter.try_acquire(1).unwrap().is_allowed(), "{stats:?}");
     assert_eq!(stats.tokens_released, 1, "given back: {stats:?}");
 }
+
+/// An error that is no outage (an ACL denial, a rejected or malformed reply: the store
+/// answered, and retrying will not help) is not answered by the failure policy: under
+/// `FailOpen` a user without the script's permissions admitted every request. Callers are
+/// denied, and `ready` and `acquire` end with the error; an outage still opens the circuit.
+#[tokio::test(start_paused = true)]
+async fn an_error_that_is_no_outage_is_not_answered_by_the_failure_policy() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    store.refusing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(1_000).unwrap();
+    let limiter = HybridLimiter::builder("acl", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailOpen)
+        .build()
+        .unwrap();
+    let err = limiter.ready().await.unwrap_err();
+    assert!(
+        matches!(err, AcquireError::Store(StoreError::NoPermission(_))),
+        "{err:?}"
+    );
+    for _ in 0..10 {
+        assert!(!limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    let waited = tokio::time::timeout(Duration::from_secs(5), limiter.acquire(1)).await;
+    assert!(
+        matches!(
+            waited,
+            Ok(Err(AcquireError::Store(StoreError::NoPermission(_))))
+        ),
+        "{waited:?}"
+    );
+    let stats = limiter.stats();
+    assert!(!stats.circuit_open && stats.store_errors >= 1, "{stats:?}");
+    assert_eq!(stats.tokens_admitted_degraded, 0, "{stats:?}");
+    // An outage is answered by the policy: FailOpen admits.
+    store.refusing.store(false, Ordering::SeqCst);
+    store.failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(limiter.stats().circuit_open, "{:?}", limiter.stats());
+    assert!(limiter.try_acquire(1).unwrap().is_allowed());
+}

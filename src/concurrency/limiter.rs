@@ -589,6 +589,11 @@ impl<S: ConcurrencyStore> Shared<S> {
                     self.suspect();
                 }
                 self.fail(error.clone());
+                if !error.is_outage() {
+                    // The store answered: no failure policy answers for it (see
+                    // `StoreError::is_outage`).
+                    return Err(AcquireError::Store(error));
+                }
                 self.degraded(n, Some(error))
             }
         }

@@ -240,14 +240,20 @@ impl<S: LeaseStore> HybridLimiter<S> {
             }
             // Acquire: pairs with the task's Release store, after it added the granted tokens.
             let answered = s.answered.load(Ordering::Acquire);
+            // A lease failed while this call waited (the first one, typically): report it —
+            // an outage while the circuit is open, an error no failure policy answers
+            // whether or not (see `Circuit::fail`).
+            let failed = s
+                .circuit
+                .error_since(seen)
+                .filter(|e| s.circuit.is_open() || !e.is_outage());
+            if let (true, Some(error)) = (answered, failed) {
+                return Err(AcquireError::Store(error));
+            }
             if answered && !s.circuit.is_open() {
                 return Ok(());
             }
             if answered {
-                // A lease failed while this call waited (the first one, typically): report it.
-                if let Some(error) = s.circuit.error_since(seen) {
-                    return Err(AcquireError::Store(error));
-                }
                 if !probed {
                     // The store was failing before this call: ask for a lease now, as a denied
                     // caller would (the request outlasts the task's back-off), and report its
@@ -299,9 +305,13 @@ impl<S: LeaseStore> HybridLimiter<S> {
     async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, AcquireError> {
         let s = &*self.handle.shared;
         let errors_seen = s.circuit.failures();
+        // An outage under `FailClosed`, or an error no failure policy answers (see
+        // `Circuit::fail`): it ends the wait.
         let failed = || {
             let closed = s.failure == FailurePolicy::FailClosed;
-            closed.then(|| s.circuit.error_since(errors_seen)).flatten()
+            s.circuit
+                .error_since(errors_seen)
+                .filter(|e| closed || !e.is_outage())
         };
         loop {
             let finished = s.finished.notified();

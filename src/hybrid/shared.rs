@@ -263,6 +263,13 @@ impl<S: LeaseStore> Shared<S> {
                 retry_after: blocked,
             });
         }
+        if n > self.quota.burst() {
+            // The store checks a request against the caller's quota: more than the builder's
+            // burst (within a larger stored one) is no exact take it would run, and its
+            // refusal would read as the store failing. A miss the task leases for, in
+            // batches within the builder's burst, as `try_acquire`'s.
+            return self.denied(n);
+        }
         let request = LeaseRequest::exact(n).with_limiter_settings(
             self.client,
             self.unconfigured,
@@ -295,7 +302,11 @@ impl<S: LeaseStore> Shared<S> {
                 })
             }
             Err(error) => {
-                self.fail(error);
+                self.fail(error.clone());
+                if !error.is_outage() {
+                    // The store answered, as pure mode hears it (see `Circuit::fail`).
+                    return Err(AcquireError::Store(error));
+                }
                 self.denied(n)
             }
         }

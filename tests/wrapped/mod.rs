@@ -20,6 +20,8 @@ pub struct Wrapped {
     pub delay: Duration,
     /// While true, every call fails with a timeout.
     pub failing: Arc<AtomicBool>,
+    /// While true, every call is refused by the ACL (an error that is no outage).
+    pub refusing: Arc<AtomicBool>,
     pub in_flight: Arc<AtomicU64>,
     /// Most calls seen in flight at once.
     pub max_in_flight: Arc<AtomicU64>,
@@ -33,6 +35,7 @@ impl Wrapped {
             inner: MemoryStore::with_clock(TokioClock::new()),
             delay,
             failing: Arc::default(),
+            refusing: Arc::default(),
             in_flight: Arc::default(),
             max_in_flight: Arc::default(),
             leaving: Arc::default(),
@@ -48,6 +51,10 @@ impl Wrapped {
         tokio::time::sleep(self.delay / 2).await;
         let result = if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::Timeout(self.delay))
+        } else if self.refusing.load(Ordering::SeqCst) {
+            Err(StoreError::NoPermission(
+                "NOPERM this user has no permissions".into(),
+            ))
         } else {
             f.await
         };
