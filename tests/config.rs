@@ -454,6 +454,22 @@ async fn bad_config_values_get_typed_errors_and_change_nothing() {
     ));
     let after = BucketState::read(&server, &key);
     assert_eq!(before, after);
+    // A store that caches what it learns of the config: initializing over the bad one is
+    // refused and teaches it nothing, so its next pure-mode call still hears the config is
+    // bad (it ran under the caller's quota for a refresh period, as if none were stored).
+    let caching = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let init = caching.init_config("bad", &q).await;
+    assert!(matches!(init, Err(StoreError::Rejected(_))), "{init:?}");
+    let err = caching
+        .lease("bad", &q, &LeaseRequest::exact(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Rejected(ref m) if m == "invalid stored config"));
+    assert_eq!(before, BucketState::read(&server, &key));
     // Deleting the bad config heals the name.
     assert!(s.delete_config("bad").await.unwrap());
     assert!(s.lease("bad", &q, &LeaseRequest::exact(1)).await.is_ok());

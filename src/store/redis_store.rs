@@ -451,11 +451,12 @@ impl RedisStore {
                 Quota::with_parts(rate, Duration::from_micros(period), burst).map_err(|_| bad())?,
             ),
         };
-        // Every reply is the config now stored, but a delete's (the one it removed) and a
-        // get's of an invalid config (none, flag 1).
+        // Every reply is the config now stored, but a delete's (the one it removed), a get's
+        // of an invalid config (none, flag 1) and an init's over one (none: it wrote nothing).
         match op {
             "config_delete" => self.configs.learn(name, None),
             "config_get" if quota.is_none() && flag == 1 => {}
+            "config_init" if quota.is_none() => {}
             _ => self.configs.learn(name, quota),
         }
         Ok((quota, flag == 1))
