@@ -23,8 +23,9 @@
 //! A *lazy* connection ([`ConnectSettings::lazy`]) is created without contacting Redis: the
 //! `ConnectionManager` is built with `new_lazy_with_config`, its first command opens the
 //! connection, and while Redis is unreachable each command fails with the connect error after
-//! at most two attempts (one retry: at most two connect timeouts and a back-off of 10–20 ms;
-//! about 15 ms for a refused connection) instead of waiting. This is what lets a service start while Redis is down: the store
+//! at most two attempts (one retry: a back-off of 10–20 ms; about 15 ms for a refused
+//! connection) instead of waiting — or, where the host does not answer, with a timeout once
+//! the store's bound on the call (its timeout plus the connect timeout) runs out. This is what lets a service start while Redis is down: the store
 //! exists, the limiters' failure policy answers, and the first command after Redis appears
 //! connects.
 

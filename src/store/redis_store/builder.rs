@@ -215,8 +215,9 @@ impl RedisStoreBuilder {
     /// opened by the first call and reopened in the background after a failure, as always.
     ///
     /// For a service that must start while Redis is unreachable. Limiters on the store build
-    /// at once; until Redis answers, each store call fails within about two connect timeouts
-    /// with [`StoreError::Redis`] (connection refused, or the timeout), so a
+    /// at once; until Redis answers, each store call fails — at once with [`StoreError::Redis`]
+    /// where the connection is refused, else with [`StoreError::Timeout`] after at most the
+    /// call's timeout plus the connect timeout (a host that does not answer) — so a
     /// [`HybridLimiter`](crate::HybridLimiter)'s [`FailurePolicy`](crate::FailurePolicy)
     /// answers from its first failed lease and a [`RedisLimiter`](crate::RedisLimiter) call
     /// returns the error. Once Redis is up the next call connects and leasing resumes.
