@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use ratelease::{AdaptiveLease, HybridLimiter, MemoryStore, Quota, TokioClock};
+use ratelease::{AcquireError, AdaptiveLease, HybridLimiter, MemoryStore, Quota, TokioClock};
 
 const NODES: usize = 20;
 const SECONDS: u64 = 60;
@@ -262,4 +262,43 @@ async fn every_call_that_waits_decides_per_request_where_no_lease_comes() {
     assert!(after.per_request, "{after:?}");
     assert_eq!(after.leases, before.leases, "{after:?}");
     assert_eq!(after.tokens_decided, before.tokens_decided + 3, "{after:?}");
+}
+
+/// A stored config whose burst is below a request, while the node decides per request and
+/// has not adopted the config yet: the decision says the request exceeds the burst in force.
+/// The store's refusal of such a request says "retry at once", and a waiter asked it again
+/// every 100 µs.
+#[tokio::test(start_paused = true)]
+async fn a_decision_above_a_stored_smaller_burst_is_an_error_not_a_spin() {
+    use ratelease::ConfigStore;
+
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let quota = Quota::with_parts(30, Duration::from_secs(1), 2).unwrap();
+    let limiter = HybridLimiter::new("shrunk", quota, store.clone()).unwrap();
+    limiter.ready().await.unwrap();
+    for _ in 0..limiter.available() {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(limiter.stats().per_request, "{:?}", limiter.stats());
+    let smaller = Quota::with_parts(30, Duration::from_secs(1), 1).unwrap();
+    store.init_config("shrunk", &smaller).await.unwrap();
+    let decisions = limiter.stats().decisions;
+    let waited = tokio::time::timeout(Duration::from_secs(1), limiter.acquire(2)).await;
+    assert!(
+        matches!(
+            waited,
+            Ok(Err(AcquireError::ExceedsBurst {
+                requested: 2,
+                burst: 1
+            }))
+        ),
+        "{waited:?} {:?}",
+        limiter.stats()
+    );
+    assert!(
+        limiter.stats().decisions <= decisions + 2,
+        "{:?}",
+        limiter.stats()
+    );
 }

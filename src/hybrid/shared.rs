@@ -290,6 +290,16 @@ impl<S: LeaseStore> Shared<S> {
                 self.counters.decided.fetch_add(n, Ordering::Relaxed);
                 Ok(Decision::Allowed)
             }
+            Ok(r) if r.quota.burst() < n => {
+                // A stored config's burst below the request, not adopted yet (the task leases
+                // rarely in this regime): no wait would help, and the store's "retry at once"
+                // had a waiter ask it ten thousand times a second.
+                self.recovered();
+                Err(AcquireError::ExceedsBurst {
+                    requested: n,
+                    burst: r.quota.burst(),
+                })
+            }
             Ok(r) => {
                 self.recovered();
                 self.denied_total.fetch_add(n, Ordering::Relaxed);
