@@ -296,11 +296,13 @@ impl Circuit {
     pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) -> bool {
         let policy = policy.name();
         // The error first: a caller that finds the circuit open finds an error in the slot.
-        *self.error.lock() = Some(error.clone());
+        let previous = self.error.lock().replace(error.clone());
         let opened = error.is_outage() && !self.open.swap(true, Ordering::Relaxed);
         if opened {
             tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
-        } else if !error.is_outage() {
+        } else if !error.is_outage() && previous.is_none_or(|p| p.to_string() != error.to_string())
+        {
+            // Once per error, not once per retry of the background task.
             tracing::warn!(limiter = %limiter, %error, "store refused the call");
         }
         // Release: publishes the error slot to waiters that see the new sequence number.
