@@ -383,8 +383,10 @@ impl<KL, F> KeyedRateLimitLayer<KL, F> {
     }
 
     /// How long a request may wait for the lease of a key the limiter has no answer for yet
-    /// (a new key's first request; default [`DEFAULT_LEASE_WAIT`]). `Duration::ZERO` sheds
-    /// such requests too, with a hint of about one round trip.
+    /// (a new key's first request; default [`DEFAULT_LEASE_WAIT`]). `Duration::ZERO` refuses
+    /// such requests, with a hint of about one round trip — shed at once unless
+    /// [`queue`](Self::queue) is at least that hint, which queues them for the lease as it
+    /// queues any refusal it covers.
     pub fn lease_wait(mut self, lease_wait: Duration) -> Self {
         self.waits.lease_wait = lease_wait;
         self

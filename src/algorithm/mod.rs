@@ -141,7 +141,10 @@ pub enum Algorithm {
     /// after the previous one ended (`lua/fixed_window.lua`).
     FixedWindow,
     /// At most `rate` tokens in any window of `period`: a log of grants
-    /// (`lua/sliding_window.lua`).
+    /// (`lua/sliding_window.lua`). Its memory grows with the rate: the log holds up to
+    /// `min(rate, period in µs)` entries (about 60 bytes each in Redis), so 1 000 000 an hour
+    /// is tens of MB per key. A call costs O(log N) plus the entries it drops, but a log whose
+    /// running total was lost (evicted on its own) is recounted whole, in one script call.
     SlidingWindow,
     /// A funnel of `burst` tokens leaking `rate` per `period`, as GCRA
     /// (`lua/leaky_bucket.lua`).

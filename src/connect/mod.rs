@@ -25,9 +25,9 @@
 //! connection, and while Redis is unreachable each command fails with the connect error after
 //! at most two attempts (one retry: a back-off of 10–20 ms; about 15 ms for a refused
 //! connection) instead of waiting — or, where the host does not answer, with a timeout once
-//! the store's bound on the call (its timeout plus the connect timeout) runs out. This is what lets a service start while Redis is down: the store
-//! exists, the limiters' failure policy answers, and the first command after Redis appears
-//! connects.
+//! the store's bound on the call (its timeout plus the connect timeout) runs out. This is
+//! what lets a service start while Redis is down: the store exists, the limiters' failure
+//! policy answers, and the first command after Redis appears connects.
 
 use std::time::Duration;
 
@@ -39,7 +39,8 @@ pub(crate) use sentinel::SentinelConnection;
 
 /// Why a connection could not be opened.
 pub(crate) enum ConnectError {
-    /// The URL does not parse; the message says why.
+    /// The settings are invalid (a URL that does not parse, a zero timeout, unusable TLS
+    /// material); the message says why.
     Url(String),
     /// Redis could not be reached in time.
     Redis(redis::RedisError),
