@@ -222,6 +222,12 @@ if op ~= 'lease' and op ~= 'release'
     and not (config_op and (#KEYS == 4 or (#KEYS == 1 and op == 'config_get'))) then
   return bad('op')
 end
+-- Checked whether or not a config is stored: a typo that worked while one was would fail
+-- every call once it was deleted.
+if #KEYS == 4 and not config_op and unconfigured ~= nil and unconfigured ~= ''
+    and unconfigured ~= 'caller' and unconfigured ~= 'none' then
+  return bad('unconfigured')
+end
 -- The config hash: the fourth key, or the only one of a config read.
 local CONFIG = KEYS[4]
 if config_op and #KEYS == 1 then CONFIG = KEYS[1] end
@@ -439,8 +445,6 @@ if #KEYS == 4 then
     end
     if held then return { 0, 0, 0, 0, 0, rate, period, burst, 2, 0, 0 } end
     return { 0, 0, 0, 0, 0, rate, period, burst, 2 }
-  elseif unconfigured ~= nil and unconfigured ~= '' and unconfigured ~= 'caller' then
-    return bad('unconfigured')
   end
 end
 -- (Assigned, not declared again: `take_anonymous`, above, works in these units.)

@@ -475,6 +475,55 @@ async fn bad_config_values_get_typed_errors_and_change_nothing() {
     assert!(s.lease("bad", &q, &LeaseRequest::exact(1)).await.is_ok());
 }
 
+/// What to do without a stored config (`ARGV[13]`: "", "caller" or "none") is checked whether
+/// or not one is stored: a misspelt "None" ran while a config was stored, and failed every call
+/// once it was deleted.
+#[tokio::test]
+async fn an_unknown_unconfigured_answer_is_refused_with_a_config_stored_too() {
+    let server = RedisServer::start();
+    let s = store_reading_config_every_call(&server).await;
+    let q = Quota::per_second(10).unwrap();
+    s.init_config("typo", &q).await.unwrap();
+    s.lease("typo", &q, &LeaseRequest::exact(3)).await.unwrap();
+    let key = s.key("typo");
+    let before = BucketState::read(&server, &key);
+    let script = redis::Script::new(ratelease::TOKEN_BUCKET_LUA);
+    let mut conn = server.client().get_connection().unwrap();
+    for unconfigured in ["None", "callers", "0"] {
+        let err = script
+            .key(&key)
+            .key(format!("{key}:leasers"))
+            .key(format!("{key}:expiry"))
+            .key(s.config_key("typo"))
+            .arg(&[
+                "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
+            ][..])
+            .arg(unconfigured)
+            .invoke::<Vec<u64>>(&mut conn)
+            .unwrap_err();
+        assert_eq!(
+            StoreError::from(err).to_string(),
+            "script rejected the call: invalid argument unconfigured",
+            "{unconfigured:?}"
+        );
+    }
+    assert_eq!(before, BucketState::read(&server, &key), "nothing written");
+    for unconfigured in ["", "caller", "none"] {
+        let granted: Vec<u64> = script
+            .key(&key)
+            .key(format!("{key}:leasers"))
+            .key(format!("{key}:expiry"))
+            .key(s.config_key("typo"))
+            .arg(&[
+                "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
+            ][..])
+            .arg(unconfigured)
+            .invoke(&mut conn)
+            .unwrap();
+        assert_eq!(granted[0], 1, "{unconfigured:?}: {granted:?}");
+    }
+}
+
 #[tokio::test]
 async fn per_client_budgets_are_separate_and_overall_is_shared() {
     let server = RedisServer::start();
