@@ -1026,3 +1026,35 @@ async fn an_error_that_is_no_outage_is_not_answered_by_the_failure_policy() {
     assert!(limiter.stats().circuit_open, "{:?}", limiter.stats());
     assert!(limiter.try_acquire(1).unwrap().is_allowed());
 }
+
+/// A lease whose minimum is above a stored config's smaller burst is refused by the store
+/// before it touches the node's record (no renewal): the node must not read the reply as one.
+/// It extended its local expiry by a ttl from that call, and spent its tokens after the store
+/// had forgotten them.
+#[tokio::test(start_paused = true)]
+async fn a_lease_refused_for_a_minimum_above_the_stored_burst_renews_nothing() {
+    use ratelease::ConfigStore;
+
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_second(10).unwrap().with_burst(100).unwrap();
+    let limiter = HybridLimiter::builder("shrinks", quota, store.clone())
+        .policy(AdaptiveLease::new().ttl(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    limiter.ready().await.unwrap();
+    let held = limiter.available();
+    assert!(held > 0 && held < 90, "{:?}", limiter.stats());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(limiter.available(), held, "{:?}", limiter.stats());
+    let smaller = Quota::per_second(10).unwrap().with_burst(5).unwrap();
+    store.inner.init_config("shrinks", &smaller).await.unwrap();
+    // More than it holds, less than the builder's burst: a lease with that minimum.
+    assert!(!limiter.try_acquire(held + 10).unwrap().is_allowed());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.leases, 2, "{stats:?}");
+    // The store forgets the first lease at 1 s: the node drops its tokens at 0.9 s.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.local_tokens, 0, "{stats:?}");
+}

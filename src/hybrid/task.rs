@@ -690,7 +690,12 @@ impl Task {
         if let Ok(reply) = &result {
             self.adopt(s, reply.quota, reply.source);
         }
-        if let (Ok(reply), Some(terms)) = (&result, terms) {
+        // A minimum above the burst the store ran under (a stored config's, smaller than the
+        // one this node knew) is refused before the node's record is touched: no renewal, its
+        // held tokens and rate as they were, so nothing here may read the reply as one (the
+        // next call, its minimum within the adopted burst, renews).
+        let renewed = matches!(&result, Ok(reply) if request.min <= reply.quota.burst());
+        if let (Ok(reply), Some(terms), true) = (&result, terms, renewed) {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             let expires = sent + terms.ttl.mul_f64(0.9);
