@@ -21,8 +21,10 @@
 //! store's last error ([`AcquireError::Store`]: the caller decides, as with any failed call); with
 //! [`RedisLimiterBuilder::on_store_failure`] it is the [`FailurePolicy`]'s.
 //! [`FailurePolicy::LastKnownShare`] enforces locally the rate this node was granted over the
-//! last whole second before the outage (pure-mode calls are anonymous, so the store names no
-//! share): a fleet at its limit keeps to it. A `GrantMeter` measures that rate with two atomic
+//! last window of at least a second before the outage (pure-mode calls are anonymous, so the
+//! store names no share): a fleet at its limit keeps to it. A window closes at its first grant
+//! a second or more after it opened, so it spans any idle time before that grant: a node idle
+//! for an hour that fails within a second of its first request enforces about its hour's rate. A `GrantMeter` measures that rate with two atomic
 //! words, next to the store call. Errors that are no outage (an ACL denial, a rejected or
 //! malformed reply: [`StoreError::is_outage`](crate::StoreError::is_outage) is false) are
 //! always returned and open no circuit.
@@ -90,7 +92,8 @@ impl<S: LeaseStore> RedisLimiterBuilder<S> {
         budget,
         /// By default none answers: each call returns [`AcquireError::Store`], at once while the
         /// circuit is open. [`FailurePolicy::LastKnownShare`] enforces the rate this node was
-        /// granted over the last second before the failure.
+        /// granted over the last window of at least a second before the failure (see the
+        /// module docs).
         on_store_failure,
         /// It draws the jitter of the circuit's probes.
         seed,
