@@ -24,7 +24,8 @@
 //! last window of at least a second before the outage (pure-mode calls are anonymous, so the
 //! store names no share): a fleet at its limit keeps to it. A window closes at its first grant
 //! a second or more after it opened, so it spans any idle time before that grant: a node idle
-//! for an hour that fails within a second of its first request enforces about its hour's rate. A `GrantMeter` measures that rate with two atomic
+//! for an hour whose store fails within a second of its first request enforces about its
+//! hour's rate through the outage. A `GrantMeter` measures that rate with two atomic
 //! words, next to the store call. Errors that are no outage (an ACL denial, a rejected or
 //! malformed reply: [`StoreError::is_outage`](crate::StoreError::is_outage) is false) are
 //! always returned and open no circuit.
