@@ -495,9 +495,11 @@ async fn an_unknown_unconfigured_answer_is_refused_with_a_config_stored_too() {
             .key(format!("{key}:leasers"))
             .key(format!("{key}:expiry"))
             .key(s.config_key("typo"))
-            .arg(&[
-                "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
-            ][..])
+            .arg(
+                &[
+                    "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
+                ][..],
+            )
             .arg(unconfigured)
             .invoke::<Vec<u64>>(&mut conn)
             .unwrap_err();
@@ -514,9 +516,11 @@ async fn an_unknown_unconfigured_answer_is_refused_with_a_config_stored_too() {
             .key(format!("{key}:leasers"))
             .key(format!("{key}:expiry"))
             .key(s.config_key("typo"))
-            .arg(&[
-                "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
-            ][..])
+            .arg(
+                &[
+                    "lease", "10", "1000000", "10", "1", "1", "", "", "", "", "", "",
+                ][..],
+            )
             .arg(unconfigured)
             .invoke(&mut conn)
             .unwrap();

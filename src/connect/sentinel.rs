@@ -387,7 +387,7 @@ impl SentinelConnection {
         Box::pin(async move {
             let mut master = self.master().await?;
             let result = master.conn.req_packed_command(cmd).await;
-            self.after(&result).await;
+            self.after(&result);
             result
         })
     }
@@ -404,19 +404,28 @@ impl SentinelConnection {
                 .conn
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            self.after(&result).await;
+            self.after(&result);
             result
         })
     }
 
-    /// After a call: a discovery if its error says the master may have moved.
-    async fn after<T>(&self, result: &RedisResult<T>) {
+    /// After a call: a discovery if its error says the master may have moved, on a task of
+    /// its own. The call is bounded by its caller's timeout (50 ms for a decision), which a
+    /// discovery outlasts where a host does not answer (each sentinel is asked, for up to a
+    /// connect timeout): run inside the call, it was cut short and never switched, and
+    /// following a failover was left to the sentinels' announcements. Discoveries are single
+    /// flight (`rediscover`).
+    fn after<T>(&self, result: &RedisResult<T>) {
         let Err(e) = result else { return };
         if master_may_have_moved(e) {
-            // Its own error is not the caller's: the call's error is returned either way.
-            if let Err(error) = self.rediscover(Instant::now()).await {
-                tracing::debug!(master = %self.inner.master_name, %error, "sentinel: no master yet");
-            }
+            let this = self.clone();
+            let failed_at = Instant::now();
+            tokio::spawn(async move {
+                // Its own error is not the caller's: the call's error is returned either way.
+                if let Err(error) = this.rediscover(failed_at).await {
+                    tracing::debug!(master = %this.inner.master_name, %error, "sentinel: no master yet");
+                }
+            });
         }
     }
 
