@@ -291,8 +291,9 @@ impl Circuit {
     ///
     /// Only an outage is answered by the failure policy ([`StoreError::is_outage`]): an ACL
     /// denial, a rejected or a malformed reply is the store answering, and retrying will not
-    /// help. Such an error leaves the circuit as it is: callers are denied (no tokens came)
-    /// and waits end with the error — under `FailOpen` an ACL mistake admitted everything.
+    /// help. Such an error closes the circuit (the store is reachable): callers are denied (no
+    /// tokens came) and waits end with the error — under `FailOpen` an ACL mistake admitted
+    /// everything.
     pub(crate) fn fail(&self, limiter: &str, policy: FailurePolicy, error: StoreError) -> bool {
         let policy = policy.name();
         // The error first: a caller that finds the circuit open finds an error in the slot.
@@ -300,10 +301,14 @@ impl Circuit {
         let opened = error.is_outage() && !self.open.swap(true, Ordering::Relaxed);
         if opened {
             tracing::warn!(limiter = %limiter, %error, policy, "store failing: circuit open");
-        } else if !error.is_outage() && previous.is_none_or(|p| p.to_string() != error.to_string())
-        {
-            // Once per error, not once per retry of the background task.
-            tracing::warn!(limiter = %limiter, %error, "store refused the call");
+        } else if !error.is_outage() {
+            // The store answered: it is reachable, and an open circuit closes (a store back
+            // from an outage with its ACL lost must not leave `FailOpen` admitting everything).
+            self.recovered(limiter);
+            if previous.is_none_or(|p| p.to_string() != error.to_string()) {
+                // Once per error, not once per retry of the background task.
+                tracing::warn!(limiter = %limiter, %error, "store refused the call");
+            }
         }
         // Release: publishes the error slot to waiters that see the new sequence number.
         self.seq.fetch_add(1, Ordering::Release);

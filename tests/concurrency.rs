@@ -26,6 +26,8 @@ struct Faulty {
     inner: MemoryStore,
     delay: Duration,
     failing: Arc<AtomicBool>,
+    /// Every call is refused by the ACL (an error that is no outage).
+    refusing: Arc<AtomicBool>,
     /// Syncs (renewals) fail, so a leak stays visible.
     fail_syncs: Arc<AtomicBool>,
     /// The next this many acquires are applied, but answered with a timeout.
@@ -38,6 +40,7 @@ impl Faulty {
             inner: MemoryStore::with_clock(TokioClock::new()),
             delay,
             failing: Arc::default(),
+            refusing: Arc::default(),
             fail_syncs: Arc::default(),
             lose_acquire_replies: Arc::default(),
         }
@@ -58,6 +61,9 @@ impl ConcurrencyStore for Faulty {
         let sync = matches!(op, Op::Sync { .. });
         if self.failing.load(Ordering::SeqCst) || (sync && self.fail_syncs.load(Ordering::SeqCst)) {
             return Err(StoreError::Timeout(self.delay));
+        }
+        if self.refusing.load(Ordering::SeqCst) {
+            return Err(StoreError::NoPermission("NOPERM".into()));
         }
         let reply = self.inner.concurrency(name, op).await;
         sleep(self.delay / 2).await;
@@ -370,6 +376,35 @@ async fn store_failures_are_answered_by_the_failure_policy() {
     let recovered = build(FailurePolicy::FailClosed, true);
     let p = recovered.acquire(1).await.unwrap();
     assert!(!p.is_degraded() && !recovered.stats().circuit_open);
+}
+
+/// An error that is no outage (an ACL denial) is not answered by the failure policy, in
+/// either mode: under `FailOpen` every acquire was admitted (degraded) on NOPERM. The call
+/// ends with the error, and the circuit stays closed.
+#[tokio::test(start_paused = true)]
+async fn an_error_that_is_no_outage_is_not_answered_by_the_failure_policy() {
+    let store = Faulty::new(RTT);
+    store.refusing.store(true, Ordering::SeqCst);
+    for hybrid in [false, true] {
+        let b = ConcurrencyLimiter::builder("acl", 8, store.clone())
+            .on_store_failure(FailurePolicy::FailOpen);
+        let open = match hybrid {
+            true => b.hybrid(2).build().unwrap(),
+            false => b.build().unwrap(),
+        };
+        let result = tokio::time::timeout(Duration::from_secs(5), open.acquire(1)).await;
+        assert!(
+            matches!(
+                result,
+                Ok(Err(AcquireError::Store(StoreError::NoPermission(_))))
+            ),
+            "hybrid {hybrid}: {:?}",
+            result.map(|r| r.map(|p| p.is_degraded()))
+        );
+        let stats = open.stats();
+        assert!(!stats.circuit_open, "hybrid {hybrid}: {stats:?}");
+        assert_eq!(stats.degraded, 0, "hybrid {hybrid}: {stats:?}");
+    }
 }
 
 #[tokio::test]

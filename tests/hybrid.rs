@@ -1019,12 +1019,24 @@ async fn an_error_that_is_no_outage_is_not_answered_by_the_failure_policy() {
     let stats = limiter.stats();
     assert!(!stats.circuit_open && stats.store_errors >= 1, "{stats:?}");
     assert_eq!(stats.tokens_admitted_degraded, 0, "{stats:?}");
-    // An outage is answered by the policy: FailOpen admits.
+    // An outage is answered by the policy: FailOpen admits (a denial asks for a lease, which
+    // times out).
     store.refusing.store(false, Ordering::SeqCst);
     store.failing.store(true, Ordering::SeqCst);
+    assert!(!limiter.try_acquire(1).unwrap().is_allowed());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(limiter.stats().circuit_open, "{:?}", limiter.stats());
     assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    // The store back, but refusing (its ACL lost in the restart): the circuit closes, and
+    // FailOpen admits no more.
+    store.failing.store(false, Ordering::SeqCst);
+    store.refusing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = limiter.stats();
+    assert!(!stats.circuit_open, "{stats:?}");
+    for _ in 0..10 {
+        assert!(!limiter.try_acquire(1).unwrap().is_allowed(), "{stats:?}");
+    }
 }
 
 /// A lease whose minimum is above a stored config's smaller burst is refused by the store
@@ -1038,7 +1050,12 @@ async fn a_lease_refused_for_a_minimum_above_the_stored_burst_renews_nothing() {
     let store = Wrapped::new(Duration::from_micros(100));
     let quota = Quota::per_second(10).unwrap().with_burst(100).unwrap();
     let limiter = HybridLimiter::builder("shrinks", quota, store.clone())
-        .policy(AdaptiveLease::new().ttl(Duration::from_secs(1)))
+        // (Not idle within the test: an idle give-back would empty the bucket on its own.)
+        .policy(
+            AdaptiveLease::new()
+                .ttl(Duration::from_secs(1))
+                .idle_after(Duration::from_secs(10)),
+        )
         .build()
         .unwrap();
     limiter.ready().await.unwrap();

@@ -625,3 +625,34 @@ async fn a_limiter_with_no_key_cap_builds_and_serves() {
     limiter.acquire("k", 1).await.unwrap();
     assert_eq!(limiter.live_keys(), 1);
 }
+
+/// An error that is no outage (an ACL denial) is not answered by the failure policy: under
+/// `FailOpen` the key's waiter got the error once, then the limiter asked the store again at
+/// each back-off for good and never returned; and the circuit opened, admitting every other
+/// caller. Now the waiter hears the error, and callers are denied.
+#[tokio::test(start_paused = true)]
+async fn an_error_that_is_no_outage_is_not_answered_by_the_failure_policy() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    store.refusing.store(true, Ordering::SeqCst);
+    let quota = Quota::per_second(100).unwrap();
+    let limiter = KeyedHybridLimiter::<String, _>::builder("acl", quota, store.clone())
+        .on_store_failure(FailurePolicy::FailOpen)
+        .build()
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(5), limiter.acquire("k", 1)).await;
+    assert!(
+        matches!(
+            waited,
+            Ok(Err(AcquireError::Store(
+                ratelease::StoreError::NoPermission(_)
+            )))
+        ),
+        "{waited:?}"
+    );
+    for _ in 0..10 {
+        assert!(!limiter.try_acquire("k", 1).unwrap().is_allowed());
+        assert!(!limiter.try_acquire("other", 1).unwrap().is_allowed());
+    }
+    let stats = limiter.stats();
+    assert!(!stats.circuit_open, "{stats:?}");
+}

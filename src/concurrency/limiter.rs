@@ -270,10 +270,13 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
             if let Some(permit) = attempt? {
                 return Ok(Some(permit));
             }
-            if s.failure == FailurePolicy::FailClosed
-                && s.error_seq.load(Ordering::Acquire) != errors_seen
-            {
-                if let Some(e) = s.error.lock().clone() {
+            // A failure since the wait began ends it under `FailClosed`, and whatever the
+            // policy if no failure policy answers for it (see `fail`).
+            if s.error_seq.load(Ordering::Acquire) != errors_seen {
+                let failed = s.error.lock().clone();
+                if let Some(e) =
+                    failed.filter(|e| s.failure == FailurePolicy::FailClosed || !e.is_outage())
+                {
                     return Err(AcquireError::Store(e));
                 }
             }
@@ -656,7 +659,12 @@ impl<S: ConcurrencyStore> Shared<S> {
     }
 
     pub(crate) fn fail(&self, error: StoreError) {
-        if !self.circuit_open.swap(true, Ordering::Relaxed) {
+        if !error.is_outage() {
+            // The store answered (an ACL denial, a rejected or malformed reply): no failure
+            // policy answers for it, as `Circuit::fail` says; an open circuit closes.
+            self.recovered();
+            tracing::warn!(limiter = %self.name, %error, "concurrency store refused the call");
+        } else if !self.circuit_open.swap(true, Ordering::Relaxed) {
             tracing::warn!(limiter = %self.name, %error, policy = self.failure.name(),
                 "concurrency store failing: circuit open");
         }

@@ -630,7 +630,12 @@ where
                         // this one was refused: take them rather than wait out the refusal.
                         Answer::Denied(wait) if !self.take_local(key, n) => wait,
                         Answer::Denied(_) => return Ok(Decision::Allowed),
-                        Answer::Failed(e) if self.failure == FailurePolicy::FailClosed => {
+                        // Under `FailClosed`, and an error no failure policy answers (see
+                        // `Circuit::fail`: the circuit stays closed, and asking again would
+                        // fail again).
+                        Answer::Failed(e)
+                            if self.failure == FailurePolicy::FailClosed || !e.is_outage() =>
+                        {
                             return Err(AcquireError::Store(e))
                         }
                         // The circuit is open now: the next check answers by the policy.
