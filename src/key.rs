@@ -81,29 +81,19 @@ mod tests {
 
 /// `url` with its password replaced by `***` (`redis://user:***@host:6379/0`,
 /// `redis+unix:///run/redis.sock?pass=***`), for error messages and logs: a URL names the
-/// server an error is about, its password must not travel with it. The userinfo is taken to
-/// end at the URL's last `@`, not at the first `/`, `?` or `#` as a parser reads it: a
-/// generated password holding one of those unescaped makes the URL invalid, and the error
-/// that says so must not print it. Query parameters `pass` and `password` (where redis-rs
-/// reads a unix socket's credentials) are elided too. Anything without `://` is returned as
-/// is.
+/// server an error is about, its password must not travel with it. Query parameters `pass`
+/// and `password` (where redis-rs reads a unix socket's credentials) are elided. The userinfo
+/// is taken to end at the last `@` before the query (at the last `@` of all if none is
+/// there), not at the first `/`, `?` or `#` as a parser reads it: a generated password
+/// holding one of those unescaped makes the URL invalid, and the error that says so must not
+/// print it. Anything without `://` is returned as is.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (userinfo, after) = match rest.rsplit_once('@') {
-        Some((userinfo, after)) => (Some(userinfo), after),
-        None => (None, rest),
-    };
-    let userinfo = match userinfo {
-        Some(u) => match u.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@"),
-            None => format!("{u}@"),
-        },
-        None => String::new(),
-    };
-    let after = match after.split_once('?') {
-        Some((path, query)) => {
+    // The query's credentials first: a password there may hold an '@' too.
+    let rest = match rest.split_once('?') {
+        Some((head, query)) => {
             let params: Vec<String> = query
                 .split('&')
                 .map(|param| match param.split_once('=') {
@@ -111,11 +101,22 @@ pub(crate) fn redact_url(url: &str) -> String {
                     _ => param.to_owned(),
                 })
                 .collect();
-            format!("{path}?{}", params.join("&"))
+            format!("{head}?{}", params.join("&"))
         }
-        None => after.to_owned(),
+        None => rest.to_owned(),
     };
-    format!("{scheme}://{userinfo}{after}")
+    // The userinfo ends at the last '@' before the query; with none there, at the last '@'
+    // at all (a password holding an unescaped '?').
+    let before_query = &rest[..rest.find('?').unwrap_or(rest.len())];
+    let at = before_query.rfind('@').or_else(|| rest.rfind('@'));
+    let Some(at) = at else {
+        return format!("{scheme}://{rest}");
+    };
+    let (userinfo, after) = (&rest[..at], &rest[at + 1..]);
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{after}"),
+        None => format!("{scheme}://{rest}"),
+    }
 }
 
 #[cfg(test)]
@@ -138,6 +139,16 @@ mod redact_tests {
             ("redis://u:ab/cd@h:6379/0", "redis://u:***@h:6379/0"),
             ("redis://:a?b#c@h/", "redis://:***@h/"),
             ("redis://h:6379/0", "redis://h:6379/0"),
+            // An '@' in the query: a password there, or another parameter.
+            (
+                "redis+unix:///run/redis.sock?pass=p@ss",
+                "redis+unix:///run/redis.sock?pass=***",
+            ),
+            (
+                "redis://h:6379/0?password=p@ss",
+                "redis://h:6379/0?password=***",
+            ),
+            ("redis://u:pw@h/0?x=a@b", "redis://u:***@h/0?x=a@b"),
             ("not a url", "not a url"),
         ];
         for (url, want) in cases {
