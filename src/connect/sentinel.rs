@@ -60,6 +60,10 @@ use crate::connect::{ConnectError, ConnectSettings};
 /// Least time between two discoveries while no master is found.
 pub(crate) const REDISCOVER_EVERY: Duration = Duration::from_millis(100);
 
+/// The longest a discovery started by a failed call may take (less where twice the connect
+/// timeout is less).
+const DISCOVERY_BOUND: Duration = Duration::from_secs(10);
+
 /// A connection to the current master of a Sentinel-managed group. Cheap to clone; clones
 /// share the master connection and the discoveries.
 #[derive(Clone)]
@@ -417,13 +421,28 @@ impl SentinelConnection {
     /// flight (`rediscover`).
     fn after<T>(&self, result: &RedisResult<T>) {
         let Err(e) = result else { return };
-        if master_may_have_moved(e) {
+        // One at a time: a discovery under way answers the calls failing meanwhile.
+        if master_may_have_moved(e) && self.inner.discovery.try_lock().is_ok() {
             let this = self.clone();
             let failed_at = Instant::now();
+            // Bounded on its own (each sentinel is asked for up to a connect timeout, which
+            // may be `Duration::MAX`): a discovery that never ends would hold every later one.
+            let bound = this
+                .inner
+                .settings
+                .connect_timeout
+                .saturating_mul(2)
+                .min(DISCOVERY_BOUND);
             tokio::spawn(async move {
                 // Its own error is not the caller's: the call's error is returned either way.
-                if let Err(error) = this.rediscover(failed_at).await {
-                    tracing::debug!(master = %this.inner.master_name, %error, "sentinel: no master yet");
+                match tokio::time::timeout(bound, this.rediscover(failed_at)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::debug!(master = %this.inner.master_name, %error, "sentinel: no master yet");
+                    }
+                    Err(_) => {
+                        tracing::debug!(master = %this.inner.master_name, "sentinel: discovery timed out");
+                    }
                 }
             });
         }
