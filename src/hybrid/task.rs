@@ -695,6 +695,10 @@ impl Task {
         // held tokens and rate as they were, so nothing here may read the reply as one (the
         // next call, its minimum within the adopted burst, renews).
         let renewed = matches!(&result, Ok(reply) if request.min <= reply.quota.burst());
+        if result.is_ok() && !renewed {
+            // The rate it held is still its own in the store, to the lease's expiry.
+            self.drip.resume(arrived);
+        }
         if let (Ok(reply), Some(terms), true) = (&result, terms, renewed) {
             // The store extended this node's lease from when it ran the script, which was after
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.

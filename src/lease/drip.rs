@@ -119,6 +119,15 @@ impl Drip {
         self.owed = 0;
     }
 
+    /// Resumes at `now` the rate held before a [`suspend`](Self::suspend), to its old local
+    /// expiry, where the call in flight changed nothing the store holds for the node (it was
+    /// refused before the node's record was read). Its flight earns nothing (the safe side).
+    pub(crate) fn resume(&mut self, now: Instant) {
+        if self.paused_at.take().is_some() && self.until.is_some_and(|until| now < until) {
+            self.from = Some(now);
+        }
+    }
+
     /// The rate held and dripping, millitokens per second (0 if none or suspended).
     pub(crate) fn rate_mtps(&self) -> u64 {
         if self.from.is_some() {
@@ -226,6 +235,31 @@ mod tests {
             total += d.earn(at(ms), 1_000, 0);
         }
         assert_eq!(total, 60, "200 ms at 300/s");
+    }
+
+    #[test]
+    fn resumes_the_old_rate_to_its_old_expiry() {
+        let mut d = Drip::default();
+        d.start(300_000, Duration::from_millis(40), at(0), at(100));
+        d.suspend(at(20));
+        assert_eq!((d.rate_mtps(), d.due()), (0, None));
+        d.resume(at(30));
+        assert_eq!(d.rate_mtps(), 300_000);
+        assert_eq!(d.due(), Some(at(35)));
+        // The flight (20 → 30 ms) earned nothing; from 30 ms on, a step at most.
+        assert_eq!(d.earn(at(40), 1_000, 0), 3);
+        // Nothing past the old expiry.
+        assert_eq!(d.earn(at(200), 1_000, 0), 3);
+        assert_eq!(d.earn(at(300), 1_000, 0), 0);
+        // Past its expiry it stays suspended; without a suspend it does nothing.
+        let mut late = Drip::default();
+        late.start(300_000, Duration::from_millis(40), at(0), at(100));
+        late.suspend(at(50));
+        late.resume(at(150));
+        assert_eq!(late.rate_mtps(), 0);
+        let mut idle = Drip::default();
+        idle.resume(at(10));
+        assert_eq!(idle.rate_mtps(), 0);
     }
 
     #[test]
