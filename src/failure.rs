@@ -145,6 +145,13 @@ impl FailurePolicy {
     }
 
     /// Whether the local rate follows the share the node learns.
+    /// Whether `error`, met by a caller waiting for tokens, ends its wait with the error:
+    /// under `FailClosed`, and whatever the policy for an error that is no outage (see
+    /// [`Circuit::fail`]); otherwise the policy answers the next try.
+    pub(crate) fn ends_wait(self, error: &StoreError) -> bool {
+        self == FailurePolicy::FailClosed || !error.is_outage()
+    }
+
     pub(crate) fn learns_share(&self) -> bool {
         matches!(self, FailurePolicy::LastKnownShare { .. })
     }
@@ -342,6 +349,12 @@ impl Circuit {
             return None;
         }
         self.error.lock().clone()
+    }
+
+    /// The error since [`failures`](Self::failures) read `seen` that ends a wait under
+    /// `policy` ([`FailurePolicy::ends_wait`]), if any.
+    pub(crate) fn error_ending_wait(&self, seen: u64, policy: FailurePolicy) -> Option<StoreError> {
+        self.error_since(seen).filter(|e| policy.ends_wait(e))
     }
 }
 

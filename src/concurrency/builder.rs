@@ -13,6 +13,7 @@ use super::store::ConcurrencyStore;
 use super::task;
 use crate::builder_knobs::{knob_setters, CommonKnobs};
 use crate::error::BuildError;
+use crate::failure::Circuit;
 #[cfg(doc)]
 use crate::failure::FailurePolicy;
 use crate::key;
@@ -150,9 +151,7 @@ impl<S: ConcurrencyStore> ConcurrencyBuilder<S> {
                 Some(nodes) => (self.limit / u64::from(nodes.get())).max(1),
                 None => 0,
             },
-            circuit_open: AtomicBool::new(false),
-            error: Mutex::new(None),
-            error_seq: AtomicU64::new(0),
+            circuit: Circuit::default(),
             claimed: AtomicU64::new(0),
             aseq: AtomicU64::new(0),
             rseq_sent: AtomicU64::new(0),

@@ -15,7 +15,7 @@ use super::holders::Op;
 use super::permit::{Local, Permit};
 use super::store::ConcurrencyStore;
 use crate::error::{AcquireError, StoreError};
-use crate::failure::FailurePolicy;
+use crate::failure::{Circuit, FailurePolicy};
 use crate::retry::Backoff;
 use crate::store::RedisStore;
 use crate::time::{self, micros};
@@ -106,9 +106,9 @@ pub(crate) struct Shared<S> {
     pub(crate) failure: FailurePolicy,
     /// `LocalFallback`: degraded permits allowed at once.
     pub(super) fallback_share: u64,
-    pub(super) circuit_open: AtomicBool,
-    pub(super) error: Mutex<Option<StoreError>>,
-    pub(super) error_seq: AtomicU64,
+    /// Whether the store is failing, with the last error for waiters (hybrid mode answers by
+    /// the policy while it is open).
+    pub(super) circuit: Circuit,
     /// Pure: slots this holder may be counted for — reserved for acquires in flight, in live
     /// permits, or dropped and not yet released. What a renewal reports, once no acquire is
     /// in flight.
@@ -255,8 +255,7 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
     ) -> Result<Option<Permit>, AcquireError> {
         let s = &*self.handle.shared;
         s.check(n)?;
-        // Acquire: pairs with the Release increment in `fail`, so the error slot is visible.
-        let errors_seen = s.error_seq.load(Ordering::Acquire);
+        let errors_seen = s.circuit.failures();
         // Pure mode polls the store with the shared back-off (jittered, 1 ms doubling to 50 ms).
         let mut poll = Backoff::new(MIN_POLL, MAX_POLL);
         let mut rng = fastrand::Rng::new();
@@ -270,15 +269,8 @@ impl<S: ConcurrencyStore> ConcurrencyLimiter<S> {
             if let Some(permit) = attempt? {
                 return Ok(Some(permit));
             }
-            // A failure since the wait began ends it under `FailClosed`, and whatever the
-            // policy if no failure policy answers for it (see `fail`).
-            if s.error_seq.load(Ordering::Acquire) != errors_seen {
-                let failed = s.error.lock().clone();
-                if let Some(e) =
-                    failed.filter(|e| s.failure == FailurePolicy::FailClosed || !e.is_outage())
-                {
-                    return Err(AcquireError::Store(e));
-                }
+            if let Some(e) = s.circuit.error_ending_wait(errors_seen, s.failure) {
+                return Err(AcquireError::Store(e));
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -425,7 +417,7 @@ impl<S: ConcurrencyStore> Shared<S> {
             syncs: get(&c.syncs),
             store_errors: get(&c.store_errors),
             degraded: get(&c.degraded),
-            circuit_open: s.circuit_open.load(Ordering::Relaxed),
+            circuit_open: s.circuit.is_open(),
             in_use: s.in_use(),
             pooled: get(&s.local.pool),
         }
@@ -505,7 +497,7 @@ impl<S: ConcurrencyStore> Shared<S> {
         }
         // Also raises the refill flag, so the task keeps leasing (or probing a failing store).
         self.local.signal.denied(n);
-        if self.circuit_open.load(Ordering::Relaxed) {
+        if self.circuit.is_open() {
             return self.degraded(n, None);
         }
         Ok(None)
@@ -659,25 +651,12 @@ impl<S: ConcurrencyStore> Shared<S> {
     }
 
     pub(crate) fn fail(&self, error: StoreError) {
-        if !error.is_outage() {
-            // The store answered (an ACL denial, a rejected or malformed reply): no failure
-            // policy answers for it, as `Circuit::fail` says; an open circuit closes.
-            self.recovered();
-            tracing::warn!(limiter = %self.name, %error, "concurrency store refused the call");
-        } else if !self.circuit_open.swap(true, Ordering::Relaxed) {
-            tracing::warn!(limiter = %self.name, %error, policy = self.failure.name(),
-                "concurrency store failing: circuit open");
-        }
-        *self.error.lock() = Some(error);
-        // Release: publishes the error slot to waiters that see the new sequence number.
-        self.error_seq.fetch_add(1, Ordering::Release);
+        self.circuit.fail(&self.name, self.failure, error);
         self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn recovered(&self) {
-        if self.circuit_open.swap(false, Ordering::Relaxed) {
-            tracing::info!(limiter = %self.name, "concurrency store answering again: circuit closed");
-        }
+        self.circuit.recovered(&self.name);
     }
 }
 

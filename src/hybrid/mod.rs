@@ -56,6 +56,7 @@ use crate::algorithm::Algorithm;
 #[cfg(doc)]
 use crate::config::Unconfigured;
 use crate::error::{AcquireError, BuildError};
+#[cfg(doc)]
 use crate::failure::FailurePolicy;
 #[cfg(doc)]
 use crate::lease::policy::AdaptiveLease;
@@ -305,14 +306,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
     async fn wait(&self, n: u64, patience: Patience) -> Result<Decision, AcquireError> {
         let s = &*self.handle.shared;
         let errors_seen = s.circuit.failures();
-        // An outage under `FailClosed`, or an error no failure policy answers (see
-        // `Circuit::fail`): it ends the wait.
-        let failed = || {
-            let closed = s.failure == FailurePolicy::FailClosed;
-            s.circuit
-                .error_since(errors_seen)
-                .filter(|e| closed || !e.is_outage())
-        };
+        let failed = || s.circuit.error_ending_wait(errors_seen, s.failure);
         loop {
             let finished = s.finished.notified();
             let mut finished = std::pin::pin!(finished);

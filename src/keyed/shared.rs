@@ -630,12 +630,7 @@ where
                         // this one was refused: take them rather than wait out the refusal.
                         Answer::Denied(wait) if !self.take_local(key, n) => wait,
                         Answer::Denied(_) => return Ok(Decision::Allowed),
-                        // Under `FailClosed`, and an error no failure policy answers (see
-                        // `Circuit::fail`: the circuit stays closed, and asking again would
-                        // fail again).
-                        Answer::Failed(e)
-                            if self.failure == FailurePolicy::FailClosed || !e.is_outage() =>
-                        {
+                        Answer::Failed(e) if self.failure.ends_wait(&e) => {
                             return Err(AcquireError::Store(e))
                         }
                         // The circuit is open now: the next check answers by the policy.
