@@ -77,6 +77,18 @@ async fn a_thousand_limiters_spread_over_every_primary_and_admit_exactly_their_b
         );
     }
 
+    // The store's connection to every primary closes once its server goes silent
+    // (keepalive and a user timeout, as on one server: `tests/reliability.rs`).
+    #[cfg(target_os = "linux")]
+    for node in cluster.nodes() {
+        let sockets = support::sockets_to(node.port().unwrap());
+        assert!(!sockets.is_empty(), "a connection to every primary");
+        for (keepalive, user_timeout) in sockets {
+            assert_eq!(keepalive, Some(Duration::from_secs(10)));
+            assert_eq!(user_timeout, Some(Duration::from_secs(10)));
+        }
+    }
+
     // Every key is under the prefix, in the slot of its limiter's hash tag, and together they
     // land on all three primaries.
     let mut con = cluster.nodes()[0].connection();

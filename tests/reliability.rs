@@ -276,3 +276,32 @@ async fn flushall_mid_run_overshoots_by_at_most_the_documented_bound() {
     // Not vacuous: the fleet was busy (demand ~60 000/s) and used the limit.
     assert!(total as f64 >= 0.8 * rate as f64 * elapsed, "total {total}");
 }
+
+/// Where packets to the server vanish (its host died or was replaced, a partition), a
+/// connection that only sees timeouts would stay open for the kernel's ~15 minutes of
+/// retransmissions; keepalive and a user timeout close it within seconds, so the next call
+/// opens a new one.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn connections_to_redis_are_closed_by_the_kernel_once_the_server_goes_silent() {
+    let server = RedisServer::start();
+    let port = server.port().expect("a TCP server");
+    let store = store(&server).await;
+    let limiter =
+        ratelease::RedisLimiter::new("kept", Quota::per_second(10).unwrap(), store).unwrap();
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
+    let sockets = support::sockets_to(port);
+    assert!(!sockets.is_empty(), "the store's connection to port {port}");
+    for (keepalive, user_timeout) in sockets {
+        assert_eq!(
+            keepalive,
+            Some(Duration::from_secs(10)),
+            "keepalive after 10 s idle"
+        );
+        assert_eq!(
+            user_timeout,
+            Some(Duration::from_secs(10)),
+            "TCP_USER_TIMEOUT"
+        );
+    }
+}

@@ -163,23 +163,54 @@ impl ConnectSettings {
         Ok(())
     }
 
-    /// A client for `url`, trusting [`tls_root`](Self::tls_root) if set.
+    /// A client for `url`, trusting [`tls_root`](Self::tls_root) if set, its connections with
+    /// [`tcp_settings`].
     pub(crate) fn client(&self, url: &str) -> Result<redis::Client, ConnectError> {
-        #[cfg(feature = "tls")]
-        let client = match self.certificates() {
-            Some(certs) => redis::Client::build_with_tls(url, certs),
-            None => redis::Client::open(url),
-        };
-        #[cfg(not(feature = "tls"))]
-        let client = redis::Client::open(url);
-        client.map_err(|e| {
+        let invalid = |e: redis::RedisError| {
             let url = crate::key::redact_url(url);
             ConnectError::Url(format!(
                 "invalid redis url {url:?}: {e} (expected redis://[user:password@]host[:port][/db], \
                  rediss:// for TLS, or redis+unix:///path/to/socket)"
             ))
-        })
+        };
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(invalid)?
+            .set_tcp_settings(tcp_settings());
+        #[cfg(feature = "tls")]
+        let client = match self.certificates() {
+            Some(certs) => redis::Client::build_with_tls(info, certs),
+            None => redis::Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(info);
+        client.map_err(invalid)
     }
+}
+
+/// How long a connection may go without a sign of life from the server before the kernel
+/// closes it: data sent and not acknowledged for this long (`TCP_USER_TIMEOUT`, Linux), or an
+/// idle connection unanswered this long after a keepalive probe (the first probe after this
+/// long idle, then one a second). Where packets vanish — the server's host died or was
+/// replaced, a partition, a middlebox that forgot the flow — no error ever reaches a
+/// connection that only times out: its calls time out one by one, and TCP retransmits with a
+/// back-off that doubles up to two minutes, so the kernel alone gives the connection up after
+/// about fifteen minutes (`tcp_retries2`). Closed, its next call is an I/O error and redis-rs
+/// opens a new connection (or fails fast while the server is unreachable, so the failure
+/// policy answers). Ten seconds is long past any acknowledgement a healthy network delays and
+/// far below what an outage of the store costs a fleet on its fallback.
+pub(crate) const DEAD_PEER_AFTER: Duration = Duration::from_secs(10);
+
+/// The TCP settings of every connection this crate opens: keepalive and, on Linux, a user
+/// timeout, both [`DEAD_PEER_AFTER`] (see there); `TCP_NODELAY` as redis-rs sets it by
+/// default.
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    let keepalive = socket2::TcpKeepalive::new().with_time(DEAD_PEER_AFTER);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    let keepalive = keepalive.with_interval(Duration::from_secs(1));
+    let settings = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    let settings = settings.set_user_timeout(DEAD_PEER_AFTER);
+    settings
 }
 
 /// If `e` is a TLS server refusing this client's certificate (or its lack of one), a message
@@ -240,11 +271,13 @@ pub(crate) fn client_certificate_refused(
 }
 
 impl ConnectSettings {
-    /// A client for the server `info` describes (TLS settings as for [`client`](Self::client)).
+    /// A client for the server `info` describes (TLS settings as for [`client`](Self::client)),
+    /// its connections with [`tcp_settings`].
     pub(crate) fn client_at(
         &self,
         info: redis::ConnectionInfo,
     ) -> Result<redis::Client, ConnectError> {
+        let info = info.set_tcp_settings(tcp_settings());
         let addr = info.addr().to_string();
         #[cfg(feature = "tls")]
         let client = match self.certificates() {
@@ -428,7 +461,8 @@ pub(crate) async fn cluster_connection(
         .connection_timeout(settings.connect_timeout)
         // Also the bound on a whole request, MOVED/ASK redirections and TRYAGAIN retries
         // included (the longest reply's: shorter calls are bounded on top).
-        .response_timeout(settings.longest_reply());
+        .response_timeout(settings.longest_reply())
+        .tcp_settings(tcp_settings());
     #[cfg(feature = "tls")]
     if let Some(certs) = settings.certificates() {
         builder = builder.certs(certs);

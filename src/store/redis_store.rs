@@ -119,7 +119,11 @@ impl RedisStore {
     /// [`RedisLock`](crate::RedisLock) built with
     /// [`RedisLock::builder_on_store`](crate::RedisLock::builder_on_store) shares that
     /// connection. TLS certificates are the client's: setting them on the builder is an
-    /// [`BuildError::Config`].
+    /// [`BuildError::Config`]. So are its TCP settings: a store on a URL sets keepalive and a
+    /// user timeout so that a connection to a server gone silent is closed within seconds
+    /// (RELIABILITY.md, "Known limitations"); a client opened without them
+    /// (`redis::ConnectionInfo::set_tcp_settings`) keeps such a connection until its kernel
+    /// gives up.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -1104,3 +1104,39 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     parts.join(": ")
 }
+
+/// Our sockets connected to `port` (Linux: the process's descriptors, `/proc/self/fd`): each
+/// one's keepalive idle time (`None` if keepalive is off) and `TCP_USER_TIMEOUT`.
+#[cfg(target_os = "linux")]
+pub fn sockets_to(port: u16) -> Vec<(Option<Duration>, Option<Duration>)> {
+    use std::os::fd::{BorrowedFd, RawFd};
+
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is one of this process's open sockets, held by a store that
+        // outlives this call (nothing here closes it or keeps the borrow).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&fd);
+        let peer = socket.peer_addr().ok().and_then(|a| a.as_socket());
+        if peer.is_some_and(|p| p.port() == port) {
+            let keepalive = socket
+                .keepalive()
+                .unwrap()
+                .then(|| socket.tcp_keepalive_time().unwrap());
+            found.push((keepalive, socket.tcp_user_timeout().unwrap()));
+        }
+    }
+    found
+}
