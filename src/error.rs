@@ -267,7 +267,8 @@ pub enum StoreError {
     /// The script refused its arguments (`RATELEASE …` error reply).
     #[error("script rejected the call: {0}")]
     Rejected(String),
-    /// The store answered something that is not a valid reply.
+    /// The store answered something that is not a valid reply: of another type than the
+    /// script's, a negative count, values out of range.
     #[error("unexpected reply from store: {0}")]
     BadReply(String),
     /// The Redis user's ACL does not allow the call (a key outside its patterns, or a command

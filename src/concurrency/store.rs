@@ -52,7 +52,7 @@ impl ConcurrencyStore for RedisStore {
     async fn concurrency(&self, name: &str, op: &Op<'_>) -> Result<Reply, StoreError> {
         let keys = self.concurrency_keys(name);
         let args = script_args(op, self.now_arg());
-        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, args.iter()).await?;
+        let reply = self.eval_counts(&SCRIPT, &keys, args.iter()).await?;
         match reply[..] {
             [granted, in_use, held, existed @ (0 | 1)] => Ok(Reply {
                 granted,

@@ -334,7 +334,9 @@ impl RedisStore {
         }
         let keys = self.keys(name, client);
         let head = quota_args(op, quota);
-        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter().chain(args)).await?;
+        let reply = self
+            .eval_counts(&SCRIPT, &keys, head.iter().chain(args))
+            .await?;
         four_key_reply(&reply).inspect(|reply| self.learn(name, reply))
     }
 
@@ -407,7 +409,9 @@ impl RedisStore {
             None => (*quota, QuotaSource::Caller),
         };
         let head = quota_args(op, &quota);
-        let reply: Vec<u64> = self.eval(&SCRIPT, bucket, head.iter().chain(args)).await?;
+        let reply = self
+            .eval_counts(&SCRIPT, bucket, head.iter().chain(args))
+            .await?;
         match reply[..] {
             [0] => Ok(None),
             [granted, remaining, retry_us, reset_us, share_mtps] => Ok(Some(LeaseReply {
@@ -444,7 +448,7 @@ impl RedisStore {
         };
         let one = Quota::per_second(1).expect("valid");
         let head = quota_args(op, quota.unwrap_or(&one));
-        let reply: Vec<u64> = self.eval(&SCRIPT, &keys, head.iter()).await?;
+        let reply = self.eval_counts(&SCRIPT, &keys, head.iter()).await?;
         let bad = || StoreError::BadReply(format!("expected 4 integers, got {reply:?}"));
         let [rate, period, burst, flag] = reply[..] else {
             return Err(bad());
@@ -475,9 +479,23 @@ impl RedisStore {
         }
     }
 
+    /// [`eval`](Self::eval) of a script that answers an array of integers, each read as a
+    /// count: a negative one is a [`StoreError::BadReply`] (redis-rs reads `-1` as a `u64` by
+    /// wrapping it to 2^64 − 1: a grant of every token there is).
+    pub(crate) async fn eval_counts<A: redis::ToRedisArgs + AsRef<[u8]>>(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: impl IntoIterator<Item = A>,
+    ) -> Result<Vec<u64>, StoreError> {
+        counts(self.eval(script, keys, args).await?)
+    }
+
     /// Runs `script` with `keys` and `args` (EVALSHA, reloading on NOSCRIPT), mapping a reply
-    /// slower than the response timeout to [`StoreError::Timeout`]. Every script this crate
-    /// ships goes through here, in a `store_call` span ([`crate::telemetry`]).
+    /// slower than the response timeout to [`StoreError::Timeout`] and a reply that is not a
+    /// `T` to [`StoreError::BadReply`] (no outage: the server answered, with something this
+    /// crate cannot read). Every script this crate ships goes through here, in a `store_call`
+    /// span ([`crate::telemetry`]).
     pub(crate) async fn eval<T: redis::FromRedisValue, A: redis::ToRedisArgs + AsRef<[u8]>>(
         &self,
         script: &redis::Script,
@@ -533,13 +551,15 @@ impl RedisStore {
         if let Some(up) = up.filter(|&up| up != self.up.load(Ordering::Relaxed)) {
             self.up.store(up, Ordering::Relaxed);
         }
-        let result = result.map_err(|e| {
-            if e.is_timeout() {
-                StoreError::Timeout(self.response_timeout)
-            } else {
-                StoreError::from(e).at(&self.server, keys.first().map(String::as_str))
-            }
-        });
+        let result = result
+            .map_err(|e| {
+                if e.is_timeout() {
+                    StoreError::Timeout(self.response_timeout)
+                } else {
+                    StoreError::from(e).at(&self.server, keys.first().map(String::as_str))
+                }
+            })
+            .and_then(|value| read_reply(value, script));
         if let Err(e) = &result {
             span.record("error", tracing::field::display(e));
         }
@@ -592,6 +612,24 @@ fn four_key_reply(reply: &[u64]) -> Result<LeaseReply, StoreError> {
         source: QuotaSource::from_code(source).ok_or_else(bad)?,
         at: None,
     })
+}
+
+/// `script`'s reply as a `T`, or a [`StoreError::BadReply`] that says what came instead.
+fn read_reply<T: redis::FromRedisValue>(
+    value: redis::Value,
+    script: &redis::Script,
+) -> Result<T, StoreError> {
+    T::from_redis_value(value)
+        .map_err(|e| StoreError::BadReply(format!("{e} (script {})", script.get_hash())))
+}
+
+/// A reply's integers as counts: a negative one is a [`StoreError::BadReply`].
+fn counts(reply: Vec<i64>) -> Result<Vec<u64>, StoreError> {
+    reply
+        .iter()
+        .map(|&v| u64::try_from(v))
+        .collect::<Result<_, _>>()
+        .map_err(|_| StoreError::BadReply(format!("expected counts, got {reply:?}")))
 }
 
 /// A packed reply's integers: little-endian doubles, each truncated toward zero as Redis
@@ -773,5 +811,32 @@ impl RedisStore {
         });
         self.run(name, req.client, quota, "release", anonymous, args)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// redis-rs reads `-1` as a `u64` by wrapping it (a grant of 2^64 − 1 tokens); read as a
+    /// count it is a bad reply, as is a reply of another type (a server answered: no outage).
+    #[test]
+    fn a_negative_or_wrong_typed_reply_is_a_bad_reply_not_a_wrapped_count() {
+        let script = redis::Script::new("return 1");
+        let ints =
+            |v: &[i64]| redis::Value::Array(v.iter().map(|&i| redis::Value::Int(i)).collect());
+        let read = |v| counts(read_reply(v, &script)?);
+        assert_eq!(read(ints(&[0, 5, 7])).unwrap(), [0, 5, 7]);
+        let wrapped: Vec<u64> = redis::FromRedisValue::from_redis_value(ints(&[-1])).unwrap();
+        assert_eq!(wrapped, [u64::MAX], "what reading it as a u64 gives");
+        for bad in [
+            ints(&[3, -1, 2]),
+            redis::Value::SimpleString("OK".into()),
+            redis::Value::Array(vec![redis::Value::BulkString(b"x".to_vec())]),
+        ] {
+            let e = read(bad.clone()).unwrap_err();
+            assert!(matches!(e, StoreError::BadReply(_)), "{bad:?}: {e:?}");
+            assert!(!e.is_outage(), "{e}");
+        }
     }
 }

@@ -71,7 +71,7 @@ impl RedisStore {
             self.now_arg(),
         ];
         let keys = self.algorithm_keys(name, algorithm, client);
-        let reply: Vec<u64> = self.eval(script, &keys, args.iter()).await?;
+        let reply = self.eval_counts(script, &keys, args.iter()).await?;
         let [granted, remaining, retry_after_us, reset_after_us, at_us] = reply[..] else {
             return Err(StoreError::BadReply(format!(
                 "expected 5 integers, got {reply:?}"
