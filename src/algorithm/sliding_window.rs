@@ -10,18 +10,29 @@ use std::collections::BTreeMap;
 
 use super::{keep_for, validate, Op, Persist, Reply};
 use crate::algorithm::token_bucket::InvalidArgument;
-use crate::quota::Quota;
+use crate::quota::{Quota, MAX_VALUE};
 
 /// How many of the oldest entries a denial looks at to say when enough tokens will have left.
 pub const WALK: usize = 128;
 
-/// The stored log.
+/// The stored log. A state the step never writes is read as the script reads such keys: an
+/// entry's tokens outside `1 ..= MAX_VALUE` count as none, and a sum above
+/// [`MAX_VALUE`](crate::MAX_VALUE) is recounted from the log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     /// Tokens granted, by the µs they were logged at (each ≥ 1).
     pub log: BTreeMap<u64, u64>,
     /// Their sum.
     pub sum: u64,
+}
+
+/// An entry's tokens as the script reads them: none if out of range.
+fn count(n: u64) -> u64 {
+    if (1..=MAX_VALUE).contains(&n) {
+        n
+    } else {
+        0
+    }
 }
 
 /// Runs one step on `state` (absent: an empty log). On error nothing changes.
@@ -49,8 +60,17 @@ pub fn step(
             changed = true;
         }
         Some(_) => {
+            if st.sum > MAX_VALUE {
+                st.sum = st
+                    .log
+                    .values()
+                    .map(|&n| count(n))
+                    .sum::<u64>()
+                    .min(MAX_VALUE);
+                changed = true;
+            }
             while let Some(entry) = st.log.first_entry().filter(|e| left_window(*e.key())) {
-                st.sum = st.sum.saturating_sub(entry.remove());
+                st.sum = st.sum.saturating_sub(count(entry.remove()));
                 changed = true;
             }
         }
@@ -65,7 +85,8 @@ pub fn step(
     match op {
         Op::Lease { want, min } if rate.saturating_sub(st.sum) >= min => {
             granted = want.min(rate - st.sum);
-            *st.log.entry(t).or_default() += granted;
+            let n = st.log.entry(t).or_default();
+            *n = count(*n) + granted;
             st.sum += granted;
             changed = true;
         }
@@ -74,8 +95,8 @@ pub fn step(
             at: Some(at),
         } if tokens > 0 => {
             if let Some(n) = st.log.get_mut(&at) {
-                let give = tokens.min(*n);
-                *n -= give;
+                let give = tokens.min(count(*n));
+                *n = count(*n) - give;
                 if *n == 0 {
                     st.log.remove(&at);
                 }
@@ -94,17 +115,17 @@ pub fn step(
             let excess = st.sum + min - rate;
             let (mut acc, mut when) = (0, None);
             for (&at, &n) in st.log.iter().take(WALK) {
-                acc += n;
+                acc += count(n);
                 when = Some(at);
                 if acc >= excess {
                     break;
                 }
             }
-            retry = when.map_or(0, |w| (w + period).saturating_sub(now));
+            retry = when.map_or(0, |w| w.saturating_add(period).saturating_sub(now));
         }
     }
     let newest = st.log.last_key_value().map(|(&t, _)| t);
-    let reset = newest.map_or(0, |last| last + period - now);
+    let reset = newest.map_or(0, |last| last.saturating_add(period) - now);
     let persist = match (changed, newest) {
         (false, _) => {
             *state = stored.then_some(st);
@@ -181,5 +202,38 @@ mod tests {
         let r = lease_with(step, &mut st, &q, 1, 1, 500);
         assert_eq!(r.at_us, 1_000, "logged at the newest entry, not before it");
         assert_eq!(st.as_ref().unwrap().log[&1_000], 2);
+    }
+
+    /// A state the step never writes (a sum beyond the largest value, an entry's tokens out of
+    /// range, an entry at the end of time) is read as the script reads it, and never
+    /// overflows: the sum recounted, such an entry counting none.
+    #[test]
+    fn a_state_it_never_writes_is_read_as_the_script_reads_it() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let corrupt = |log: &[(u64, u64)], sum| {
+            Some(State {
+                log: log.iter().copied().collect(),
+                sum,
+            })
+        };
+        let mut st = corrupt(&[(100, 4)], u64::MAX);
+        let r = lease_with(step, &mut st, &q, 10, 1, 200);
+        assert_eq!(r.granted, 6, "the sum recounted: 4 in the window");
+        assert_eq!(st.as_ref().unwrap().sum, 10);
+
+        let mut st = corrupt(&[(100, u64::MAX), (150, 3)], 3);
+        let r = lease_with(step, &mut st, &q, 10, 1, 200);
+        assert_eq!(r.granted, 7, "an entry out of range counts none");
+        let r = lease_with(step, &mut st, &q, 10, 1, 1_000_160);
+        assert_eq!(
+            r.granted, 3,
+            "t = 100 and 150 left: the 7 of t = 200 remain"
+        );
+
+        let mut st = corrupt(&[(u64::MAX, 2)], 2);
+        let r = lease_with(step, &mut st, &q, 10, 10, 200);
+        assert_eq!((r.granted, r.at_us), (0, u64::MAX));
+        assert_eq!(r.retry_after_us, u64::MAX - 200, "saturated, not wrapped");
+        assert_eq!(r.reset_after_us, u64::MAX - 200);
     }
 }
