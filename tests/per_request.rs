@@ -302,3 +302,35 @@ async fn a_decision_above_a_stored_smaller_burst_is_an_error_not_a_spin() {
         limiter.stats()
     );
 }
+
+/// The same limiter built from a file answers as the one built in code: where a miss is a
+/// decision in the store, `acquire_now` makes it and there is no local answer. The file's
+/// limiter answered `acquire_now` from the empty local bucket (a denial while the fleet had
+/// tokens) and gave a layer a local "needs a lease" that no lease would ever end (every request
+/// refused by a layer that does not wait).
+#[tokio::test(start_paused = true)]
+async fn a_limiter_built_from_a_file_decides_per_request_as_one_built_in_code() {
+    use ratelease::{AnyLimiter, Limiter, LimitersConfig};
+
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let file = LimitersConfig::from_toml("[limiters.alone]\nrate = 30\nburst = 2\n").unwrap();
+    let limiters = file.build(&store).unwrap();
+    let any = limiters.get("alone").unwrap();
+    let AnyLimiter::Hybrid(limiter) = any else {
+        panic!("a hybrid limiter by default: {any:?}");
+    };
+    any.ready().await.unwrap();
+    for _ in 0..limiter.available() {
+        assert!(limiter.try_acquire(1).unwrap().is_allowed());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(limiter.stats().per_request, "{:?}", limiter.stats());
+    assert_eq!(limiter.available(), 0);
+    assert!(
+        Limiter::local_answer(any, 1).is_none(),
+        "a miss is a decision in the store, not a local answer"
+    );
+    let decisions = limiter.stats().decisions;
+    assert!(Limiter::acquire_now(any, 1).await.unwrap().is_allowed());
+    assert_eq!(limiter.stats().decisions, decisions + 1);
+}

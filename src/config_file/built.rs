@@ -27,10 +27,14 @@ pub enum AnyLimiter<S: LeaseStore> {
 }
 
 impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
+    // Every call is the limiter's own `Limiter` answer, so a limiter built from a file does
+    // what one built in code does (where leasing buys nothing, a hybrid limiter's miss is a
+    // decision in the store, and it has no local answer).
+
     fn quota(&self) -> Quota {
         match self {
-            AnyLimiter::Hybrid(l) => l.quota(),
-            AnyLimiter::Pure(l) => l.quota(),
+            AnyLimiter::Hybrid(l) => Limiter::quota(l),
+            AnyLimiter::Pure(l) => Limiter::quota(l),
         }
     }
 
@@ -40,31 +44,29 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
 
     async fn acquire_now(&self, n: u64) -> Result<Decision, AcquireError> {
         match self {
-            AnyLimiter::Hybrid(l) => l.try_acquire(n),
-            AnyLimiter::Pure(l) => l.acquire_now(n).await,
+            AnyLimiter::Hybrid(l) => Limiter::acquire_now(l, n).await,
+            AnyLimiter::Pure(l) => Limiter::acquire_now(l, n).await,
         }
     }
 
     async fn acquire(&self, n: u64) -> Result<(), AcquireError> {
         match self {
-            AnyLimiter::Hybrid(l) => l.acquire(n).await,
-            AnyLimiter::Pure(l) => l.acquire(n).await,
+            AnyLimiter::Hybrid(l) => Limiter::acquire(l, n).await,
+            AnyLimiter::Pure(l) => Limiter::acquire(l, n).await,
         }
     }
 
     async fn try_acquire_for(&self, n: u64, timeout: Duration) -> Result<Decision, AcquireError> {
         match self {
-            AnyLimiter::Hybrid(l) => l.try_acquire_for(n, timeout).await,
-            AnyLimiter::Pure(l) => l.try_acquire_for(n, timeout).await,
+            AnyLimiter::Hybrid(l) => Limiter::try_acquire_for(l, n, timeout).await,
+            AnyLimiter::Pure(l) => Limiter::try_acquire_for(l, n, timeout).await,
         }
     }
 
     fn local_answer(&self, n: u64) -> Option<Result<LocalAnswer, AcquireError>> {
         match self {
-            // The hybrid limiter's own answer, `NeedsLease` included: a layer over a limiter
-            // built from a file waits for a first lease as it does over one built in code.
-            AnyLimiter::Hybrid(l) => Some(l.try_acquire_local(n)),
-            AnyLimiter::Pure(_) => None,
+            AnyLimiter::Hybrid(l) => Limiter::local_answer(l, n),
+            AnyLimiter::Pure(l) => Limiter::local_answer(l, n),
         }
     }
 
@@ -74,8 +76,8 @@ impl<S: LeaseStore + Clone> Limiter for AnyLimiter<S> {
         lease_wait: Duration,
     ) -> Result<Decision, AcquireError> {
         match self {
-            AnyLimiter::Hybrid(l) => l.try_acquire_or_lease(n, lease_wait).await,
-            AnyLimiter::Pure(l) => l.acquire_now(n).await,
+            AnyLimiter::Hybrid(l) => Limiter::try_acquire_or_lease(l, n, lease_wait).await,
+            AnyLimiter::Pure(l) => Limiter::try_acquire_or_lease(l, n, lease_wait).await,
         }
     }
 }
@@ -140,10 +142,12 @@ where
     K: Hash + Eq + Clone + Display + Send + Sync + 'static,
     S: LeaseStore + Clone,
 {
+    // Every call is the limiter's own `KeyedLimiter` answer, as for `AnyLimiter`.
+
     fn quota(&self) -> Quota {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => l.quota(),
-            AnyKeyedLimiter::Pure(l) => l.quota(),
+            AnyKeyedLimiter::Hybrid(l) => KeyedLimiter::<K>::quota(l),
+            AnyKeyedLimiter::Pure(l) => KeyedLimiter::<K>::quota(l),
         }
     }
 
@@ -153,8 +157,8 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => l.try_acquire(key, n),
-            AnyKeyedLimiter::Pure(l) => l.acquire_now(key, n).await,
+            AnyKeyedLimiter::Hybrid(l) => KeyedLimiter::<K>::acquire_now(l, key, n).await,
+            AnyKeyedLimiter::Pure(l) => KeyedLimiter::<K>::acquire_now(l, key, n).await,
         }
     }
 
@@ -164,8 +168,8 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => l.acquire(key, n).await,
-            AnyKeyedLimiter::Pure(l) => l.acquire(key, n).await,
+            AnyKeyedLimiter::Hybrid(l) => KeyedLimiter::<K>::acquire(l, key, n).await,
+            AnyKeyedLimiter::Pure(l) => KeyedLimiter::<K>::acquire(l, key, n).await,
         }
     }
 
@@ -180,8 +184,12 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => l.try_acquire_for(key, n, timeout).await,
-            AnyKeyedLimiter::Pure(l) => l.try_acquire_for(key, n, timeout).await,
+            AnyKeyedLimiter::Hybrid(l) => {
+                KeyedLimiter::<K>::try_acquire_for(l, key, n, timeout).await
+            }
+            AnyKeyedLimiter::Pure(l) => {
+                KeyedLimiter::<K>::try_acquire_for(l, key, n, timeout).await
+            }
         }
     }
 
@@ -191,10 +199,8 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            // The hybrid limiter's own answer, `NeedsLease` included (a new key's first lease
-            // in flight): a layer over a file-built limiter waits for it as over any other.
-            AnyKeyedLimiter::Hybrid(l) => Some(l.try_acquire_local(key, n)),
-            AnyKeyedLimiter::Pure(_) => None,
+            AnyKeyedLimiter::Hybrid(l) => KeyedLimiter::<K>::local_answer(l, key, n),
+            AnyKeyedLimiter::Pure(l) => KeyedLimiter::<K>::local_answer(l, key, n),
         }
     }
 
@@ -209,8 +215,12 @@ where
         Q: KeyRef<K> + ?Sized,
     {
         match self {
-            AnyKeyedLimiter::Hybrid(l) => l.try_acquire_or_lease(key, n, lease_wait).await,
-            AnyKeyedLimiter::Pure(l) => l.acquire_now(key, n).await,
+            AnyKeyedLimiter::Hybrid(l) => {
+                KeyedLimiter::<K>::try_acquire_or_lease(l, key, n, lease_wait).await
+            }
+            AnyKeyedLimiter::Pure(l) => {
+                KeyedLimiter::<K>::try_acquire_or_lease(l, key, n, lease_wait).await
+            }
         }
     }
 }
