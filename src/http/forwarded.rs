@@ -95,13 +95,16 @@ impl ForwardedIp {
             ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
             ForwardedHeader::Forwarded => &FORWARDED,
         };
+        // Split as bytes: an element that is not UTF-8 (a client may send any byte above
+        // 0x7F, and proxies append to its line) is one unparseable hop, not a line skipped
+        // whole — which would key the client by the proxy it came through.
         'lines: for line in headers.get_all(name).iter().rev() {
-            let Ok(line) = line.to_str() else { break };
-            for element in line.rsplit(',') {
-                let hop = match self.header {
+            for element in line.as_bytes().rsplit(|&b| b == b',') {
+                let element = std::str::from_utf8(element).ok();
+                let hop = element.and_then(|element| match self.header {
                     ForwardedHeader::XForwardedFor => parse_addr(element.trim()),
                     ForwardedHeader::Forwarded => forwarded_for(element),
-                };
+                });
                 if !walk(hop) {
                     break 'lines;
                 }
@@ -167,6 +170,24 @@ mod tests {
 
     fn behind(proxies: &[&str]) -> ForwardedIp {
         ForwardedIp::new(TrustedProxies::new(proxies).unwrap())
+    }
+
+    /// A client's entry that is not UTF-8 ends the walk at the hop that appended to it, as
+    /// any unparseable entry does; it used to end it before the line's first entry, keying the
+    /// client by the proxy it came through.
+    #[test]
+    fn an_entry_that_is_not_utf8_is_one_unparseable_hop() {
+        let lb = ip("10.0.0.2");
+        for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
+            let (name, line): (_, &[u8]) = match header {
+                ForwardedHeader::XForwardedFor => (&X_FORWARDED_FOR, b"\xff, 198.51.100.1"),
+                ForwardedHeader::Forwarded => (&FORWARDED, b"for=\xff, for=198.51.100.1"),
+            };
+            let mut map = HeaderMap::new();
+            map.append(name, http::HeaderValue::from_bytes(line).unwrap());
+            let f = behind(&["10.0.0.0/8"]).header(header);
+            assert_eq!(f.client(lb, &map), ip("198.51.100.1"), "{name}");
+        }
     }
 
     #[test]
