@@ -317,6 +317,58 @@ async fn a_global_limit_sheds_with_headers_and_its_first_request_waits_for_the_l
     );
 }
 
+/// Stacked layers: a per-client limit outside that advertises its policy, a global one
+/// inside. When the global one refuses, its 429 names its own policy and the outer layer adds
+/// the per-client one beside it (`RateLimit-Policy` is a list); it used to replace it, so the
+/// refusal's `RateLimit` pointed at a policy the response no longer stated.
+#[tokio::test]
+async fn stacked_layers_each_add_their_policy_and_an_inner_429_keeps_its_own() {
+    let store = MemoryStore::new();
+    let global =
+        HybridLimiter::new("http-stack", Quota::per_minute(2).unwrap(), store.clone()).unwrap();
+    global.ready().await.unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(
+            LimitLayer::keyed(
+                keyed(Quota::per_minute(10).unwrap(), store),
+                HeaderKey::new(API_KEY),
+            )
+            .policy_name("per-client")
+            .unwrap()
+            .advertise_policy(true),
+        )
+        .layer(LimitLayer::global(global).policy_name("global").unwrap())
+        .service(counting(calls.clone()));
+    let policies = |response: &Response<String>| -> Vec<String> {
+        let values = response.headers().get_all("ratelimit-policy");
+        values
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    for _ in 0..2 {
+        let ok = svc.clone().oneshot(as_key("a")).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(policies(&ok), ["\"per-client\";q=10;w=60"]);
+    }
+    let limited = svc.oneshot(as_key("a")).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        limited.headers()["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"global\";r=0;"),
+        "{:?}",
+        limited.headers()
+    );
+    assert_eq!(
+        policies(&limited),
+        ["\"global\";q=2;w=60", "\"per-client\";q=10;w=60"]
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+}
+
 /// A global limit whose limiter decides per request (a burst of two tokens at 30/s, asked
 /// twice a second: leasing buys nothing there), with no lease wait: a miss is one decision in
 /// the store, awaited — not a 429 for want of a lease that never comes, which every request

@@ -183,7 +183,10 @@ impl<G: Gate> LimitLayer<G> {
         Ok(self.with(|c| c.headers = headers))
     }
 
-    /// Whether admitted responses carry `RateLimit-Policy` too (default: only 429s do). It
+    /// Whether admitted responses carry `RateLimit-Policy` too (default: only 429s do). The
+    /// field is a list: this layer adds its policy to those already on the response, so a
+    /// 429 from a layer inside it keeps its own (stacked layers need distinct
+    /// [`policy_name`](Self::policy_name)s for a client to tell them apart). It
     /// costs an admitted request the header's insertion (two allocations when the inner
     /// service's response has no headers yet) and a read of the limiter's quota (a short lock
     /// for a plain hybrid or pure limiter, and the value formatted anew while a stored config
@@ -295,7 +298,7 @@ impl<S, G: Gate> Limit<S, G> {
                 Ok(Decision::Allowed) => {
                     let mut response = inner.call(request).await?;
                     if let Some(policy) = config.advertised(&*gate) {
-                        response.headers_mut().insert(RATELIMIT_POLICY, policy);
+                        response.headers_mut().append(RATELIMIT_POLICY, policy);
                     }
                     Ok(response)
                 }
@@ -360,7 +363,7 @@ where
             KindProj::Inner { future, policy } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
                 if let Some(policy) = policy.take() {
-                    response.headers_mut().insert(RATELIMIT_POLICY, policy);
+                    response.headers_mut().append(RATELIMIT_POLICY, policy);
                 }
                 Poll::Ready(Ok(response))
             }
