@@ -103,6 +103,17 @@ pub enum AcquireError {
     Store(StoreError),
 }
 
+impl AcquireError {
+    /// This error without the Redis key it happened at, for a log line: a keyed limiter's
+    /// key holds the caller's key (an API key, say), which the error's text shows.
+    pub(crate) fn without_key(&self) -> Self {
+        match self {
+            AcquireError::Store(e) => AcquireError::Store(e.without_key()),
+            other => other.clone(),
+        }
+    }
+}
+
 /// Any error of this crate's limiters: what a [`BuildError`] or an [`AcquireError`] converts
 /// into (each variant into its namesake), and an invalid [`Quota`](crate::Quota)'s
 /// [`QuotaError`]. For code that mixes calls of every kind under one `?`.
@@ -326,6 +337,14 @@ impl RedisFailure {
         self
     }
 
+    /// This failure without the key it happened at (see [`AcquireError::without_key`]).
+    fn without_key(&self) -> Self {
+        RedisFailure {
+            key: None,
+            ..self.clone()
+        }
+    }
+
     /// The server the call went to (URL with the password elided), if known.
     pub fn server(&self) -> Option<&str> {
         self.server.as_deref()
@@ -388,6 +407,14 @@ impl StoreError {
             other => other,
         }
     }
+
+    /// This error without the key it happened at (see [`AcquireError::without_key`]).
+    fn without_key(&self) -> Self {
+        match self {
+            StoreError::Redis(e) => StoreError::Redis(e.without_key()),
+            other => other.clone(),
+        }
+    }
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -406,6 +433,25 @@ impl From<redis::RedisError> for StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A keyed limiter's Redis key holds the caller's key (an API key): the HTTP layer's
+    /// operator warning prints the error without it, and keeps the rest.
+    #[test]
+    fn an_error_without_its_key_keeps_the_server_and_the_message() {
+        let redis =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let server: Arc<str> = Arc::from("127.0.0.1:6379");
+        let error =
+            AcquireError::Store(StoreError::from(redis).at(&server, Some("rl:{api#sk_live_123}")));
+        assert!(error.to_string().contains("sk_live_123"), "{error}");
+        let shown = error.without_key().to_string();
+        assert!(!shown.contains("sk_live_123"), "{shown}");
+        assert!(shown.contains("redis at 127.0.0.1:6379"), "{shown}");
+        assert_eq!(
+            shown,
+            error.to_string().replace(" (key rl:{api#sk_live_123})", "")
+        );
+    }
 
     /// Each text as it read before errors were shaped by call, and the same under every type
     /// that reports it.

@@ -138,6 +138,9 @@ impl Rejection {
             Rejection::NoKey(_) => {}
             Rejection::Unavailable(error) => {
                 if let Some(refused) = UNAVAILABLE.due() {
+                    // Without the Redis key: a keyed limiter's holds the request's key (an API
+                    // key, a client's address), which is no log's business.
+                    let error = error.without_key();
                     tracing::warn!(%error, refused, "rate limiter unavailable; requests refused");
                 }
             }
