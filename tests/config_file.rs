@@ -188,6 +188,9 @@ fn expected_nodes_where_no_policy_uses_it_is_refused() {
         "[limiters.a]\nrate = 5\non_store_failure = \"fail-open\"\nexpected_nodes = 10",
         "[keyed.a]\nrate = 5\non_store_failure = \"fail-closed\"\nexpected_nodes = 10",
         "[defaults]\non_store_failure = \"fail-open\"\n[limiters.a]\nrate = 5\nexpected_nodes = 3",
+        // A concurrency table's too (it was accepted and ignored).
+        "[concurrency.a]\nlimit = 5\non_store_failure = \"fail-open\"\nexpected_nodes = 3",
+        "[defaults]\non_store_failure = \"fail-closed\"\n[concurrency.a]\nlimit = 5\nbatch = 2\nexpected_nodes = 3",
     ] {
         invalid(text, "a", "expected_nodes");
         invalid(text, "a", "would ignore it");
@@ -196,6 +199,8 @@ fn expected_nodes_where_no_policy_uses_it_is_refused() {
         "[limiters.a]\nrate = 5\nexpected_nodes = 10",
         "[limiters.a]\nrate = 5\nmode = \"pure\"\non_store_failure = \"last-known-share\"\nexpected_nodes = 10",
         "[defaults]\nexpected_nodes = 10\n[limiters.a]\nrate = 5\nmode = \"pure\"",
+        "[concurrency.a]\nlimit = 5\nexpected_nodes = 3",
+        "[concurrency.a]\nlimit = 5\non_store_failure = \"local-fallback\"\nexpected_nodes = 3",
     ] {
         LimitersConfig::from_toml(text).unwrap();
     }

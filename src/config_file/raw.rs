@@ -166,21 +166,22 @@ pub(super) fn failure_policy(
     })
 }
 
-/// Refuses a table's own `expected_nodes` (`[defaults]`' falls through) where the failure
-/// policy it resolves to (`defaults`' name if the table names none) keeps no local rate for it
-/// to size: fail open or closed, or a pure limiter with no policy named (its calls return the
-/// store's errors). Set, it would be ignored.
+/// Refuses a table's own `expected_nodes` (`own_nodes`; `[defaults]`' falls through) where
+/// the failure policy it resolves to (`failure`: the table's name, else `[defaults]`') keeps no
+/// local rate for it to size: fail open or closed, or no policy named where that means none
+/// (`unnamed_sizes` false: a pure limiter's calls return the store's errors). Set, it would be
+/// ignored.
 pub(super) fn unused_expected_nodes(
-    own: &Shared,
-    defaults: &Shared,
-    mode: Mode,
+    own_nodes: Option<u32>,
+    failure: Option<FailureName>,
+    unnamed_sizes: bool,
 ) -> Result<(), String> {
-    let sizes_a_rate = match own.on_store_failure.or(defaults.on_store_failure) {
+    let sizes_a_rate = match failure {
         Some(FailureName::LocalFallback | FailureName::LastKnownShare) => true,
         Some(FailureName::FailOpen | FailureName::FailClosed) => false,
-        None => mode == Mode::Hybrid,
+        None => unnamed_sizes,
     };
-    if own.expected_nodes.is_some() && !sizes_a_rate {
+    if own_nodes.is_some() && !sizes_a_rate {
         return Err(
             "expected_nodes sizes the local rate of on_store_failure = \"last-known-share\" or \
              \"local-fallback\" (a hybrid limiter's default); this limiter's policy keeps none \

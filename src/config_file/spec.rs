@@ -67,7 +67,15 @@ impl LimiterSpec {
             .shared
             .resolve(&defaults.shared, &quota)
             .map_err(&invalid)?;
-        unused_expected_nodes(&table.shared, &defaults.shared, mode).map_err(&invalid)?;
+        unused_expected_nodes(
+            table.shared.expected_nodes,
+            table
+                .shared
+                .on_store_failure
+                .or(defaults.shared.on_store_failure),
+            mode == Mode::Hybrid,
+        )
+        .map_err(&invalid)?;
         let algorithm = match table.algorithm.as_ref().or(defaults.algorithm.as_ref()) {
             Some(name) => Algorithm::from_name(name).map_err(|e| invalid(e.to_string()))?,
             None => Algorithm::default(),
@@ -260,7 +268,15 @@ impl KeyedSpec {
                 .transpose()
                 .map_err(&invalid)?;
         }
-        unused_expected_nodes(&table.shared, &defaults.shared, mode).map_err(&invalid)?;
+        unused_expected_nodes(
+            table.shared.expected_nodes,
+            table
+                .shared
+                .on_store_failure
+                .or(defaults.shared.on_store_failure),
+            mode == Mode::Hybrid,
+        )
+        .map_err(&invalid)?;
         if table.max_keys == Some(0) {
             return Err(invalid("max_keys must be at least 1".into()));
         }
@@ -416,11 +432,11 @@ impl ConcurrencySpec {
         let invalid = invalid(name);
         key::validate_name(name).map_err(|e| invalid(reason(e)))?;
         let d = &defaults.shared;
-        let failure = failure_policy(
-            table.on_store_failure.or(d.on_store_failure),
-            table.expected_nodes.or(d.expected_nodes),
-        )
-        .map_err(&invalid)?;
+        let failure_name = table.on_store_failure.or(d.on_store_failure);
+        // Both modes answer an outage with the policy, the last known share if none is named.
+        unused_expected_nodes(table.expected_nodes, failure_name, true).map_err(&invalid)?;
+        let failure = failure_policy(failure_name, table.expected_nodes.or(d.expected_nodes))
+            .map_err(&invalid)?;
         // `[defaults]`' mode is not consulted: hybrid needs a batch (see the module docs).
         let mode = match (table.mode, table.batch) {
             (None | Some(Mode::Hybrid), Some(batch)) => ConcurrencyMode::Hybrid { batch },
