@@ -20,7 +20,9 @@ pub struct IpRange {
 
 impl IpRange {
     /// The range of addresses sharing the first `prefix` bits of `addr` (host bits are
-    /// cleared).
+    /// cleared). An IPv4-mapped IPv6 range (`::ffff:10.0.0.2`, `::ffff:10.0.0.0/104`, as a
+    /// dual-stack listener logs IPv4 peers) is the IPv4 range it maps (`10.0.0.2/32`,
+    /// `10.0.0.0/8`), which is what [`contains`](Self::contains) compares peers with.
     ///
     /// # Errors
     /// [`InvalidProxy::Prefix`] if `prefix` exceeds the address's length (32 or 128).
@@ -30,6 +32,10 @@ impl IpRange {
                 range: format!("{addr}/{prefix}"),
             });
         }
+        let (addr, prefix) = match addr.to_canonical() {
+            v4 @ IpAddr::V4(_) if addr.is_ipv6() && prefix >= 96 => (v4, prefix - 96),
+            _ => (addr, prefix),
+        };
         Ok(IpRange {
             network: mask(addr, prefix),
             prefix,
@@ -195,6 +201,23 @@ mod tests {
             "10.1.2.3/16".parse::<IpRange>().unwrap().to_string(),
             "10.1.0.0/16"
         );
+    }
+
+    /// A proxy written as an IPv4-mapped IPv6 address is trusted as the IPv4 address it is:
+    /// as an IPv6 range it matched no peer (peers are compared as IPv4), and every client
+    /// was keyed by that proxy's address.
+    #[test]
+    fn ipv4_mapped_ranges_are_their_ipv4_ranges() {
+        let one: IpRange = "::ffff:10.0.0.2".parse().unwrap();
+        assert_eq!(one.to_string(), "10.0.0.2/32");
+        assert!(one.contains(ip("10.0.0.2")) && one.contains(ip("::ffff:10.0.0.2")));
+        assert!(!one.contains(ip("10.0.0.3")));
+        let net: IpRange = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(net.to_string(), "10.0.0.0/8");
+        assert!(net.contains(ip("10.9.8.7")) && !net.contains(ip("11.0.0.1")));
+        // Shorter than the mapped prefix: an IPv6 range as written.
+        let wide: IpRange = "::ffff:0:0/80".parse().unwrap();
+        assert_eq!(wide.to_string(), "::/80");
     }
 
     #[test]
