@@ -76,7 +76,8 @@ use crate::time::Origin;
 ///
 /// `Retry-After` is in whole seconds, rounded up (at least 1). `RateLimit` is
 /// `"<policy>";r=0;t=<Retry-After>`; `RateLimit-Policy` is `"<policy>";q=<rate>;w=<period in
-/// seconds>` (a quota whose period is not whole seconds is stated per second).
+/// seconds>` (a quota whose period is not whole seconds is stated in lowest terms: one
+/// request per 1.5 s is `q=2;w=3`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Rejection {
