@@ -17,7 +17,7 @@ pub const WALK: usize = 128;
 
 /// The stored log. A state the step never writes is read as the script reads such keys: an
 /// entry's tokens outside `1 ..= MAX_VALUE` count as none, and a sum above
-/// [`MAX_VALUE`](crate::MAX_VALUE) is recounted from the log.
+/// [`MAX_VALUE`] is recounted from the log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     /// Tokens granted, by the µs they were logged at (each ≥ 1).
