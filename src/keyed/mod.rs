@@ -41,9 +41,12 @@
 //! [`acquire`](KeyedHybridLimiter::acquire) and
 //! [`try_acquire_for`](KeyedHybridLimiter::try_acquire_for) send their own request with a
 //! reply channel and get their tokens straight from the grant, one round trip later; while a
-//! lease of the key is already queued or in flight, the worker holds such a request back and
-//! answers it once that lease is answered (from the key's new tokens, or with a lease of its
-//! own), so a waiter is woken by its key's answer only. When the
+//! lease of the key is already queued or in flight (a refill, or another waiter's on a key at
+//! its limit or with measured demand; a cold key's waiters lease side by side), the worker
+//! holds such a request back and answers it once that lease is answered (from the key's new
+//! tokens, with the store's wait, or with a lease of its own), so a waiter is woken by its
+//! key's answer only, and waiters on a key at its limit make one store call per retry, not
+//! one each. When the
 //! store says the key's bucket is empty, its `retry_after` is kept in the key: callers are
 //! denied locally until then, so an over-limit key costs one store call per `retry_after`.
 //!

@@ -13,10 +13,13 @@
 //! into the map. Releases wait in a queue of their own and start as slots free up.
 //!
 //! A waiting caller's request for a key whose lease is already queued or in flight (a sync
-//! caller's [`QUEUED`] lease: a first lease or a refill) is held back, in a map the worker
+//! caller's [`QUEUED`] lease: a first lease or a refill; or another waiter's on a key the store
+//! refused within the last second or with measured demand) is held back, in a map the worker
 //! alone owns, until that lease is answered; then it is answered from what that lease brought
-//! (or by the key's refusal), and only if neither serves it does it lease for itself. So a
-//! key's waiters share its one lease, and each is woken by its own key's answer alone.
+//! (or by the key's refusal, or, if that lease took the store's last token, with the wait for
+//! the next), and only if none serves it does it lease for itself. So a key's waiters share
+//! its one lease, and each is woken by its own key's answer alone. (A cold key's waiters, each
+//! with its exact request, lease side by side: one round trip each.)
 //! Callers set and clear `QUEUED` under the key's shard lock, as the worker reads it, but a
 //! caller can clear it right after the worker looked: a request held back for a flag that a
 //! caller cleared (its queue was full: no lease will come) is found at the next tick, which
@@ -41,6 +44,7 @@ use super::state::{KeyState, QUEUED};
 use super::TICK;
 use crate::error::StoreError;
 use crate::lease::policy::{LeaseAsk, LeaseContext};
+use crate::limiter::RECENTLY_REFUSED;
 use crate::retry::{Backoff, MIN_RETRY};
 use crate::store::{unwinding, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
 
@@ -86,6 +90,8 @@ enum Done<K> {
         ask: LeaseAsk,
         sent: Instant,
         probe: bool,
+        /// Whether the lease holds its key's `QUEUED` flag (cleared once it is answered).
+        holds_queue: bool,
         result: Result<LeaseReply, StoreError>,
     },
     Release {
@@ -203,13 +209,27 @@ where
             self.park(request);
             return;
         }
+        // The lease holds the key's `QUEUED` flag — the key's other waiters are held back for
+        // its answer — if a sync caller queued it, or if it is a waiter's on a key the store
+        // refused lately or with measured demand: ten waiters woken by the end of one refusal
+        // made ten store calls (and a hot key's as many batches), where one answers them all.
+        // A cold key's waiters lease side by side (each its exact request, one round trip).
+        let holds_queue = match (&request.reply, state.as_deref_mut()) {
+            (None, _) => true,
+            (Some(_), Some(key)) => {
+                let (now_ms, now_ns) = (self.now_ms(), self.ns_at(now));
+                (key.refused_within(RECENTLY_REFUSED, now_ns) || key.demand(now_ms) > 0.0)
+                    && key.mark_queued()
+            }
+            (Some(_), None) => false,
+        };
         let Some(ask) = self.size(state.as_deref_mut(), &request) else {
             // Served meanwhile (a grant landed since the caller asked).
             if let Some(state) = &mut state {
                 state.unqueue();
             }
             drop(state);
-            self.resume_parked(&request.key);
+            self.resume_parked(&request.key, None);
             return;
         };
         drop(state);
@@ -227,6 +247,7 @@ where
                 ask,
                 sent,
                 probe,
+                holds_queue,
                 result,
             }
         });
@@ -306,7 +327,7 @@ where
                 };
                 let _ = reply.send(answer);
             }
-            None => self.resume_parked(&request.key),
+            None => self.resume_parked(&request.key, None),
         }
     }
 
@@ -319,20 +340,22 @@ where
     }
 
     /// `key`'s queued lease was answered (its `QUEUED` flag cleared): answers the requests
-    /// held back for it.
-    fn resume_parked(&mut self, key: &K) {
+    /// held back for it (`next_token`: when the store's next token comes, if that lease took
+    /// its last).
+    fn resume_parked(&mut self, key: &K, next_token: Option<Duration>) {
         if self.parked.is_empty() {
             return;
         }
         for request in self.parked.remove(key).unwrap_or_default() {
-            self.resume(request);
+            self.resume(request, next_token);
         }
     }
 
     /// Answers a request held back for its key's lease: from the key's tokens if it now holds
-    /// enough, with the key's refusal if the store refused it, else by starting it (a lease
+    /// enough, with the key's refusal if the store refused it, with `next_token` (the wait
+    /// for the store's next token) if that lease took the last, else by starting it (a lease
     /// of its own, or the failing store's answer).
-    fn resume(&mut self, request: Request<K>) {
+    fn resume(&mut self, request: Request<K>, next_token: Option<Duration>) {
         // The caller gave up meanwhile: nothing to answer, and nothing to lease for it.
         if request.reply.as_ref().is_none_or(|reply| reply.is_closed()) {
             return;
@@ -367,9 +390,9 @@ where
             }
             return;
         }
-        match (refused, request.reply) {
-            (Some(blocked), Some(reply)) => {
-                let _ = reply.send(Answer::Denied(blocked));
+        match (refused.or(next_token), request.reply) {
+            (Some(wait), Some(reply)) => {
+                let _ = reply.send(Answer::Denied(wait));
             }
             (_, reply) => self.start(Request { reply, ..request }),
         }
@@ -396,7 +419,7 @@ where
             !requests.is_empty()
         });
         for key in free {
-            self.resume_parked(&key);
+            self.resume_parked(&key, None);
         }
     }
 
@@ -430,8 +453,9 @@ where
                 ask,
                 sent,
                 probe,
+                holds_queue,
                 result,
-            } => self.leased(req, ask, sent, probe, result),
+            } => self.leased(req, ask, sent, probe, holds_queue, result),
         }
     }
 
@@ -443,6 +467,7 @@ where
         ask: LeaseAsk,
         sent: Instant,
         probe: bool,
+        holds_queue: bool,
         result: Result<LeaseReply, StoreError>,
     ) {
         let s = self.s.clone();
@@ -454,12 +479,12 @@ where
         if probe {
             self.probing = false;
         }
-        let sync = request.reply.is_none();
         // The key's state is looked up for each use rather than held: its shard's lock must
         // not be held while a waiter is woken. Only this worker evicts, so a key present at
         // one look is present at the next.
         // `(answer, block)`; a block on the store's own answer is a refusal (`refused`).
         let mut refused = false;
+        let mut next_token = None;
         let (answer, block) = match result {
             Ok(reply) if reply.granted > 0 => {
                 self.recovered();
@@ -498,6 +523,14 @@ where
                         self.give_back(bucket_name(&s.name, &request.key), to_waiter);
                     }
                 }
+                // A grant of a one-token minimum that emptied the bucket says when the next
+                // token comes: the key's waiters held back for this lease are told so, not
+                // sent to the store, which would refuse each of them. (A larger minimum's
+                // wait would hold smaller requests back longer than the store would; and the
+                // key itself is not blocked: a batch that emptied the bucket is no sign that
+                // the key is at its limit.)
+                next_token =
+                    (ask.min == 1 && !reply.retry_after.is_zero()).then_some(reply.retry_after);
                 (None, None)
             }
             Ok(reply) => {
@@ -521,7 +554,7 @@ where
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
         };
-        if block.is_some() || sync {
+        if block.is_some() || holds_queue {
             if let Some(mut state) = s.map.get(&request.key) {
                 let now_ns = self.ns_at(now);
                 match block {
@@ -529,7 +562,7 @@ where
                     Some(until) => state.block_until(self.ns_at(until), now_ns),
                     None => {}
                 }
-                if sync {
+                if holds_queue {
                     state.unqueue();
                 }
             }
@@ -537,8 +570,8 @@ where
         if let (Some(answer), Some(waiter)) = (answer, request.reply) {
             let _ = waiter.send(answer);
         }
-        if sync {
-            self.resume_parked(&request.key);
+        if holds_queue {
+            self.resume_parked(&request.key, next_token);
         }
     }
 
