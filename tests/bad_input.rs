@@ -498,6 +498,12 @@ fn lock_script() -> fuzz::Script {
         1 => Just(String::new()),
         1 => fuzz::junk(),
     ];
+    // The hold's fencing token (release, extend): none, a plausible one, or junk.
+    let hold = prop_oneof![
+        3 => Just(String::new()),
+        4 => (1u64..4).prop_map(|v| v.to_string()),
+        1 => fuzz::junk(),
+    ];
     fuzz::Script {
         name: "lock.lua",
         source: LOCK_LUA,
@@ -508,8 +514,8 @@ fn lock_script() -> fuzz::Script {
                 format!("fuzz:{{l{i}}}:fence"),
             ]
         },
-        args: (op, owner, lease, channel)
-            .prop_map(|(op, owner, lease, channel)| vec![op, owner, lease, channel])
+        args: (op, owner, lease, channel, hold)
+            .prop_map(|(op, owner, lease, channel, hold)| vec![op, owner, lease, channel, hold])
             .boxed(),
         encode: None,
         reply: |_, args, reply| {

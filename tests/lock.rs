@@ -174,6 +174,72 @@ async fn expired_holder_cannot_unlock_the_next_one() {
     fresh.unlock().await.unwrap();
 }
 
+/// The same owner's guard of an earlier hold, whose lease ran out, neither releases nor renews
+/// the owner's later hold: the release found the owner present and ended the later hold
+/// (another owner could then take the lock while its holder still worked under it), and its
+/// watchdog renewed the later hold as its own.
+#[tokio::test]
+async fn a_stale_guard_cannot_release_or_renew_its_owners_later_hold() {
+    let server = RedisServer::start();
+    let lock = RedisLock::builder(server.url(), "later")
+        .lease_time(Duration::from_millis(150))
+        .watchdog(false)
+        .connect()
+        .await
+        .unwrap();
+    let (a, b) = (lock.new_owner(), lock.new_owner());
+    let stale = lock.try_lock(&a).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let later = lock
+        .try_lock(&a)
+        .await
+        .unwrap()
+        .expect("the first hold expired");
+    assert_eq!(later.hold_count(), 1, "a new hold, not a re-entry");
+    assert!(later.fencing_token() > stale.fencing_token());
+    assert!(matches!(
+        stale.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert_eq!(
+        lock.hold_count(&a).await.unwrap(),
+        1,
+        "the later hold stands"
+    );
+    assert!(
+        lock.try_lock(&b).await.unwrap().is_none(),
+        "b must not get it"
+    );
+
+    // A watchdog of the earlier hold (on a lock that renews) finds it gone, not the later one.
+    let renewing = RedisLock::builder(server.url(), "later-wd")
+        .lease_time(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let first = renewing.try_lock(&a).await.unwrap().unwrap();
+    let token = first.fencing_token();
+    // The hold ends behind the guard's back (its lease ran out while the process was cut off,
+    // say) and the owner takes the lock again.
+    let mut con = server.connection();
+    let _: () = redis::cmd("DEL")
+        .arg(renewing.key())
+        .query(&mut con)
+        .unwrap();
+    let second = renewing.try_lock(&a).await.unwrap().unwrap();
+    assert!(second.fencing_token() > token);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(first.lease_lost(), "the first guard's hold is gone");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        renewing.hold_count(&a).await.unwrap(),
+        1,
+        "dropping it released nothing"
+    );
+    second.unlock().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_wakes_on_unlock_not_on_poll() {
     let server = RedisServer::start();

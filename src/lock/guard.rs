@@ -50,7 +50,7 @@ impl LockGuard {
         let watchdog = lock
             .shared
             .watchdog
-            .then(|| tokio::spawn(watchdog(lock.clone(), owner, lost.clone())));
+            .then(|| tokio::spawn(watchdog(lock.clone(), owner, fence, lost.clone())));
         LockGuard {
             lock,
             owner,
@@ -94,12 +94,13 @@ impl LockGuard {
     /// zero the lock is deleted and waiters are notified.
     ///
     /// # Errors
-    /// [`LockError::NotHeld`] if the owner no longer held the lock (its lease expired; nothing
-    /// was changed), or the Redis error.
+    /// [`LockError::NotHeld`] if the owner no longer held the lock in this guard's hold (its
+    /// lease expired, even if the owner has taken the lock again since; nothing was changed),
+    /// or the Redis error.
     pub async fn unlock(mut self) -> Result<(), LockError> {
         self.stop_watchdog();
         self.released = true;
-        match release(&self.lock, &self.owner).await? {
+        match release(&self.lock, &self.owner, self.fence).await? {
             Some(_) => Ok(()),
             None => Err(LockError::NotHeld {
                 name: self.lock.name().to_owned(),
@@ -123,9 +124,9 @@ impl Drop for LockGuard {
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let lock = self.lock.clone();
-            let owner = self.owner;
+            let (owner, fence) = (self.owner, self.fence);
             rt.spawn(async move {
-                if let Err(e) = release(&lock, &owner).await {
+                if let Err(e) = release(&lock, &owner, fence).await {
                     tracing::warn!(lock = %lock.name(), error = %e, "release on drop failed");
                 }
             });
@@ -133,18 +134,41 @@ impl Drop for LockGuard {
     }
 }
 
-async fn release(lock: &RedisLock, owner: &LockOwner) -> Result<Option<u64>, LockError> {
+/// Releases one hold of `owner`'s hold `fence` (a later hold of the same owner is not this
+/// guard's to release).
+async fn release(
+    lock: &RedisLock,
+    owner: &LockOwner,
+    fence: u64,
+) -> Result<Option<u64>, LockError> {
     let s = &lock.shared;
-    script::release(&s.conn, &lock.keys, owner, s.lease, s.response_timeout).await
+    script::release(
+        &s.conn,
+        &lock.keys,
+        owner,
+        fence,
+        s.lease,
+        s.response_timeout,
+    )
+    .await
 }
 
-/// Renews the lease every third of it until aborted or the lock is found lost.
-async fn watchdog(lock: RedisLock, owner: LockOwner, lost: Arc<AtomicBool>) {
+/// Renews the lease of hold `fence` every third of it until aborted or the lock is found lost
+/// (expired, or held again by the owner in a later hold).
+async fn watchdog(lock: RedisLock, owner: LockOwner, fence: u64, lost: Arc<AtomicBool>) {
     let s = &lock.shared;
     let period = (s.lease / 3).max(std::time::Duration::from_millis(1));
     loop {
         tokio::time::sleep(period).await;
-        match script::extend(&s.conn, &lock.keys, &owner, s.lease, s.response_timeout).await {
+        let renewed = script::extend(
+            &s.conn,
+            &lock.keys,
+            &owner,
+            fence,
+            s.lease,
+            s.response_timeout,
+        );
+        match renewed.await {
             Ok(true) => {}
             Ok(false) => {
                 lost.store(true, Ordering::Relaxed);

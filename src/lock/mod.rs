@@ -20,8 +20,10 @@
 //! - *release*: only an owner found in the hash may release; its count goes down by one, and at
 //!   zero the hash is deleted and a message is `PUBLISH`ed on `…:unlock`. A holder whose lease
 //!   expired finds itself absent and changes nothing — unlike a plain `DEL` (the common lock recipe),
-//!   which lets one holder delete another's lock.
-//! - *extend*: renew the lease if the owner still holds the lock (the watchdog).
+//!   which lets one holder delete another's lock. A guard names its hold by its fencing token,
+//!   so one whose hold expired does not release the same owner's later hold either.
+//! - *extend*: renew the lease if the owner still holds the lock in the guard's hold (the
+//!   watchdog).
 //!
 //! Scripts check their arguments and answer `RATELEASE …` error replies ([`LockError::Rejected`]),
 //! never Lua runtime errors.

@@ -107,11 +107,13 @@ pub(crate) async fn acquire(
     }
 }
 
-/// Releases one hold: `Some(count left)`, or `None` if `owner` does not hold the lock.
+/// Releases one hold of the hold whose fencing token is `fence`: `Some(count left)`, or
+/// `None` if `owner` does not hold the lock (or holds it in a later hold).
 pub(crate) async fn release(
     conn: &ConnectionManager,
     keys: &LockKeys,
     owner: &LockOwner,
+    fence: u64,
     lease: Duration,
     timeout: Duration,
 ) -> Result<Option<u64>, LockError> {
@@ -120,7 +122,8 @@ pub(crate) async fn release(
         .arg("release")
         .arg(owner.field())
         .arg(lease_ms(lease).to_string())
-        .arg(&keys.channel);
+        .arg(&keys.channel)
+        .arg(fence.to_string());
     let reply: i64 = invoke(conn, &inv, timeout)
         .await
         .map_err(|e| keys.locate(e))?;
@@ -131,11 +134,13 @@ pub(crate) async fn release(
     }
 }
 
-/// Renews the lease: whether `owner` still holds the lock.
+/// Renews the lease of the hold whose fencing token is `fence`: whether `owner` still holds
+/// the lock in it.
 pub(crate) async fn extend(
     conn: &ConnectionManager,
     keys: &LockKeys,
     owner: &LockOwner,
+    fence: u64,
     lease: Duration,
     timeout: Duration,
 ) -> Result<bool, LockError> {
@@ -143,7 +148,9 @@ pub(crate) async fn extend(
     inv.key(&keys.fence)
         .arg("extend")
         .arg(owner.field())
-        .arg(lease_ms(lease).to_string());
+        .arg(lease_ms(lease).to_string())
+        .arg("")
+        .arg(fence.to_string());
     let reply: i64 = invoke(conn, &inv, timeout)
         .await
         .map_err(|e| keys.locate(e))?;
