@@ -332,6 +332,29 @@ async fn bad_input_is_a_typed_error() {
     assert!(matches!(err, LockError::Config(_)), "{err:?}");
     let lock = lock_on(&server, "x").await;
     assert!(matches!(lock.named(""), Err(LockError::Config(_))));
+    // "No expiry" is a configuration error at build time, not a refusal of every acquisition.
+    let err = RedisLock::builder(server.url(), "x")
+        .lease_time(Duration::MAX)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config(_)), "{err:?}");
+    // Unlock messages only (no polling): a contended wait times out, it does not panic.
+    let unpolled = RedisLock::builder(server.url(), "unpolled")
+        .poll_interval(Duration::MAX)
+        .connect()
+        .await
+        .unwrap();
+    let _held = unpolled
+        .try_lock(&unpolled.new_owner())
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = unpolled
+        .try_lock_for(&unpolled.new_owner(), Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(waited.is_none());
 
     // The scripts reject bad arguments with typed replies, not Lua errors.
     let mut con = server.connection();

@@ -142,7 +142,8 @@ impl RedisLockBuilder {
         self
     }
 
-    /// Lease time (default [`DEFAULT_LEASE`], at least 1 ms): how long the lock stays held if
+    /// Lease time (default [`DEFAULT_LEASE`], 1 ms to 2^52 ms, else
+    /// [`connect`](Self::connect) says [`LockError::Config`]): how long the lock stays held if
     /// its holder dies. With the watchdog on, a live holder renews it every third of it.
     pub fn lease_time(mut self, lease: Duration) -> Self {
         self.lease = lease;
@@ -202,6 +203,14 @@ impl RedisLockBuilder {
         if self.lease.as_millis() == 0 {
             return Err(LockError::Config(format!(
                 "lease time {:?} is below the 1 ms resolution of PEXPIRE",
+                self.lease
+            )));
+        }
+        if self.lease.as_millis() > u128::from(crate::MAX_VALUE) {
+            // The script refuses it: every acquisition would fail.
+            return Err(LockError::Config(format!(
+                "lease time {:?} is above the longest Redis keeps (2^52 ms); \
+                 the watchdog renews a shorter one for as long as the guard lives",
                 self.lease
             )));
         }
@@ -497,9 +506,10 @@ impl RedisLock {
                 Attempt::Held { ttl } => ttl,
             };
             let now = Instant::now();
-            let mut wake = now + self.shared.poll;
+            // Saturating: a poll interval of `Duration::MAX` (unlocks only) is a valid setting.
+            let mut wake = time::after(now, self.shared.poll);
             if let Some(ttl) = ttl {
-                wake = wake.min(now + ttl);
+                wake = wake.min(time::after(now, ttl));
             }
             if let Some(deadline) = deadline {
                 if now >= deadline {
