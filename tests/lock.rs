@@ -355,6 +355,18 @@ async fn bad_input_is_a_typed_error() {
         .await
         .unwrap();
     assert!(waited.is_none());
+    // A zero timeout is one attempt: no subscription opened, no second script call.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.connection())
+        .unwrap();
+    let waited = unpolled
+        .try_lock_for(&unpolled.new_owner(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(waited.is_none());
+    assert_eq!(server.command_calls("evalsha"), 1);
+    assert_eq!(server.command_calls("subscribe"), 0);
 
     // The scripts reject bad arguments with typed replies, not Lua errors.
     let mut con = server.connection();

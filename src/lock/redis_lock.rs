@@ -496,8 +496,12 @@ impl RedisLock {
         if let Attempt::Acquired { fence, count } = self.attempt(owner).await? {
             return Ok(Some(self.guard(owner, fence, count)));
         }
+        // Out of time already (`try_lock_for` with a zero timeout): no subscription to open.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
         // Subscribe before the next attempt, so an unlock between the two is not missed.
-        let mut messages = self.subscribe().await;
+        let mut messages = self.subscribe(deadline).await;
         loop {
             let ttl = match self.attempt(owner).await? {
                 Attempt::Acquired { fence, count } => {
@@ -532,11 +536,14 @@ impl RedisLock {
         }
     }
 
-    /// A subscription to the unlock channel, or `None` (polling only) if it cannot be made.
-    async fn subscribe(&self) -> Option<(PubSubSink, PubSubStream)> {
+    /// A subscription to the unlock channel, or `None` (polling only) if it cannot be made
+    /// within the connect timeout, or by `deadline` (the wait's).
+    async fn subscribe(&self, deadline: Option<Instant>) -> Option<(PubSubSink, PubSubStream)> {
         let s = &self.shared;
         let client = s.client.as_ref()?;
-        let result = tokio::time::timeout(s.connect_timeout, async {
+        let connect_by = time::from_now(s.connect_timeout);
+        let until = deadline.map_or(connect_by, |d| d.min(connect_by));
+        let result = tokio::time::timeout_at(until, async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&self.keys.channel).await?;
             // Keep the sink too: the stream alone would outlive its subscription's writer.
@@ -549,6 +556,8 @@ impl RedisLock {
                 tracing::warn!(lock = %self.name, error = %e, "cannot subscribe to unlocks; polling");
                 None
             }
+            // The wait's own deadline came first: nothing to warn about.
+            Err(_) if until < connect_by => None,
             Err(_) => {
                 tracing::warn!(lock = %self.name, "subscribing to unlocks timed out; polling");
                 None
