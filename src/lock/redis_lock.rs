@@ -158,7 +158,8 @@ impl RedisLockBuilder {
     }
 
     /// Whether a guard renews its lease while it lives (default `true`). Off, a lock is held
-    /// for exactly one lease time unless released earlier.
+    /// for one lease time from its last acquisition, re-entry or partial release (each of
+    /// which renews the lease, as in Redisson) unless released earlier.
     pub fn watchdog(mut self, on: bool) -> Self {
         self.watchdog = on;
         self
