@@ -623,7 +623,12 @@ impl<S: ConcurrencyStore> Shared<S> {
                         + self.local.pending.load(Ordering::SeqCst),
                     settled: false,
                 };
-                if !self.gate.load(Ordering::SeqCst) {
+                // Closed since the check above: the task's last renewal may have read
+                // `in_flight` before this caller's increment (and will not wait for this
+                // call), so the call must not be sent. If it read it after, the close came
+                // first in the SeqCst order, and this load sees it.
+                let closed = self.local.signal.is_closed();
+                if !closed && !self.gate.load(Ordering::SeqCst) {
                     self.touched.store(true, Ordering::SeqCst);
                     return Some(reservation);
                 }
@@ -631,6 +636,9 @@ impl<S: ConcurrencyStore> Shared<S> {
                 self.claimed.fetch_sub(n, Ordering::SeqCst);
                 reservation.settled = true;
                 drop(reservation);
+                if closed {
+                    return None;
+                }
             }
             opened.await;
         }
