@@ -693,3 +693,32 @@ async fn waiters_on_a_key_at_its_limit_share_one_lease_call_per_retry() {
         done[9]
     );
 }
+
+/// A key whose lease failed while another key's, in flight beside it, succeeded: the success
+/// closes the circuit, and the failed key's back-off goes with it. It stayed blocked for the
+/// whole back-off, answered as a key at its limit (a 429 from a layer) though the store had
+/// never refused it.
+#[tokio::test(start_paused = true)]
+async fn a_back_off_ends_when_the_circuit_closes() {
+    let store = Wrapped::new(Duration::from_millis(10));
+    let limiter = keyed("back-off", Quota::per_second(100).unwrap(), store.clone());
+    store.failing.store(true, Ordering::SeqCst);
+    assert!(!limiter.try_acquire("a", 1).unwrap().is_allowed());
+    // a's call reads the switch 5 ms in; b's, sent after that, reads it off.
+    sleep(Duration::from_millis(6)).await;
+    store.failing.store(false, Ordering::SeqCst);
+    assert!(!limiter.try_acquire("b", 1).unwrap().is_allowed());
+    sleep(Duration::from_millis(14)).await;
+    let stats = limiter.stats();
+    assert_eq!(stats.store_errors, 1, "{stats:?}");
+    assert!(!stats.circuit_open, "b's grant closed it: {stats:?}");
+    assert!(
+        matches!(
+            limiter.try_acquire_local("a", 1).unwrap(),
+            LocalAnswer::NeedsLease { .. }
+        ),
+        "a is not at its limit: its miss asks for a lease"
+    );
+    sleep(Duration::from_millis(15)).await;
+    assert!(limiter.try_acquire("a", 1).unwrap().is_allowed());
+}

@@ -25,7 +25,7 @@ use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time::Origin;
 
 use super::map::{KeyMap, Ref};
-use super::state::KeyState;
+use super::state::{KeyState, REFUSED};
 use super::worker::{Answer, Request};
 
 use super::metrics::{KeyedMetrics, KeyedPublished};
@@ -348,11 +348,22 @@ where
         if let Some(state) = &mut state {
             state.seen(self.tick());
         }
-        // One clock reading for the block and the recent refusal.
+        // One clock reading for the block and the recent refusal. A back-off (a failing
+        // store's block, not the store's refusal) ends with the outage: once the circuit has
+        // closed (another lease in flight beside the failed one succeeded) the key asks again
+        // rather than wait out a back-off that read as a key at its limit.
+        let circuit_open = self.circuit.is_open();
         let (blocked, refused) = match &state {
             Some(s) => {
                 let now = self.now_ns();
-                (s.blocked_for(now), s.refused_within(RECENTLY_REFUSED, now))
+                let blocked = s.blocked_for(now);
+                let by_store = s.flags() & REFUSED != 0;
+                let blocked = if by_store || circuit_open {
+                    blocked
+                } else {
+                    Duration::ZERO
+                };
+                (blocked, s.refused_within(RECENTLY_REFUSED, now))
             }
             None => (Duration::ZERO, false),
         };
@@ -360,7 +371,7 @@ where
         // A key new to this process under an open circuit: its fallback rate answers once the
         // key has state (created below, within the key cap), as for a key seen before.
         let mut fallback_new = None;
-        if self.circuit.is_open() {
+        if circuit_open {
             let admit = match (self.failure, &self.fallback, &state) {
                 (FailurePolicy::FailOpen, _, _) => Ok(()),
                 (

@@ -40,7 +40,7 @@ mod eviction;
 
 use super::name::bucket_name;
 use super::shared::{count, Shared};
-use super::state::{KeyState, QUEUED};
+use super::state::{KeyState, QUEUED, REFUSED};
 use super::TICK;
 use crate::error::StoreError;
 use crate::lease::policy::{LeaseAsk, LeaseContext};
@@ -367,7 +367,10 @@ where
                     (true, None)
                 } else {
                     let blocked = state.blocked_for(self.s.now_ns());
-                    let refused = !blocked.is_zero() && !self.s.circuit.is_open();
+                    // The store's refusal, not a back-off left by a failure (see `miss`).
+                    let refused = !blocked.is_zero()
+                        && !self.s.circuit.is_open()
+                        && state.flags() & REFUSED != 0;
                     (false, refused.then_some(blocked))
                 }
             }
