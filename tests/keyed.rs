@@ -722,3 +722,47 @@ async fn a_back_off_ends_when_the_circuit_closes() {
     sleep(Duration::from_millis(15)).await;
     assert!(limiter.try_acquire("a", 1).unwrap().is_allowed());
 }
+
+/// An error that is no outage (an ACL denial) leaves the circuit closed; its back-off still
+/// keeps the key's callers from asking the store on every miss (each would fail the same way).
+#[tokio::test(start_paused = true)]
+async fn an_error_that_is_no_outage_still_backs_off() {
+    let store = Wrapped::new(RTT);
+    let limiter = keyed("acl", Quota::per_second(100).unwrap(), store.clone());
+    store.refusing.store(true, Ordering::SeqCst);
+    assert!(!limiter.try_acquire("k", 1).unwrap().is_allowed());
+    settle().await;
+    let stats = limiter.stats();
+    assert_eq!((stats.leases, stats.circuit_open), (1, false), "{stats:?}");
+    for _ in 0..50 {
+        assert!(!limiter.try_acquire("k", 1).unwrap().is_allowed());
+        sleep(Duration::from_millis(1)).await;
+    }
+    // Back-off doubling from about 10 ms: a few calls, not one for each of the 50 misses.
+    let stats = limiter.stats();
+    assert!(stats.leases <= 6, "a lease a miss: {stats:?}");
+}
+
+/// A waiter of one token held back behind another waiter's lease of fifty, which the store
+/// refuses (it has twenty): the small one is served, not given the large one's refusal.
+#[tokio::test(start_paused = true)]
+async fn a_small_waiter_is_not_given_a_larger_waiters_refusal() {
+    let store = Wrapped::new(Duration::from_millis(10));
+    let limiter = keyed("small", Quota::per_second(100).unwrap(), store.clone());
+    // The key spends its whole bucket: it has measured demand, and the bucket is empty.
+    limiter.acquire("k", 100).await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let large = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire("k", 50).await })
+    };
+    sleep(Duration::from_millis(1)).await;
+    let t0 = Instant::now();
+    limiter.acquire("k", 1).await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(50),
+        "served after {:?}",
+        t0.elapsed()
+    );
+    large.await.unwrap().unwrap();
+}

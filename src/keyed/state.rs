@@ -47,7 +47,8 @@ pub(crate) const USED: u32 = 2;
 pub(crate) const GRANTED: u32 = 4;
 /// The key is blocked (`blocked_until_us` is valid).
 pub(crate) const BLOCKED: u32 = 8;
-/// The block is the store's refusal, not a failing store's back-off.
+/// The block is the store's answer — its refusal, or an error that is no outage (an ACL
+/// denial, a bad reply) — not a failing store's back-off, which ends with the outage.
 pub(crate) const REFUSED: u32 = 16;
 /// The flags' bits of the flags word; the largest denied request is above them.
 const FLAG_BITS: u32 = 5;

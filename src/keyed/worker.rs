@@ -229,7 +229,7 @@ where
                 state.unqueue();
             }
             drop(state);
-            self.resume_parked(&request.key, None);
+            self.resume_parked(&request.key, 1, None);
             return;
         };
         drop(state);
@@ -327,7 +327,7 @@ where
                 };
                 let _ = reply.send(answer);
             }
-            None => self.resume_parked(&request.key, None),
+            None => self.resume_parked(&request.key, 1, None),
         }
     }
 
@@ -339,23 +339,24 @@ where
             .push(request);
     }
 
-    /// `key`'s queued lease was answered (its `QUEUED` flag cleared): answers the requests
-    /// held back for it (`next_token`: when the store's next token comes, if that lease took
-    /// its last).
-    fn resume_parked(&mut self, key: &K, next_token: Option<Duration>) {
+    /// `key`'s queued lease (of `min` tokens at least) was answered (its `QUEUED` flag
+    /// cleared): answers the requests held back for it (`next_token`: when the store's next
+    /// token comes, if that lease took its last).
+    fn resume_parked(&mut self, key: &K, min: u64, next_token: Option<Duration>) {
         if self.parked.is_empty() {
             return;
         }
         for request in self.parked.remove(key).unwrap_or_default() {
-            self.resume(request, next_token);
+            self.resume(request, min, next_token);
         }
     }
 
-    /// Answers a request held back for its key's lease: from the key's tokens if it now holds
-    /// enough, with the key's refusal if the store refused it, with `next_token` (the wait
-    /// for the store's next token) if that lease took the last, else by starting it (a lease
-    /// of its own, or the failing store's answer).
-    fn resume(&mut self, request: Request<K>, next_token: Option<Duration>) {
+    /// Answers a request held back for its key's lease (of `min` tokens at least): from the
+    /// key's tokens if it now holds enough, with the key's refusal if the store refused it (a
+    /// request of `min` or more: the store may have fewer tokens, not none), with
+    /// `next_token` (the wait for the store's next token) if that lease took the last, else
+    /// by starting it (a lease of its own, or the failing store's answer).
+    fn resume(&mut self, request: Request<K>, min: u64, next_token: Option<Duration>) {
         // The caller gave up meanwhile: nothing to answer, and nothing to lease for it.
         if request.reply.as_ref().is_none_or(|reply| reply.is_closed()) {
             return;
@@ -370,7 +371,8 @@ where
                     // The store's refusal, not a back-off left by a failure (see `miss`).
                     let refused = !blocked.is_zero()
                         && !self.s.circuit.is_open()
-                        && state.flags() & REFUSED != 0;
+                        && state.flags() & REFUSED != 0
+                        && request.n >= min;
                     (false, refused.then_some(blocked))
                 }
             }
@@ -422,7 +424,7 @@ where
             !requests.is_empty()
         });
         for key in free {
-            self.resume_parked(&key, None);
+            self.resume_parked(&key, 1, None);
         }
     }
 
@@ -554,6 +556,10 @@ where
                 s.fail(error.clone());
                 let wait = self.backoff.after(&error, &mut self.rng);
                 self.probe_at = Some(now + wait);
+                // An error that is no outage (an ACL denial, a bad reply) is the store's own
+                // answer and leaves the circuit closed: its back-off is kept as a refusal, or
+                // the key's callers would ask again at once (see `Shared::miss`).
+                refused = !error.is_outage();
                 (Some(Answer::Failed(error)), Some(now + wait))
             }
         };
@@ -574,7 +580,7 @@ where
             let _ = waiter.send(answer);
         }
         if holds_queue {
-            self.resume_parked(&request.key, next_token);
+            self.resume_parked(&request.key, ask.min, next_token);
         }
     }
 
