@@ -202,6 +202,20 @@ pub(super) struct Common {
 }
 
 impl Shared {
+    /// [`unused_expected_nodes`] for a plain or keyed table (these keys, `[defaults]`' under
+    /// them), whose limiter runs in `mode`.
+    pub(super) fn unused_expected_nodes(
+        &self,
+        defaults: &Shared,
+        mode: Mode,
+    ) -> Result<(), String> {
+        unused_expected_nodes(
+            self.expected_nodes,
+            self.on_store_failure.or(defaults.on_store_failure),
+            mode == Mode::Hybrid,
+        )
+    }
+
     /// Resolves a table's shared keys (`self`) over `[defaults]`' for a limiter of `quota`.
     pub(super) fn resolve(&self, defaults: &Shared, quota: &Quota) -> Result<Common, String> {
         let mode = self.mode.or(defaults.mode).unwrap_or_default();

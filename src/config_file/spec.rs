@@ -67,15 +67,10 @@ impl LimiterSpec {
             .shared
             .resolve(&defaults.shared, &quota)
             .map_err(&invalid)?;
-        unused_expected_nodes(
-            table.shared.expected_nodes,
-            table
-                .shared
-                .on_store_failure
-                .or(defaults.shared.on_store_failure),
-            mode == Mode::Hybrid,
-        )
-        .map_err(&invalid)?;
+        table
+            .shared
+            .unused_expected_nodes(&defaults.shared, mode)
+            .map_err(&invalid)?;
         let algorithm = match table.algorithm.as_ref().or(defaults.algorithm.as_ref()) {
             Some(name) => Algorithm::from_name(name).map_err(|e| invalid(e.to_string()))?,
             None => Algorithm::default(),
@@ -268,15 +263,10 @@ impl KeyedSpec {
                 .transpose()
                 .map_err(&invalid)?;
         }
-        unused_expected_nodes(
-            table.shared.expected_nodes,
-            table
-                .shared
-                .on_store_failure
-                .or(defaults.shared.on_store_failure),
-            mode == Mode::Hybrid,
-        )
-        .map_err(&invalid)?;
+        table
+            .shared
+            .unused_expected_nodes(&defaults.shared, mode)
+            .map_err(&invalid)?;
         if table.max_keys == Some(0) {
             return Err(invalid("max_keys must be at least 1".into()));
         }
