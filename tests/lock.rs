@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelease::{LockError, RedisLock};
+use ratelease::{LockError, LockGuard, LockOwner, RedisLock};
 use support::RedisServer;
 
 async fn lock_on(server: &RedisServer, name: &str) -> RedisLock {
@@ -152,10 +152,13 @@ async fn watchdog_keeps_the_lock_and_stops_on_drop() {
     assert!(matches!(g.unlock().await, Err(LockError::NotHeld { .. })));
 }
 
-#[tokio::test]
-async fn expired_holder_cannot_unlock_the_next_one() {
-    let server = RedisServer::start();
-    let lock = RedisLock::builder(server.url(), "exp")
+/// A lock `name` with a 150 ms lease and no watchdog, two owners, and the first owner's guard
+/// of a hold whose lease has run out.
+async fn an_expired_hold(
+    server: &RedisServer,
+    name: &str,
+) -> (RedisLock, LockOwner, LockOwner, LockGuard) {
+    let lock = RedisLock::builder(server.url(), name)
         .lease_time(Duration::from_millis(150))
         .watchdog(false)
         .connect()
@@ -164,6 +167,13 @@ async fn expired_holder_cannot_unlock_the_next_one() {
     let (a, b) = (lock.new_owner(), lock.new_owner());
     let stale = lock.try_lock(&a).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
+    (lock, a, b, stale)
+}
+
+#[tokio::test]
+async fn expired_holder_cannot_unlock_the_next_one() {
+    let server = RedisServer::start();
+    let (lock, a, b, stale) = an_expired_hold(&server, "exp").await;
     let fresh = lock.try_lock(&b).await.unwrap().expect("a's lease expired");
     assert!(fresh.fencing_token() > stale.fencing_token());
     match stale.unlock().await {
@@ -181,15 +191,7 @@ async fn expired_holder_cannot_unlock_the_next_one() {
 #[tokio::test]
 async fn a_stale_guard_cannot_release_or_renew_its_owners_later_hold() {
     let server = RedisServer::start();
-    let lock = RedisLock::builder(server.url(), "later")
-        .lease_time(Duration::from_millis(150))
-        .watchdog(false)
-        .connect()
-        .await
-        .unwrap();
-    let (a, b) = (lock.new_owner(), lock.new_owner());
-    let stale = lock.try_lock(&a).await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let (lock, a, b, stale) = an_expired_hold(&server, "later").await;
     let later = lock
         .try_lock(&a)
         .await
