@@ -188,9 +188,10 @@ impl ConnectSettings {
 }
 
 /// How long a connection may go without a sign of life from the server before the kernel
-/// closes it: data sent and not acknowledged for this long (`TCP_USER_TIMEOUT`, Linux), or an
-/// idle connection unanswered this long after a keepalive probe (the first probe after this
-/// long idle, then one a second). Where packets vanish — the server's host died or was
+/// closes it (on Linux): data sent and not acknowledged for this long (`TCP_USER_TIMEOUT`), or
+/// an idle connection unanswered this long after a keepalive probe (the first probe after
+/// this long idle, then one a second). Elsewhere only keepalive is set, the first probe after
+/// this long idle and the system's interval and count after it (minutes on macOS). Where packets vanish — the server's host died or was
 /// replaced, a partition, a middlebox that forgot the flow — no error ever reaches a
 /// connection that only times out: its calls time out one by one, and TCP retransmits with a
 /// back-off that doubles up to two minutes, so the kernel alone gives the connection up after
