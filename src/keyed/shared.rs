@@ -25,7 +25,7 @@ use crate::telemetry::PUBLISH_INTERVAL;
 use crate::time::Origin;
 
 use super::map::{KeyMap, Ref};
-use super::state::{KeyState, REFUSED};
+use super::state::KeyState;
 use super::worker::{Answer, Request};
 
 use super::metrics::{KeyedMetrics, KeyedPublished};
@@ -348,20 +348,16 @@ where
         if let Some(state) = &mut state {
             state.seen(self.tick());
         }
-        // One clock reading for the block and the recent refusal. A back-off (a failing
-        // store's block, not the store's refusal) ends with the outage: once the circuit has
-        // closed (another lease in flight beside the failed one succeeded) the key asks again
-        // rather than wait out a back-off that read as a key at its limit.
+        // One clock reading for the block and the recent refusal. With the circuit closed,
+        // only the store's answer keeps a key waiting (`KeyState::refused_for`).
         let circuit_open = self.circuit.is_open();
         let (blocked, refused) = match &state {
             Some(s) => {
                 let now = self.now_ns();
-                let blocked = s.blocked_for(now);
-                let by_store = s.flags() & REFUSED != 0;
-                let blocked = if by_store || circuit_open {
-                    blocked
+                let blocked = if circuit_open {
+                    s.blocked_for(now)
                 } else {
-                    Duration::ZERO
+                    s.refused_for(now)
                 };
                 (blocked, s.refused_within(RECENTLY_REFUSED, now))
             }

@@ -216,6 +216,16 @@ impl KeyState {
         Duration::from_nanos(end.saturating_sub(now_ns))
     }
 
+    /// How long callers are still denied at `now_ns` for the store's answer ([`REFUSED`]);
+    /// zero for a failing store's back-off, which ends with the outage rather than at its
+    /// time (a lease in flight beside the failed one may have closed the circuit since).
+    pub(crate) fn refused_for(&self, now_ns: u64) -> Duration {
+        if self.flags() & REFUSED == 0 {
+            return Duration::ZERO;
+        }
+        self.blocked_for(now_ns)
+    }
+
     /// Whether the store refused this key (a block, not a back-off after a store error) that
     /// ended less than `window` before `now_ns` or has not ended yet.
     pub(crate) fn refused_within(&self, window: Duration, now_ns: u64) -> bool {

@@ -40,7 +40,7 @@ mod eviction;
 
 use super::name::bucket_name;
 use super::shared::{count, Shared};
-use super::state::{KeyState, QUEUED, REFUSED};
+use super::state::{KeyState, QUEUED};
 use super::TICK;
 use crate::error::StoreError;
 use crate::lease::policy::{LeaseAsk, LeaseContext};
@@ -367,13 +367,11 @@ where
                 if self.s.take_held(&mut state, request.n).is_some() {
                     (true, None)
                 } else {
-                    let blocked = state.blocked_for(self.s.now_ns());
-                    // The store's refusal, not a back-off left by a failure (see `miss`).
-                    let refused = !blocked.is_zero()
-                        && !self.s.circuit.is_open()
-                        && state.flags() & REFUSED != 0
-                        && request.n >= min;
-                    (false, refused.then_some(blocked))
+                    // The store's answer, not a back-off left by a failure (as in `miss`).
+                    let refused = state.refused_for(self.s.now_ns());
+                    let applies =
+                        !refused.is_zero() && !self.s.circuit.is_open() && request.n >= min;
+                    (false, applies.then_some(refused))
                 }
             }
             None => (false, None),
