@@ -190,15 +190,17 @@ impl ConnectSettings {
 /// How long a connection may go without a sign of life from the server before the kernel
 /// closes it (on Linux): data sent and not acknowledged for this long (`TCP_USER_TIMEOUT`), or
 /// an idle connection unanswered this long after a keepalive probe (the first probe after
-/// this long idle, then one a second). Elsewhere only keepalive is set, the first probe after
-/// this long idle and the system's interval and count after it (minutes on macOS). Where packets vanish — the server's host died or was
-/// replaced, a partition, a middlebox that forgot the flow — no error ever reaches a
-/// connection that only times out: its calls time out one by one, and TCP retransmits with a
-/// back-off that doubles up to two minutes, so the kernel alone gives the connection up after
-/// about fifteen minutes (`tcp_retries2`). Closed, its next call is an I/O error and redis-rs
-/// opens a new connection (or fails fast while the server is unreachable, so the failure
-/// policy answers). Ten seconds is long past any acknowledgement a healthy network delays and
-/// far below what an outage of the store costs a fleet on its fallback.
+/// this long idle, then one a second). Elsewhere only keepalive is set: the first probe after
+/// this long idle, then the system's interval and count (minutes on macOS).
+///
+/// Where packets vanish — the server's host died or was replaced, a partition, a middlebox
+/// that forgot the flow — no error ever reaches a connection that only times out: its calls
+/// time out one by one, and TCP retransmits with a back-off that doubles up to two minutes,
+/// so the kernel alone gives the connection up after about fifteen minutes (`tcp_retries2`).
+/// Closed, its next call is an I/O error and redis-rs opens a new connection (or fails fast
+/// while the server is unreachable, so the failure policy answers). Ten seconds is long past
+/// any acknowledgement a healthy network delays and far below what an outage of the store
+/// costs a fleet on its fallback.
 pub(crate) const DEAD_PEER_AFTER: Duration = Duration::from_secs(10);
 
 /// The TCP settings of every connection this crate opens: keepalive and, on Linux, a user
