@@ -457,6 +457,53 @@ async fn tokens_are_dropped_before_their_lease_expires() {
     assert_eq!(node.stats().tokens_expired, held);
 }
 
+#[tokio::test(start_paused = true)]
+async fn tokens_are_dropped_at_their_expiry_while_a_renewal_is_in_flight() {
+    // The renewal leaves 50 ms before the lease's local expiry (90 % of its 1 s ttl) and
+    // reaches the store 250 ms later, after the store forgot the lease: the old tokens must go
+    // at the local expiry, in flight or not, and what the reply brings is all the node holds.
+    let store = Wrapped::new(Duration::from_micros(100));
+    let quota = Quota::per_minute(6_000).unwrap();
+    let node = HybridLimiter::builder("in-flight", quota, store.clone())
+        .policy(
+            AdaptiveLease::new()
+                .horizon(Duration::from_millis(100)) // so the ttl is 1 s
+                .idle_after(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let mut leased_at = tokio::time::Instant::now();
+    let mut leases = node.stats().leases;
+    for _ in 0..100 {
+        let _ = node.try_acquire(1).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if node.stats().leases != leases {
+            leases = node.stats().leases;
+            leased_at = tokio::time::Instant::now();
+        }
+    }
+    let held = node.available();
+    assert!(held > 0, "it holds a lease");
+    tokio::time::sleep_until(leased_at + Duration::from_millis(850)).await;
+    assert_eq!(node.available(), held, "no renewal yet");
+    let leased_before = node.stats().tokens_leased;
+    store.stall_us.store(250_000, Ordering::SeqCst);
+    assert!(!node.try_acquire(held + 1).unwrap().is_allowed());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(node.stats().leases, leases, "the renewal is in flight");
+    assert_eq!(node.available(), 0, "dropped at the local expiry");
+    assert_eq!(node.stats().tokens_expired, held);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = node.stats();
+    assert!(stats.leases > leases, "the renewal came back: {stats:?}");
+    let granted = stats.tokens_leased - leased_before;
+    assert!(
+        node.available() <= granted,
+        "it holds {} of a grant of {granted}: {stats:?}",
+        node.available()
+    );
+}
+
 /// Spends the leased tokens, then fails the store and counts what each policy admits in one
 /// second of 10 requests per millisecond.
 async fn admitted_while_failing(policy: FailurePolicy) -> (u64, HybridStats) {

@@ -324,7 +324,7 @@ impl Task {
     async fn expire<S: LeaseStore>(&mut self, s: &Shared<S>, now: Instant) {
         if self.expires.is_some_and(|at| now >= at) {
             if s.algorithm == Algorithm::FixedWindow {
-                self.drop_window(s);
+                self.lapse(s);
             } else {
                 self.give_back(s, true).await;
             }
@@ -347,13 +347,20 @@ impl Task {
             .map(|t| s.policy.terms_at(t, &call).sendable())
     }
 
-    /// Fixed window: the local tokens' window has ended (or is about to): they are gone,
-    /// with no store call (a release to an ended window gives nothing back).
-    fn drop_window<S>(&mut self, s: &Shared<S>) {
+    /// The local tokens' lease has reached its local expiry (under the fixed window, their
+    /// window has ended or is about to) where no release can go: they are gone, with no store
+    /// call, and a rate held ends with them. Under the fixed window a release to an ended
+    /// window gives nothing back; while a lease call is in flight, the store may run it after
+    /// its own expiry of the lease, so the tokens the call reports held may already be back in
+    /// the shared bucket (if it runs sooner, they stay counted for this node until its next
+    /// call reports them gone: the safe side).
+    fn lapse<S>(&mut self, s: &Shared<S>) {
         let tokens = s.local.take_all();
         s.counters
             .tokens_expired
             .fetch_add(tokens, Ordering::Relaxed);
+        self.end_rate(s);
+        self.counted = 0;
         self.expires = None;
         self.window = None;
     }
@@ -422,7 +429,7 @@ impl Task {
     fn keep<S>(&mut self, s: &Shared<S>, reply: &LeaseReply, sent: Instant) {
         if s.algorithm == Algorithm::FixedWindow {
             if self.window != reply.at {
-                self.drop_window(s);
+                self.lapse(s);
             }
             let margin = reply.reset_after / 1_000 + WINDOW_MARGIN;
             let end = sent + reply.reset_after.saturating_sub(margin);
@@ -667,17 +674,17 @@ impl Task {
             let reply = unwinding(s.store.lease(&s.name, &s.quota, &request)).await;
             reply.and_then(|r| r.within(&request))
         };
-        let result = match self
-            .expires
-            .filter(|_| s.algorithm == Algorithm::FixedWindow)
-        {
-            // The local tokens' window may end while the call is in flight.
+        // The local tokens' lease (or window) may reach its expiry while the call is in
+        // flight: they go then (see `lapse`), and only the reply's grant is counted after it.
+        let mut lapsed = false;
+        let result = match self.expires {
             Some(deadline) => {
                 let mut call = std::pin::pin!(call);
                 tokio::select! {
                     result = &mut call => result,
                     () = tokio::time::sleep_until(deadline) => {
-                        self.drop_window(s);
+                        self.lapse(s);
+                        lapsed = true;
                         call.await
                     }
                 }
@@ -704,7 +711,7 @@ impl Task {
             // `sent`: expiring locally at 90 % of the ttl from `sent` stays ahead of it.
             let expires = sent + terms.ttl.mul_f64(0.9);
             self.expires = Some(expires);
-            self.counted = held + reply.granted;
+            self.counted = if lapsed { 0 } else { held } + reply.granted;
             self.drip
                 .start(reply.rate_mtps, terms.horizon, arrived, expires);
             s.counters

@@ -27,6 +27,8 @@ pub struct Wrapped {
     pub max_in_flight: Arc<AtomicU64>,
     /// Releases of nodes leaving (their record removed): a lease given back, not renewed.
     pub leaving: Arc<AtomicU64>,
+    /// Microseconds the next call waits on its way to the store, beyond `delay` (once).
+    pub stall_us: Arc<AtomicU64>,
 }
 
 impl Wrapped {
@@ -39,6 +41,7 @@ impl Wrapped {
             in_flight: Arc::default(),
             max_in_flight: Arc::default(),
             leaving: Arc::default(),
+            stall_us: Arc::default(),
         }
     }
 
@@ -49,6 +52,8 @@ impl Wrapped {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(self.delay / 2).await;
+        let stall = self.stall_us.swap(0, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_micros(stall)).await;
         let result = if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::Timeout(self.delay))
         } else if self.refusing.load(Ordering::SeqCst) {
