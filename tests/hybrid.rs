@@ -1122,3 +1122,95 @@ async fn a_lease_refused_for_a_minimum_above_the_stored_burst_renews_nothing() {
     let stats = limiter.stats();
     assert_eq!(stats.local_tokens, 0, "{stats:?}");
 }
+
+/// A store whose every reply grants `granted` tokens (at most what is asked; 0 is a refusal)
+/// and says the next will come, or the window end, in `Duration::MAX`: a store outside this
+/// crate may say "never" so.
+#[derive(Clone)]
+struct Never {
+    granted: u64,
+}
+
+impl LeaseStore for Never {
+    async fn lease(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        let granted = self.granted.min(req.want);
+        Ok(ratelease::LeaseReply {
+            granted: if granted >= req.min { granted } else { 0 },
+            retry_after: Duration::MAX,
+            reset_after: Duration::MAX,
+            at: Some(Duration::ZERO),
+            ..ratelease::LeaseReply::empty(*quota, ratelease::QuotaSource::Caller)
+        })
+    }
+
+    async fn release(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        _req: &ratelease::ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        Ok(ratelease::LeaseReply::empty(
+            *quota,
+            ratelease::QuotaSource::Caller,
+        ))
+    }
+}
+
+/// The default policy, deciding every miss in the store (per request).
+struct PerRequest;
+
+impl LeasePolicy for PerRequest {
+    fn ask(&self, ctx: &LeaseContext) -> LeaseAsk {
+        AdaptiveLease::new().ask(ctx)
+    }
+    fn terms(&self, quota: &Quota) -> Option<LeaseTerms> {
+        AdaptiveLease::new().terms(quota)
+    }
+    fn per_request(&self, _ctx: &LeaseContext, _deciding: bool) -> bool {
+        true
+    }
+}
+
+/// A wait of `Duration::MAX` in a store's reply (a refusal, a grant's pacing, a fixed window's
+/// end) is read as "not for a long time": no panic in the background task (which would leave
+/// `ready` waiting for good and the limiter denying for good) nor on the caller's thread.
+#[tokio::test(start_paused = true)]
+async fn a_store_reply_that_says_never_panics_nothing() {
+    let quota = Quota::per_second(1_000).unwrap();
+    fn bounded<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+        tokio::time::timeout(Duration::from_secs(1), f)
+    }
+    for (granted, algorithm) in [
+        (0, ratelease::Algorithm::TokenBucket),
+        (5, ratelease::Algorithm::TokenBucket),
+        (5, ratelease::Algorithm::FixedWindow),
+    ] {
+        let limiter = HybridLimiter::builder("never", quota, Never { granted })
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let ready = bounded(limiter.ready()).await;
+        assert!(ready.is_ok(), "{granted} {algorithm:?}: ready hung");
+        // The task is alive: it answers a shutdown.
+        bounded(limiter.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("{granted} {algorithm:?}: no shutdown"));
+    }
+    // Deciding per request: the refusal's wait blocks the node, on the caller's thread.
+    let limiter = HybridLimiter::builder("never", quota, Never { granted: 0 })
+        .policy(PerRequest)
+        .build()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    for _ in 0..3 {
+        let decision = bounded(limiter.acquire_now(1)).await.expect("hung");
+        assert!(!decision.unwrap().is_allowed());
+    }
+    assert!(limiter.stats().decisions > 0, "{:?}", limiter.stats());
+    bounded(limiter.shutdown()).await.expect("no shutdown");
+}

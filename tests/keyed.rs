@@ -766,3 +766,56 @@ async fn a_small_waiter_is_not_given_a_larger_waiters_refusal() {
     );
     large.await.unwrap().unwrap();
 }
+
+/// A store that refuses every lease, saying the next token comes in `Duration::MAX` (a store
+/// outside this crate may say "never" so).
+#[derive(Clone)]
+struct Never;
+
+impl LeaseStore for Never {
+    async fn lease(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        _req: &LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        Ok(ratelease::LeaseReply {
+            retry_after: Duration::MAX,
+            ..ratelease::LeaseReply::empty(*quota, ratelease::QuotaSource::Caller)
+        })
+    }
+
+    async fn release(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        _req: &ratelease::ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
+        Ok(ratelease::LeaseReply::empty(
+            *quota,
+            ratelease::QuotaSource::Caller,
+        ))
+    }
+}
+
+/// The worker reads a refusal's wait of `Duration::MAX` as "not for a long time": it does not
+/// panic (which would leave every key's waiters unanswered for good).
+#[tokio::test(start_paused = true)]
+async fn a_refusal_that_says_never_panics_nothing() {
+    let limiter = KeyedHybridLimiter::builder("never", Quota::per_second(10).unwrap(), Never)
+        .build()
+        .unwrap();
+    for key in ["a", "b", "a"] {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(1),
+            limiter.try_acquire_for(key, 1, Duration::from_millis(50)),
+        )
+        .await
+        .expect("unanswered");
+        assert!(!answer.unwrap().is_allowed(), "{key}");
+    }
+    assert!(limiter.stats().over_limit > 0, "{:?}", limiter.stats());
+    tokio::time::timeout(Duration::from_secs(1), limiter.shutdown())
+        .await
+        .expect("no shutdown");
+}

@@ -24,7 +24,7 @@ use crate::retry::RttEstimate;
 use crate::store::names::Registration;
 use crate::store::LeaseRequest;
 use crate::store::LeaseStore;
-use crate::time::Origin;
+use crate::time::{self, Origin};
 
 use super::metrics::{HybridMetrics, Published};
 use super::HybridStats;
@@ -305,7 +305,7 @@ impl<S: LeaseStore> Shared<S> {
                 self.denied_total.fetch_add(n, Ordering::Relaxed);
                 // The bucket holds fewer than `n` until then, whoever asks.
                 if !r.retry_after.is_zero() {
-                    self.block_until(Instant::now() + r.retry_after, true);
+                    self.block_until(time::from_now(r.retry_after), true);
                 }
                 Ok(Decision::Denied {
                     retry_after: r.retry_after,
@@ -377,7 +377,7 @@ impl<S: LeaseStore> Shared<S> {
     pub(super) fn refused_within(&self, window: Duration) -> bool {
         // Relaxed: a hint, as in `blocked_for`.
         let until = self.refused_until_ns.load(Ordering::Relaxed);
-        crate::time::ended_within(until, window, self.now_ns())
+        time::ended_within(until, window, self.now_ns())
     }
 
     pub(super) fn fail(&self, error: StoreError) {

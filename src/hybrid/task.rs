@@ -19,6 +19,7 @@ use crate::retry::{jitter, Backoff, MIN_RETRY};
 use crate::store::{
     unwinding, LeaseReply, LeaseRequest, LeaseStore, NodeLease, NodeRelease, ReleaseRequest,
 };
+use crate::time;
 
 use super::shared::{not_denied_per_request, spurious, Shared};
 use super::{WINDOW_JITTER, WINDOW_MARGIN};
@@ -219,7 +220,7 @@ impl Task {
         let since = self.granted_at.map_or(self.demand.last_change(), |g| {
             g.max(self.demand.last_change())
         });
-        crate::time::after(since, terms.idle_after.max(gaps))
+        time::after(since, terms.idle_after.max(gaps))
     }
 
     fn next_timer<S>(&self, s: &Shared<S>) -> Option<Instant> {
@@ -432,7 +433,7 @@ impl Task {
                 self.lapse(s);
             }
             let margin = reply.reset_after / 1_000 + WINDOW_MARGIN;
-            let end = sent + reply.reset_after.saturating_sub(margin);
+            let end = time::after(sent, reply.reset_after.saturating_sub(margin));
             if end <= Instant::now() {
                 s.counters
                     .tokens_expired
@@ -793,7 +794,7 @@ impl Task {
                 // On terms, the store says when this node's next batch will be ready (its
                 // share refills its credit); asking sooner would only come back empty.
                 (terms.is_some() && !reply.retry_after.is_zero())
-                    .then(|| Instant::now() + reply.retry_after)
+                    .then(|| time::from_now(reply.retry_after))
             }
             Ok(reply) => {
                 s.recovered();
@@ -803,7 +804,9 @@ impl Task {
                     Algorithm::FixedWindow => (wait / 8).min(WINDOW_JITTER),
                     _ => wait / 8,
                 };
-                Some(Instant::now() + wait + jitter(&mut self.rng, spread))
+                Some(time::from_now(
+                    wait.saturating_add(jitter(&mut self.rng, spread)),
+                ))
             }
             Err(error) => {
                 tracing::debug!(limiter = %s.name, %error, "lease failed; backing off");

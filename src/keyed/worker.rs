@@ -47,6 +47,7 @@ use crate::lease::policy::{LeaseAsk, LeaseContext};
 use crate::limiter::RECENTLY_REFUSED;
 use crate::retry::{Backoff, MIN_RETRY};
 use crate::store::{unwinding, LeaseReply, LeaseRequest, LeaseStore, ReleaseRequest};
+use crate::time;
 
 /// Releases waiting to start above which no new key is taken from the queue of first leases:
 /// under a flood, evictions (each returning a key's tokens) then cannot outpace releases and
@@ -546,7 +547,7 @@ where
                     (Some(Answer::TooLarge(reply.quota.burst())), None)
                 } else {
                     let wait = reply.retry_after.max(MIN_RETRY);
-                    (Some(Answer::Denied(wait)), Some(now + wait))
+                    (Some(Answer::Denied(wait)), Some(time::after(now, wait)))
                 }
             }
             Err(error) => {
