@@ -1214,3 +1214,70 @@ async fn a_store_reply_that_says_never_panics_nothing() {
     assert!(limiter.stats().decisions > 0, "{:?}", limiter.stats());
     bounded(limiter.shutdown()).await.expect("no shutdown");
 }
+
+/// Deciding per request, a refusal of a large request holds back only requests the bucket
+/// could not cover: a smaller one is still the store's to decide, as in pure mode.
+#[tokio::test(start_paused = true)]
+async fn a_refused_large_decision_does_not_deny_a_smaller_one() {
+    let store = MemoryStore::with_clock(ratelease::TokioClock::new());
+    let quota = Quota::per_second(10).unwrap().with_burst(3).unwrap();
+    let limiter = HybridLimiter::builder("sizes", quota, store)
+        .policy(PerRequest)
+        .build()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(limiter.acquire_now(2).await.unwrap().is_allowed());
+    // One token left: three are 200 ms away.
+    let Decision::Denied { retry_after } = limiter.acquire_now(3).await.unwrap() else {
+        panic!("three tokens with one in the bucket");
+    };
+    assert!(retry_after >= Duration::from_millis(150), "{retry_after:?}");
+    let decisions = limiter.stats().decisions;
+    assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
+    assert_eq!(
+        limiter.stats().decisions,
+        decisions + 1,
+        "decided in the store"
+    );
+    // The bucket is empty now: a request of one is refused, and the next held back by it.
+    assert!(!limiter.acquire_now(1).await.unwrap().is_allowed());
+    let decisions = limiter.stats().decisions;
+    assert!(!limiter.acquire_now(1).await.unwrap().is_allowed());
+    assert_eq!(limiter.stats().decisions, decisions, "a known refusal");
+}
+
+/// `try_acquire_for` returns a refusal at once when the store says no token comes before its
+/// timeout, instead of waiting the timeout out.
+#[tokio::test(start_paused = true)]
+async fn try_acquire_for_returns_a_refusal_that_outlasts_its_timeout() {
+    let store = Wrapped::new(Duration::from_millis(1));
+    let quota = Quota::per_minute(1).unwrap();
+    let anonymous = LeaseRequest::exact(1);
+    assert_eq!(
+        store
+            .inner
+            .lease("late", &quota, &anonymous)
+            .await
+            .unwrap()
+            .granted,
+        1
+    );
+    let limiter = HybridLimiter::builder("late", quota, store)
+        .prefetch(false)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let decision = limiter
+        .try_acquire_for(1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let Decision::Denied { retry_after } = decision else {
+        panic!("the bucket is empty for a minute");
+    };
+    assert!(retry_after > Duration::from_secs(1), "{retry_after:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "answered after {:?}",
+        started.elapsed()
+    );
+}

@@ -178,6 +178,7 @@ impl<S: LeaseStore> HybridBuilder<S> {
             circuit: Circuit::default(),
             origin: Origin::now(),
             blocked_until_ns: AtomicU64::new(0),
+            blocked_above: AtomicU64::new(0),
             refused_until_ns: AtomicU64::new(0),
             round_trip: RttEstimate::default(),
             finished: Notify::new(),

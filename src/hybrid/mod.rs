@@ -360,23 +360,24 @@ impl<S: LeaseStore> HybridLimiter<S> {
         n: u64,
         timeout: Duration,
     ) -> Result<Decision, AcquireError> {
-        let denied = match self.acquire_now(n).await? {
+        let denied_for = match self.acquire_now(n).await? {
             Decision::Allowed => return Ok(Decision::Allowed),
-            denied => denied,
+            Decision::Denied { retry_after } => retry_after,
         };
-        let blocked = self.handle.shared.blocked_for();
+        let blocked = self.handle.shared.blocked_for_n(n);
         if blocked > timeout {
             return Ok(Decision::Denied {
                 retry_after: blocked,
             });
         }
-        match tokio::time::timeout(timeout, self.acquire(n)).await {
-            Ok(result) => result.map(|()| Decision::Allowed),
-            Err(_) => Ok(match self.handle.shared.retry_hint() {
-                Duration::ZERO => denied,
-                retry_after => Decision::Denied { retry_after },
-            }),
-        }
+        // A refusal known to end after the deadline is returned at once (see `Patience`).
+        let deadline = time::from_now(timeout);
+        let wait = self.wait(n, Patience::Until(Some(deadline)));
+        bounded(deadline, wait, || match self.handle.shared.retry_hint() {
+            Duration::ZERO => denied_for,
+            retry_after => retry_after,
+        })
+        .await
     }
 
     /// [`try_acquire`](Self::try_acquire) that tells a refusal by the store (or the failure
@@ -401,7 +402,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
         // Where leasing buys nothing, the answer is a decision in the store: no word yet,
         // unless the store's last refusal still stands.
         if s.decides_per_request() {
-            let blocked = s.blocked_for();
+            let blocked = s.blocked_for_n(n);
             return Ok(if blocked.is_zero() {
                 LocalAnswer::NeedsLease {
                     retry_after: s.rtt(),

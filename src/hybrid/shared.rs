@@ -79,6 +79,10 @@ pub(super) struct Shared<S> {
     pub(super) origin: Origin,
     /// Over-limit (or error back-off) deadline, ns since `origin`; callers are denied until then.
     pub(super) blocked_until_ns: AtomicU64,
+    /// The block above holds only requests of more than this many tokens (0: all): after a
+    /// decision in the store refused `n`, the bucket still had this many, which a smaller
+    /// request may take (see [`blocked_for_n`](Self::blocked_for_n)).
+    pub(super) blocked_above: AtomicU64,
     /// Until when (ns since `origin`) the store said no tokens would come: its over-limit
     /// answer, or the pacing it sent with a grant — never an error back-off. Ended early by a
     /// grant, it reads as ending then. See [`refused_within`](Self::refused_within).
@@ -255,7 +259,7 @@ impl<S: LeaseStore> Shared<S> {
     /// policy answers).
     #[cold]
     pub(super) async fn decide(&self, n: u64) -> Result<Decision, AcquireError> {
-        let blocked = self.blocked_for();
+        let blocked = self.blocked_for_n(n);
         if !blocked.is_zero() {
             // Relaxed: a statistic, as in `denied`.
             self.denied_total.fetch_add(n, Ordering::Relaxed);
@@ -303,9 +307,12 @@ impl<S: LeaseStore> Shared<S> {
             Ok(r) => {
                 self.recovered();
                 self.denied_total.fetch_add(n, Ordering::Relaxed);
-                // The bucket holds fewer than `n` until then, whoever asks.
+                // The bucket holds fewer than `n` until then, whoever asks; a request for
+                // no more than it holds now (`remaining`) is still the store's to decide —
+                // unless `n` was refused with as many there (the tokens leasers are owed).
                 if !r.retry_after.is_zero() {
-                    self.block_until(time::from_now(r.retry_after), true);
+                    let fits = if r.remaining < n { r.remaining } else { 0 };
+                    self.block_above(time::from_now(r.retry_after), fits);
                 }
                 Ok(Decision::Denied {
                     retry_after: r.retry_after,
@@ -333,6 +340,18 @@ impl<S: LeaseStore> Shared<S> {
         Duration::from_nanos(until.saturating_sub(self.now_ns()))
     }
 
+    /// Time left of the block for a request of `n` tokens: [`blocked_for`](Self::blocked_for),
+    /// unless the block was a refusal of a larger request (see `blocked_above`).
+    pub(super) fn blocked_for_n(&self, n: u64) -> Duration {
+        // Relaxed: a hint, as in `blocked_for`. Read apart from the deadline, a size of
+        // another block can only send a request to the store (which decides exactly) or
+        // deny it until a deadline the store set.
+        if n <= self.blocked_above.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        self.blocked_for()
+    }
+
     /// When a denied caller should try again: the end of a known block, else one round trip.
     pub(super) fn retry_hint(&self) -> Duration {
         match self.blocked_for() {
@@ -356,10 +375,21 @@ impl<S: LeaseStore> Shared<S> {
     pub(super) fn block_until(&self, deadline: Instant, refused: bool) {
         let ns = self.origin.ns_at(deadline);
         // Relaxed: hints, as in `blocked_for`; each word stands alone.
+        self.blocked_above.store(0, Ordering::Relaxed);
         self.blocked_until_ns.store(ns, Ordering::Relaxed);
         if refused {
             self.refused_until_ns.store(ns, Ordering::Relaxed);
         }
+    }
+
+    /// Denies requests of more than `fits` tokens until `deadline`, because the store refused
+    /// one (a decision per request): the bucket held `fits`.
+    fn block_above(&self, deadline: Instant, fits: u64) {
+        let ns = self.origin.ns_at(deadline);
+        // Relaxed: hints, as in `blocked_for`.
+        self.blocked_above.store(fits, Ordering::Relaxed);
+        self.blocked_until_ns.store(ns, Ordering::Relaxed);
+        self.refused_until_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Callers need not wait from now on: a grant ends any block early, and a refusal so ended
