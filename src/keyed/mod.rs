@@ -289,9 +289,13 @@ where
     /// Takes `n` tokens of `key` locally, or says when to retry. Never waits.
     ///
     /// The hot path: the key's shard locked, its entry found, its token count read and
-    /// written (see the module docs). A key without tokens (a new key, or one whose tokens
-    /// are spent) is denied with a `retry_after` of about one store round trip while its lease
-    /// is fetched; a key the store said is empty is denied until the store said it can serve.
+    /// written (see the module docs). A key without tokens (a new key, one whose tokens are
+    /// spent, or one idle for [`give_back_after`](KeyedHybridBuilder::give_back_after),
+    /// 500 ms by default, whose tokens went back to the store) is denied with a `retry_after`
+    /// of about one store round trip while its lease is fetched; a key the store said is empty
+    /// is denied until the store said it can serve. So a key called every few seconds is
+    /// denied nearly every time: to admit such callers, wait for the lease with
+    /// [`try_acquire_or_lease`](Self::try_acquire_or_lease), as the HTTP layer does.
     ///
     /// # Errors
     /// [`AcquireError::ZeroTokens`], [`AcquireError::ExceedsBurst`] (more than the builder's
