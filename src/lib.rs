@@ -45,12 +45,14 @@
 //! A method name means the same thing on every limiter that has it, and on the [`Limiter`] and
 //! [`KeyedLimiter`] traits: the same sync or async shape, the same return type. Synchronous
 //! names never do I/O and never wait; async names may. A rate limiter answers a [`Decision`];
-//! a [`ConcurrencyLimiter`] answers with the [`Permit`] to hold (`None`: refused). Keyed
+//! a [`ConcurrencyLimiter`] answers with the [`Permit`] to hold instead (`Option<Permit>`
+//! where the table says `Decision`, `None`: refused; `acquire` returns the `Permit`). Keyed
 //! limiters take the key first (`try_acquire(key, n)`).
 //!
 //! | name | shape | what it does | on |
 //! | --- | --- | --- | --- |
-//! | `try_acquire(n)` | sync → `Result<Decision>` | takes `n` tokens from local state or says when to retry: no I/O, no wait | [`HybridLimiter`], [`KeyedHybridLimiter`], [`ConcurrencyLimiter`] (hybrid mode) |
+//! | `try_acquire(n)` | sync → `Result<Decision>` | takes `n` tokens from local state or says when to retry: no I/O, no wait | [`HybridLimiter`], [`KeyedHybridLimiter`] |
+//! | `try_acquire(n)` | sync → `Result<Option<Permit>>` | takes `n` permits from the local pool (`None`: refused): no I/O, no wait | [`ConcurrencyLimiter`] (hybrid mode) |
 //! | `try_acquire_local(n)` | sync → `Result<LocalAnswer>` | `try_acquire`, telling the store's refusal from "no answer yet" ([`LocalAnswer::NeedsLease`]) | [`HybridLimiter`], [`KeyedHybridLimiter`] |
 //! | `local_answer(n)` | sync → `Option<Result<LocalAnswer>>` | `try_acquire_local` if the limiter keeps local state; `None` if it must ask the store | the traits |
 //! | `acquire_now(n)` | async → `Result<Decision>` | one decision, never a wait for tokens: a pure limiter's store call, a hybrid limiter's local answer (or, where a node's part of the burst is a token or two, a store decision: see [`AdaptiveLease::per_request_below`]) | every limiter, the traits |
