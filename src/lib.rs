@@ -20,7 +20,7 @@
 //! | a limit per user, API key or IP | [`KeyedHybridLimiter`], [`KeyedRedisLimiter`] |
 //! | at most N things in flight across the fleet | [`ConcurrencyLimiter`]; mutual exclusion: [`RedisLock`] |
 //! | limiters defined in a file (feature `toml`) | `LimitersConfig` |
-//! | to limit an HTTP server: axum, hyper, any tower HTTP stack (feature `http`) | `http::LimitLayer`: per key (client address, API key …) or global; sheds with `429`, `Retry-After` and `RateLimit` headers |
+//! | to limit an HTTP server: axum (feature `axum`), hyper or any tower HTTP stack (feature `http`) | `http::LimitLayer`: per key (client address, API key …) or global; sheds with `429`, `Retry-After` and `RateLimit` headers |
 //! | to limit any other tower service (feature `tower`) | `middleware`: back-pressure in `poll_ready`, or shedding with a `Limited` error; no HTTP responses |
 //! | to choose what happens when Redis fails | [`FailurePolicy`] |
 //! | to change a limit at run time, fleet-wide | [`ConfigStore`] |
@@ -81,7 +81,9 @@
 //!
 //! With the `http` feature, `http::LimitLayer` limits any tower HTTP stack per key (client
 //! address, forwarded address behind trusted proxies, API key) or globally, and sheds the excess
-//! with `429`, `Retry-After` and the IETF `RateLimit` headers.
+//! with `429`, `Retry-After` and the IETF `RateLimit` headers. With axum, enable `axum`
+//! instead: it also reads axum's `ConnectInfo`, the client address a server sets up with
+//! `into_make_service_with_connect_info` (with `http` alone, keying by it fails every request).
 
 //! ## Algorithms
 //!

@@ -360,3 +360,21 @@ async fn a_lock_call_names_the_server_and_the_locks_key() {
     assert!(matches!(err, LockError::Redis(_)), "{err:?}");
     says_once(&err, &[&url, "ratelease:{invoice-42}:lock"]);
 }
+
+/// With the `http` feature alone `PeerIp` does not read axum's `ConnectInfo`, so an axum server
+/// that serves with connect info still answers every request with this error: the text names
+/// the crate feature that reads it, not only the server setup the user already did.
+#[cfg(feature = "http")]
+#[test]
+fn a_missing_peer_address_names_the_axum_feature() {
+    let err = ratelease::http::KeyError::NoPeerAddr;
+    says_once(
+        &err,
+        &[
+            "no peer address",
+            "with axum",
+            "ratelease's `axum` feature",
+            "request extensions",
+        ],
+    );
+}

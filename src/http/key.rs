@@ -41,13 +41,16 @@ pub trait KeyExtractor: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The request has no peer address: the server did not record it. With axum, serve with
-    /// `into_make_service_with_connect_info::<SocketAddr>()` (and enable this crate's `axum`
-    /// feature); with plain hyper, insert the peer's `SocketAddr` into the request's
+    /// The request has no peer address: the server did not record it, or recorded it where
+    /// this crate does not look. With axum, serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` **and** enable this crate's
+    /// `axum` feature (with `http` alone axum's `ConnectInfo` is not read, so every request
+    /// fails so); with plain hyper, insert the peer's `SocketAddr` into the request's
     /// extensions.
     #[error(
-        "the request carries no peer address (serve with connect info, or insert the peer's \
-         SocketAddr into the request extensions)"
+        "the request carries no peer address (with axum: serve with connect info and enable \
+         ratelease's `axum` feature, which reads it; otherwise insert the peer's SocketAddr \
+         into the request extensions)"
     )]
     NoPeerAddr,
     /// The key header is missing.
