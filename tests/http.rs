@@ -453,6 +453,56 @@ async fn a_pure_mode_limiter_decides_per_request_and_sheds() {
     );
 }
 
+/// A 503 says when to come back: `Retry-After: 1` (the circuit's back-off, 500 ms at most, in
+/// whole seconds), for a store failure no policy answers and for a limiter shut down alike. A
+/// 400 (the client's request lacks its key) has none.
+#[tokio::test(start_paused = true)]
+async fn a_503_carries_a_retry_after() {
+    let quota = Quota::per_minute(5).unwrap();
+    let retry_after = |response: &Response<String>| {
+        let value = response.headers().get(http::header::RETRY_AFTER);
+        value.map(|v| v.to_str().unwrap().to_owned())
+    };
+    // A pure keyed limiter without a failure policy, its store failing.
+    let store = slow_store();
+    store.failing.store(true, Ordering::SeqCst);
+    let pure = KeyedRedisLimiter::new("http-503", quota, store).unwrap();
+    let failing = ServiceBuilder::new()
+        .layer(LimitLayer::keyed(pure, HeaderKey::new(API_KEY)))
+        .service(counting(Arc::default()));
+    let response = failing.oneshot(as_key("k")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(matches!(
+        response.extensions().get::<Rejection>(),
+        Some(Rejection::Unavailable(ratelease::AcquireError::Store(_)))
+    ));
+    assert_eq!(retry_after(&response).as_deref(), Some("1"));
+
+    // A limiter shut down.
+    let limiter = keyed(quota, MemoryStore::new());
+    limiter.shutdown().await;
+    let closed = ServiceBuilder::new()
+        .layer(LimitLayer::keyed(limiter, HeaderKey::new(API_KEY)))
+        .service(counting(Arc::default()));
+    let response = closed.oneshot(as_key("k")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after(&response).as_deref(), Some("1"));
+
+    // A request without its key: the client's fault, no retry hint.
+    let by_header = ServiceBuilder::new()
+        .layer(LimitLayer::keyed(
+            keyed(quota, MemoryStore::new()),
+            HeaderKey::new(API_KEY),
+        ))
+        .service(counting(Arc::default()));
+    let response = by_header
+        .oneshot(Request::get("/").body(()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(retry_after(&response), None);
+}
+
 #[tokio::test]
 async fn limiter_failures_and_missing_keys_are_responses() {
     let quota = Quota::per_minute(5).unwrap();

@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | [`Limited`](Rejection::Limited) | 429 Too Many Requests | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
 //! | [`NoKey`](Rejection::NoKey) | [`KeyError::status`] (400, 500 for a server without peer addresses, a `KeyFn`'s own) | |
-//! | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable (500 for a request the quota can never admit) | |
+//! | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable (500 for a request the quota can never admit) | `Retry-After: 1` on a 503 |
 //!
 //! The body is empty (`Default` of the inner service's body type), so the layer works with
 //! any HTTP stack's body. The `Rejection` itself rides along in the response's extensions:
@@ -63,6 +63,7 @@ use super::headers::{retry_after_secs, PolicyHeaders, RATELIMIT, RATELIMIT_POLIC
 use super::key::KeyError;
 use crate::error::AcquireError;
 use crate::quota::Quota;
+use crate::retry::ERROR_BACKOFF_MAX;
 use crate::time::Origin;
 
 /// Why the layer answered a request instead of the inner service; found in the response's
@@ -72,9 +73,10 @@ use crate::time::Origin;
 /// | --- | --- | --- |
 /// | [`Limited`](Rejection::Limited) | 429 Too Many Requests | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
 /// | [`NoKey`](Rejection::NoKey) | [`KeyError::status`]: 400, 500 for a server without peer addresses, a [`KeyFn`](super::KeyFn)'s own | |
-/// | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable; 500 for a request the quota can never admit | |
+/// | [`Unavailable`](Rejection::Unavailable) | 503 Service Unavailable; 500 for a request the quota can never admit | `Retry-After: 1` on a 503 |
 ///
-/// `Retry-After` is in whole seconds, rounded up (at least 1). `RateLimit` is
+/// `Retry-After` is in whole seconds, rounded up (at least 1): a 429's from the limiter's
+/// estimate, a 503's the circuit's longest back-off (500 ms: 1). `RateLimit` is
 /// `"<policy>";r=0;t=<Retry-After>`; `RateLimit-Policy` is `"<policy>";q=<rate>;w=<period in
 /// seconds>` (a quota whose period is not whole seconds is stated in lowest terms: one
 /// request per 1.5 s is `q=2;w=3`).
@@ -138,6 +140,16 @@ impl Rejection {
             }
             Rejection::NoKey(_) => {}
             Rejection::Unavailable(error) => {
+                // A 503 says when to come back. The rejection holds the error alone, not the
+                // circuit's back-off, but that is at most `ERROR_BACKOFF_MAX`: in whole
+                // seconds, rounded up, the same 1 whatever the back-off. A 500 (a request the
+                // quota can never admit) has none: a retry would fail alike.
+                if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    let secs = retry_after_secs(ERROR_BACKOFF_MAX);
+                    response
+                        .headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(secs));
+                }
                 if let Some(refused) = UNAVAILABLE.due() {
                     // Without the Redis key: a keyed limiter's holds the request's key (an API
                     // key, a client's address), which is no log's business.
