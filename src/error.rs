@@ -15,8 +15,12 @@
 //! Both convert into [`Error`] variant for variant (the same name, the same fields, the same
 //! text), so `?` in a function returning `Result<_, ratelease::Error>`, `Box<dyn Error>` or
 //! `anyhow::Result` works across all of them, and a `match` on an [`Error`] keeps working after
-//! the conversion. [`StoreError`] is what a store call returns; it reaches callers inside the
-//! `Store` variants.
+//! the conversion. The setup errors of the optional layers convert too, each into `Config`
+//! with its text as the message: the HTTP layer's `InvalidProxy` (`TrustedProxies::new`) and
+//! `InvalidPolicyName` (`LimitLayer::policy_name`), feature `http`, and a limiters file's
+//! `ConfigFileError`, feature `toml` (the impls live beside those types: this module imports
+//! nothing above it). [`StoreError`] is what a store call returns; it reaches callers inside
+//! the `Store` variants.
 //!
 //! # Text
 //!
@@ -115,8 +119,9 @@ impl AcquireError {
 }
 
 /// Any error of this crate's limiters: what a [`BuildError`] or an [`AcquireError`] converts
-/// into (each variant into its namesake), and an invalid [`Quota`](crate::Quota)'s
-/// [`QuotaError`]. For code that mixes calls of every kind under one `?`.
+/// into (each variant into its namesake), an invalid [`Quota`](crate::Quota)'s
+/// [`QuotaError`], and the HTTP layer's and a limiters file's setup errors (into `Config`).
+/// For code that mixes calls of every kind under one `?`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -142,7 +147,10 @@ pub enum Error {
     /// The quota is invalid (a [`QuotaError`] under `?`).
     #[error(fmt = text::quota)]
     Quota(QuotaError),
-    /// From a build ([`BuildError::Config`]) or a decision ([`AcquireError::Config`]).
+    /// From a build ([`BuildError::Config`]) or a decision ([`AcquireError::Config`]); also
+    /// from the optional layers' setup errors, their text the message: the HTTP layer's
+    /// `InvalidProxy` and `InvalidPolicyName` (feature `http`), a limiters file's
+    /// `ConfigFileError` (feature `toml`).
     #[error(fmt = text::config)]
     Config(String),
     /// From a build: [`BuildError::NoRuntime`].

@@ -378,3 +378,44 @@ fn a_missing_peer_address_names_the_axum_feature() {
         ],
     );
 }
+
+/// `?` into `ratelease::Error` works for the HTTP layer's and a limiters file's setup errors
+/// too (they did not compile under it): each lands in `Config` with its own text, said once.
+#[cfg(all(feature = "http", feature = "toml"))]
+#[tokio::test]
+async fn http_and_file_setup_errors_convert_into_error_with_their_text() {
+    use ratelease::http::{InvalidPolicyName, InvalidProxy, LimitLayer, TrustedProxies};
+
+    fn proxies() -> Result<TrustedProxies, Error> {
+        Ok(TrustedProxies::new(["10.0.0.0/8", "10.0.0.0/33"])?)
+    }
+    fn named_layer() -> Result<(), Error> {
+        let limiter = HybridLimiter::new("api", Quota::per_second(5)?, MemoryStore::new())?;
+        let _layer = LimitLayer::global(limiter).policy_name("no spaces")?;
+        Ok(())
+    }
+    fn file() -> Result<LimitersConfig, Error> {
+        Ok(LimitersConfig::from_toml(
+            "[limiters.a]\nrate = 5\nbrust = 3\n",
+        )?)
+    }
+
+    let typed: InvalidProxy = TrustedProxies::new(["10.0.0.0/33"]).unwrap_err();
+    let umbrella = proxies().unwrap_err();
+    assert!(matches!(&umbrella, Error::Config(_)), "{umbrella:?}");
+    let text = says_once(&umbrella, &["invalid configuration", "\"10.0.0.0/33\""]);
+    assert_eq!(text, format!("invalid configuration: {typed}"));
+
+    let umbrella = named_layer().unwrap_err();
+    assert!(matches!(&umbrella, Error::Config(_)), "{umbrella:?}");
+    let typed = InvalidPolicyName("no spaces".into());
+    let text = says_once(&umbrella, &["invalid configuration", "\"no spaces\""]);
+    assert_eq!(text, format!("invalid configuration: {typed}"));
+
+    let typed: ConfigFileError =
+        LimitersConfig::from_toml("[limiters.a]\nrate = 5\nbrust = 3\n").unwrap_err();
+    let umbrella = file().unwrap_err();
+    assert!(matches!(&umbrella, Error::Config(_)), "{umbrella:?}");
+    let text = says_once(&umbrella, &["line 3, column 1", "`brust`"]);
+    assert_eq!(text, format!("invalid configuration: {typed}"));
+}

@@ -158,6 +158,16 @@ pub enum ConfigFileError {
     },
 }
 
+/// Under `?` into the umbrella [`Error`](crate::Error): its
+/// [`Config`](crate::Error::Config), this error's text its message (the file's path and
+/// line, the limiter and the key: everything the text says). The I/O error of
+/// [`Io`](ConfigFileError::Io) is not kept, as its text is.
+impl From<ConfigFileError> for crate::Error {
+    fn from(e: ConfigFileError) -> Self {
+        crate::Error::Config(e.to_string())
+    }
+}
+
 /// `"<path>: "` for an error about a file, nothing for text.
 fn in_file(path: &Option<String>) -> String {
     path.as_ref().map(|p| format!("{p}: ")).unwrap_or_default()

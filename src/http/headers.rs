@@ -40,6 +40,14 @@ pub const MAX_POLICY_NAME: usize = 64;
 )]
 pub struct InvalidPolicyName(pub String);
 
+/// Under `?` into the umbrella [`Error`](crate::Error): its
+/// [`Config`](crate::Error::Config), this error's text its message.
+impl From<InvalidPolicyName> for crate::Error {
+    fn from(e: InvalidPolicyName) -> Self {
+        crate::Error::Config(e.to_string())
+    }
+}
+
 /// A named policy's header values.
 #[derive(Debug, Clone)]
 pub(crate) struct PolicyHeaders {

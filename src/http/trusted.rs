@@ -105,6 +105,14 @@ pub enum InvalidProxy {
     },
 }
 
+/// Under `?` into the umbrella [`Error`](crate::Error): its
+/// [`Config`](crate::Error::Config), this error's text its message.
+impl From<InvalidProxy> for crate::Error {
+    fn from(e: InvalidProxy) -> Self {
+        crate::Error::Config(e.to_string())
+    }
+}
+
 /// The reverse proxies whose forwarding headers are believed, as address ranges. Empty by
 /// default: nobody is trusted, and the peer address is the client. List only your own proxies
 /// and load balancers: a trusted hop's claim about the client is taken as it is.
