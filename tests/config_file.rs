@@ -486,10 +486,9 @@ fn keyed_and_concurrency_tables_parse_with_defaults_applied() {
         ip.quota(),
         Quota::per_second(10).unwrap().with_burst(4).unwrap()
     );
-    // `[defaults]`' policy, which only `ip.hybrid(…)` would use: a pure keyed limiter takes
-    // none from `[defaults]`, only from its own table.
+    // `[defaults]`' fail-closed, which keeps no local rate: the pure keyed limiter's too.
     assert_eq!(ip.failure_policy(), FailurePolicy::FailClosed);
-    assert_eq!(ip.pure_failure_policy(), None);
+    assert_eq!(ip.pure_failure_policy(), Some(FailurePolicy::FailClosed));
     assert_eq!(ip.max_keys(), DEFAULT_MAX_KEYS);
     assert_eq!(ip.idle_ttl(), None);
     assert_eq!(ip.give_back_after(), None);
@@ -949,9 +948,10 @@ fn the_failure_policy_defaults_to_the_last_known_share_and_reaches_pure_limiters
 }
 
 /// A pure keyed limiter keeps no per-key state, so of the failure policies it takes only
-/// fail-open and fail-closed, named in its own `[keyed.*]` table; one that enforces a local
-/// rate (or sets `expected_nodes`) is refused rather than built without it, and `[defaults]`'
-/// failure keys are skipped for it, as for the hybrid-only keys.
+/// fail-open and fail-closed, named in its own `[keyed.*]` table or in `[defaults]`; one in
+/// its table that enforces a local rate (or sets `expected_nodes`) is refused rather than
+/// built without it, and `[defaults]`' local-rate policy and `expected_nodes` are skipped for
+/// it, as the hybrid-only keys are.
 #[test]
 fn a_pure_keyed_table_takes_fail_open_or_closed_and_refuses_a_local_rate() {
     for (key, policy) in [
@@ -979,14 +979,50 @@ fn a_pure_keyed_table_takes_fail_open_or_closed_and_refuses_a_local_rate() {
         let hybrid = text.replace("\"pure\"", "\"hybrid\"");
         LimitersConfig::from_toml(&hybrid).unwrap();
     }
-    let file = LimitersConfig::from_toml(
-        "[defaults]\non_store_failure = \"fail-open\"\nexpected_nodes = 4\n\
-         [keyed.k]\nrate = 5\nmode = \"pure\"",
-    )
-    .unwrap();
-    let spec = file.keyed("k").unwrap();
-    assert_eq!(spec.mode(), Mode::Pure);
-    assert_eq!(spec.pure_failure_policy(), None);
+}
+
+/// `[defaults]`' fail-open or fail-closed reaches a pure keyed limiter, as it reaches a pure
+/// plain one (it was ignored: the limiter returned the store's errors); its own table's name
+/// comes first; a local-rate policy in `[defaults]` is skipped for it, which then has none.
+#[test]
+fn a_pure_keyed_table_takes_fail_open_or_closed_from_defaults() {
+    let pure_keyed = |defaults: &str, own: &str| {
+        let text = format!(
+            "[defaults]\n{defaults}\n[keyed.k]\nrate = 5\nmode = \"pure\"\n{own}\n\
+             [limiters.p]\nrate = 5\nmode = \"pure\""
+        );
+        let file = LimitersConfig::from_toml(&text).unwrap();
+        let spec = file.keyed("k").unwrap().clone();
+        assert_eq!(spec.mode(), Mode::Pure);
+        let plain = file.get("p").unwrap().pure(MemoryStore::new()).build().unwrap();
+        (spec, plain.failure_policy())
+    };
+    for (name, policy) in [
+        ("fail-open", FailurePolicy::FailOpen),
+        ("fail-closed", FailurePolicy::FailClosed),
+    ] {
+        let defaults = format!("on_store_failure = \"{name}\"\nexpected_nodes = 4");
+        let (spec, plain) = pure_keyed(&defaults, "");
+        assert_eq!(plain, Some(policy), "the pure plain limiter's, for comparison");
+        assert_eq!(spec.pure_failure_policy(), Some(policy), "{name}");
+        let built = spec.pure(MemoryStore::new()).unwrap();
+        assert_eq!(built.failure_policy(), Some(policy), "{name}");
+    }
+    // The table's own name first.
+    let (spec, _) = pure_keyed(
+        "on_store_failure = \"fail-open\"",
+        "on_store_failure = \"fail-closed\"",
+    );
+    assert_eq!(spec.pure_failure_policy(), Some(FailurePolicy::FailClosed));
+    // A local rate the limiter cannot keep: skipped, as documented.
+    for name in ["local-fallback", "last-known-share"] {
+        let defaults = format!("on_store_failure = \"{name}\"\nexpected_nodes = 4");
+        let (spec, plain) = pure_keyed(&defaults, "");
+        assert!(plain.is_some(), "{name}");
+        assert_eq!(spec.pure_failure_policy(), None, "{name}");
+        let built = spec.pure(MemoryStore::new()).unwrap();
+        assert_eq!(built.failure_policy(), None, "{name}");
+    }
 }
 
 /// A layer over a file-built hybrid limiter waits for a first lease as over one built in code:

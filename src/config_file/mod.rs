@@ -72,13 +72,14 @@
 //!   keep them apart — keyed buckets are `name#key`, concurrency records `{name}:conc` — so
 //!   this is for people, not for Redis.)
 //! - **`[defaults]` applies where the key means something, and is ignored elsewhere.**
-//!   `on_store_failure` and `expected_nodes` apply to every kind but pure keyed limiters,
-//!   which keep no per-key state for a local rate: they take only `"fail-open"` or
-//!   `"fail-closed"`, named in their own table (without one their calls return the store's
-//!   error while Redis is failing). `mode`, `horizon` and `lease_size` apply to plain and
-//!   keyed limiters. `algorithm`, `unconfigured`, `budget` and `prefetch` apply to plain limiters only: keyed
-//!   limiters are token buckets under their own quota, and lease per key when a key is first
-//!   seen.
+//!   `on_store_failure` and `expected_nodes` apply to every kind, but pure keyed limiters
+//!   keep no per-key state for a local rate: they take only `"fail-open"` or
+//!   `"fail-closed"`, from their own table or `[defaults]`, and skip `[defaults]`' local-rate
+//!   policies and `expected_nodes` (without a policy they take, their calls return the
+//!   store's error while Redis is failing). `mode`, `horizon` and `lease_size` apply to
+//!   plain and keyed limiters. `algorithm`, `unconfigured`, `budget` and `prefetch` apply to
+//!   plain limiters only: keyed limiters are token buckets under their own quota, and lease
+//!   per key when a key is first seen.
 //!   A concurrency limiter ignores `[defaults]`' `mode`, `horizon` and `lease_size`: its
 //!   hybrid mode needs a `batch` and trades fairness for speed, so it is chosen per table.
 //!   Ignoring (rather than rejecting) lets one `[defaults]` serve a file with every kind; a

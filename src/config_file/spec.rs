@@ -197,7 +197,8 @@ pub struct KeyedSpec {
     quota: Quota,
     mode: Mode,
     failure: FailurePolicy,
-    /// A pure keyed limiter's policy, if its table names one (fail-open or fail-closed).
+    /// A pure keyed limiter's policy, if its table or `[defaults]` names fail-open or
+    /// fail-closed.
     pure_failure: Option<FailurePolicy>,
     lease: Lease,
     max_keys: usize,
@@ -231,9 +232,9 @@ impl KeyedSpec {
             ("max_in_flight", table.max_in_flight.is_some()),
         ];
         // A pure keyed limiter keeps no per-key state for a fallback rate to live in: it takes
-        // only the policies that need none, named in its own table (`[defaults]`' is for the
-        // limiters that keep state); otherwise its calls return the store's error while Redis
-        // is failing.
+        // only the policies that need none, fail open or closed, from its own table or
+        // `[defaults]` (a local-rate policy there is for the limiters that keep state, and is
+        // skipped); otherwise its calls return the store's error while Redis is failing.
         let mut pure_failure = None;
         if mode == Mode::Pure {
             if let Some((key, _)) = hybrid_only.iter().find(|(_, set)| *set) {
@@ -257,8 +258,14 @@ impl KeyedSpec {
                      \"hybrid\""
                 )));
             }
-            // Fail open or closed, named as every other table's policy is.
+            // Fail open or closed, named as every other table's policy is; the table's own
+            // name first, as for every other key `[defaults]` sets.
+            let from_defaults = defaults
+                .shared
+                .on_store_failure
+                .filter(|name| matches!(name, FailureName::FailOpen | FailureName::FailClosed));
             pure_failure = own
+                .or(from_defaults)
                 .map(|name| failure_policy(Some(name), None))
                 .transpose()
                 .map_err(&invalid)?;
@@ -315,8 +322,9 @@ impl KeyedSpec {
     }
 
     /// A pure keyed limiter's failure policy: fail-open or fail-closed if its table names one
-    /// (a pure `[keyed.*]` table that names another is refused); `None`, its calls return the
-    /// store's error while Redis is failing.
+    /// (a pure `[keyed.*]` table that names another is refused), else if `[defaults]` does (a
+    /// local-rate policy there is skipped for it); `None`, its calls return the store's error
+    /// while Redis is failing.
     pub fn pure_failure_policy(&self) -> Option<FailurePolicy> {
         self.pure_failure
     }
