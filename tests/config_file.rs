@@ -274,7 +274,7 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
         "a",
         "token",
     );
-    unparsable("[limiters.a]\nrate = 5\nrat = 6", "rat");
+    unparsable("[limiters.a]\nrate = 5\nrat = 6", "`rat`");
     unparsable("[limiters.a]\nrate = -5", "rate");
     unparsable("[limiters.a]\nrate = \"fast\"", "rate");
     unparsable("[limiters.a]\nrate = 5\nperiod = \"soon\"", "period");
@@ -291,6 +291,48 @@ fn bad_files_are_typed_errors_naming_the_limiter_and_the_field() {
         "{text}"
     );
     assert!(std::error::Error::source(&missing).is_none());
+}
+
+/// A misspelt key in `[defaults]`, `[limiters.*]` or `[keyed.*]` is answered with the keys the
+/// table takes, as in a `[concurrency.*]` table (serde named the key alone in the tables that
+/// flatten their shared keys).
+#[test]
+fn an_unknown_key_lists_the_keys_its_table_takes() {
+    let cases = [
+        (
+            "[defaults]\nmode = \"pure\"\nhorizn = \"5ms\"\n",
+            "unknown field `horizn`, expected one of `algorithm`, `unconfigured`, `budget`, \
+             `prefetch`, `mode`, `on_store_failure`, `expected_nodes`, `horizon`, `lease_size`",
+        ),
+        (
+            "[limiters.api]\nrate = 5\nbrust = 3\n",
+            "unknown field `brust`, expected one of `rate`, `period`, `burst`, `algorithm`, \
+             `unconfigured`, `budget`, `prefetch`, `mode`, `on_store_failure`, \
+             `expected_nodes`, `horizon`, `lease_size`",
+        ),
+        (
+            "[keyed.\"per-user\"]\nrate = 5\nmax_key = 3\n",
+            "unknown field `max_key`, expected one of `rate`, `period`, `burst`, `max_keys`, \
+             `idle_ttl`, `give_back_after`, `max_in_flight`, `mode`, `on_store_failure`, \
+             `expected_nodes`, `horizon`, `lease_size`",
+        ),
+    ];
+    for (text, message) in cases {
+        let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(text) else {
+            panic!("{text}: expected a parse error");
+        };
+        assert_eq!(e.message(), message, "{text}");
+        // Still the misspelt key's own line.
+        assert_eq!(e.line(), 3, "{e}");
+    }
+    // A `[concurrency.*]` table's list is serde's own, not listed twice.
+    let Err(ConfigFileError::Parse(e)) =
+        LimitersConfig::from_toml("[concurrency.c]\nlimit = 5\nlimt = 3\n")
+    else {
+        panic!("expected a parse error");
+    };
+    assert_eq!(e.message().matches("expected one of").count(), 1, "{e}");
+    assert!(e.message().contains("`idle_return`"), "{e}");
 }
 
 /// `prefetch = false` (in `[defaults]` or a table) builds hybrid limiters that lease on first
@@ -643,7 +685,7 @@ fn bad_keyed_and_concurrency_tables_are_typed_errors_naming_the_limiter_and_the_
         "algorithm",
     );
     unparsable("[keyed.k]\nrate = 5\nbudget = \"overall\"", "budget");
-    unparsable("[keyed.k]\nrate = 5\nmax_key = 3", "max_key");
+    unparsable("[keyed.k]\nrate = 5\nmax_key = 3", "`max_key`");
     unparsable("[keyed.k]\nrate = 5\nbatch = 3", "batch");
     unparsable("[keyed.k]\nperiod = \"1s\"", "rate");
     unparsable("[keyed.k]\nrate = 5\nidle_ttl = \"later\"", "idle_ttl");
@@ -994,7 +1036,12 @@ fn a_pure_keyed_table_takes_fail_open_or_closed_from_defaults() {
         let file = LimitersConfig::from_toml(&text).unwrap();
         let spec = file.keyed("k").unwrap().clone();
         assert_eq!(spec.mode(), Mode::Pure);
-        let plain = file.get("p").unwrap().pure(MemoryStore::new()).build().unwrap();
+        let plain = file
+            .get("p")
+            .unwrap()
+            .pure(MemoryStore::new())
+            .build()
+            .unwrap();
         (spec, plain.failure_policy())
     };
     for (name, policy) in [
@@ -1003,7 +1050,11 @@ fn a_pure_keyed_table_takes_fail_open_or_closed_from_defaults() {
     ] {
         let defaults = format!("on_store_failure = \"{name}\"\nexpected_nodes = 4");
         let (spec, plain) = pure_keyed(&defaults, "");
-        assert_eq!(plain, Some(policy), "the pure plain limiter's, for comparison");
+        assert_eq!(
+            plain,
+            Some(policy),
+            "the pure plain limiter's, for comparison"
+        );
         assert_eq!(spec.pure_failure_policy(), Some(policy), "{name}");
         let built = spec.pure(MemoryStore::new()).unwrap();
         assert_eq!(built.failure_policy(), Some(policy), "{name}");

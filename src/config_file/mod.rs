@@ -215,6 +215,7 @@ impl ParseError {
             .and_then(|l| l.strip_prefix('['))
             .and_then(|l| l.split(']').next())
             .map(|t| t.trim().to_owned());
+        let message = with_accepted_keys(message, table.as_deref());
         let at = match table {
             Some(_) => offending_line(&message, text, span_at).unwrap_or(span_at),
             None => span_at,
@@ -269,7 +270,8 @@ impl ParseError {
         self.key.as_deref()
     }
 
-    /// What is wrong, as the TOML parser says it.
+    /// What is wrong, as the TOML parser says it (an unknown key's message lists the keys its
+    /// table takes).
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -289,6 +291,20 @@ impl std::fmt::Display for ParseError {
             write!(f, "`{key}`: ")?;
         }
         f.write_str(&self.message)
+    }
+}
+
+/// `message` with the keys `table` takes, if it is serde's "unknown field" without them (as
+/// for the tables that flatten their shared keys: [`raw::accepted_keys`]), in serde's own
+/// words for the tables it lists.
+fn with_accepted_keys(message: String, table: Option<&str>) -> String {
+    let unlisted = message.starts_with("unknown field `") && !message.contains(", expected");
+    match table.and_then(raw::accepted_keys) {
+        Some(keys) if unlisted => {
+            let keys: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+            format!("{message}, expected one of {}", keys.join(", "))
+        }
+        _ => message,
     }
 }
 

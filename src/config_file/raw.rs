@@ -33,6 +33,64 @@ pub(super) struct Shared {
     pub(super) lease_size: Option<u64>,
 }
 
+/// The keys of each table kind whose struct flattens [`Shared`] into its own, in serde's
+/// order: serde's "unknown field" error cannot list them for such a table (it reads it as a
+/// map), so [`accepted_keys`] does, for `ParseError`. A test holds each list to its struct's
+/// fields.
+const DEFAULTS_KEYS: &[&str] = &[
+    "algorithm",
+    "unconfigured",
+    "budget",
+    "prefetch",
+    "mode",
+    "on_store_failure",
+    "expected_nodes",
+    "horizon",
+    "lease_size",
+];
+/// [`Table`]'s keys (see [`DEFAULTS_KEYS`]).
+const TABLE_KEYS: &[&str] = &[
+    "rate",
+    "period",
+    "burst",
+    "algorithm",
+    "unconfigured",
+    "budget",
+    "prefetch",
+    "mode",
+    "on_store_failure",
+    "expected_nodes",
+    "horizon",
+    "lease_size",
+];
+/// [`KeyedTable`]'s keys (see [`DEFAULTS_KEYS`]).
+const KEYED_KEYS: &[&str] = &[
+    "rate",
+    "period",
+    "burst",
+    "max_keys",
+    "idle_ttl",
+    "give_back_after",
+    "max_in_flight",
+    "mode",
+    "on_store_failure",
+    "expected_nodes",
+    "horizon",
+    "lease_size",
+];
+
+/// The keys `table` takes (as its header names it: `defaults`, `limiters.a`, `keyed.b`), for
+/// the kinds whose unknown key serde reports without them; `None` for the others (serde lists
+/// a `[concurrency.*]` table's keys itself).
+pub(super) fn accepted_keys(table: &str) -> Option<&'static [&'static str]> {
+    match table.split('.').next()?.trim() {
+        "defaults" => Some(DEFAULTS_KEYS),
+        "limiters" => Some(TABLE_KEYS),
+        "keyed" => Some(KEYED_KEYS),
+        _ => None,
+    }
+}
+
 /// `[defaults]`: the shared keys, and those of plain limiters only.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -311,5 +369,57 @@ mod tests {
             assert_eq!(FailurePolicy::named(name, 3), Some(policy), "{name}");
             assert_eq!(policy.name(), name);
         }
+    }
+
+    /// The field names in a table's `Debug`, the flattened `shared` in its place: the keys
+    /// serde takes.
+    fn debug_fields(debug: &str) -> Vec<&str> {
+        debug
+            .match_indices(": ")
+            .map(|(i, _)| {
+                let before = &debug[..i];
+                let start = before
+                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .map_or(0, |j| j + 1);
+                &before[start..]
+            })
+            .filter(|name| *name != "shared")
+            .collect()
+    }
+
+    /// Each list of keys an unknown key's error shows is its struct's fields, in order, and
+    /// serde takes every one of them (a value of the wrong type is not an unknown field); and
+    /// serde itself names an unknown key alone in these tables, which is why the lists exist.
+    #[test]
+    fn the_keys_an_error_lists_are_the_tables_fields() {
+        let table: Table = toml::from_str("rate = 1").unwrap();
+        let keyed: KeyedTable = toml::from_str("rate = 1").unwrap();
+        let kinds = [
+            ("defaults", format!("{:?}", Defaults::default())),
+            ("limiters.a", format!("{table:?}")),
+            ("keyed.a", format!("{keyed:?}")),
+        ];
+        for (header, debug) in kinds {
+            let keys = accepted_keys(header).unwrap();
+            assert_eq!(debug_fields(&debug), keys, "{header}");
+            // `rate`, where the table requires it.
+            let rate = |key: &str| match keys.contains(&"rate") && key != "rate" {
+                true => "rate = 1\n",
+                false => "",
+            };
+            for key in keys {
+                let text = format!("[{header}]\n{}{key} = [1, 2]\n", rate(key));
+                let error = toml::from_str::<File>(&text).unwrap_err();
+                assert!(
+                    !error.message().starts_with("unknown field"),
+                    "{header}: {key}: {}",
+                    error.message()
+                );
+            }
+            let text = format!("[{header}]\n{}rat = 1\n", rate("rat"));
+            let error = toml::from_str::<File>(&text).unwrap_err();
+            assert_eq!(error.message(), "unknown field `rat`", "{header}");
+        }
+        assert_eq!(accepted_keys("concurrency.c"), None);
     }
 }
