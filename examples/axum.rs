@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use ratelease::http::{HeaderKey, LimitLayer};
-use ratelease::{KeyedHybridLimiter, LeaseStore, MemoryStore, Quota, RedisStore};
+use ratelease::{FailurePolicy, KeyedHybridLimiter, LeaseStore, MemoryStore, Quota, RedisStore};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -26,7 +26,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// (A real service authenticates the key first, so that callers cannot mint fresh budgets by
 /// inventing keys.)
 fn app<S: LeaseStore + Clone>(store: S) -> Result<Router, BoxError> {
-    let limiter = KeyedHybridLimiter::new("axum-example", Quota::per_minute(5)?, store)?;
+    // While Redis is down each process enforces its part of a key's limit: a keyed limiter
+    // learns no share from the store, so it is told the fleet's size (here up to 4 processes;
+    // the default of one would let each process admit a key's whole limit).
+    let limiter = KeyedHybridLimiter::builder("axum-example", Quota::per_minute(5)?, store)
+        .on_store_failure(FailurePolicy::last_known_share(4))
+        .build()?;
     let api_key = HeaderKey::named("x-api-key")?.max_len(64);
     Ok(Router::new()
         .route("/", get(|| async { "hello\n" }))
