@@ -1281,3 +1281,47 @@ async fn try_acquire_for_returns_a_refusal_that_outlasts_its_timeout() {
         started.elapsed()
     );
 }
+
+/// A store's answer that the name has no config (under `Unconfigured::Error`) renews nothing:
+/// the tokens leased under the deleted config go at their lease's expiry, as a failed call's
+/// would, instead of being kept spendable by every recheck.
+#[tokio::test(start_paused = true)]
+async fn tokens_leased_under_a_deleted_config_expire() {
+    use ratelease::{ConfigStore, Unconfigured};
+    let store = MemoryStore::with_clock(ratelease::TokioClock::new());
+    let quota = Quota::per_second(100).unwrap();
+    store.init_config("gone", &quota).await.unwrap();
+    let node = HybridLimiter::builder("gone", quota, store.clone())
+        .if_unconfigured(Unconfigured::Error)
+        .policy(
+            AdaptiveLease::new()
+                .horizon(Duration::from_millis(250)) // so the ttl is 2.5 s, past a recheck
+                .idle_after(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    node.ready().await.unwrap();
+    for _ in 0..20 {
+        let _ = node.try_acquire(1).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let held = node.available();
+    assert!(held > 0, "it holds a lease");
+    assert!(store.delete_config("gone").await.unwrap());
+    // A miss asks the store, which answers that the name has no config.
+    let _ = node.try_acquire(held + 1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(node.stats().leases >= 2, "{:?}", node.stats());
+    // Callers keep asking (each miss or refusal asks the store again at its recheck).
+    let mut allowed = 0;
+    for _ in 0..5_000 {
+        allowed += u64::from(matches!(node.try_acquire(1), Ok(d) if d.is_allowed()));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(allowed <= held, "{allowed} admitted of the {held} held");
+    assert_eq!(node.available(), 0, "{:?}", node.stats());
+    assert!(
+        !matches!(node.try_acquire(1), Ok(d) if d.is_allowed()),
+        "no token of the old config is spent"
+    );
+}

@@ -702,7 +702,9 @@ impl Task {
         // one this node knew) is refused before the node's record is touched: no renewal, its
         // held tokens and rate as they were, so nothing here may read the reply as one (the
         // next call, its minimum within the adopted burst, renews).
-        let renewed = matches!(&result, Ok(reply) if request.min <= reply.quota.burst());
+        // Nor does an answer that the name has no config: the store wrote nothing.
+        let renewed = matches!(&result, Ok(reply)
+            if request.min <= reply.quota.burst() && reply.source != QuotaSource::Absent);
         if result.is_ok() && !renewed {
             // The rate it held is still its own in the store, to the lease's expiry.
             self.drip.resume(arrived);
