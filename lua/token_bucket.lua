@@ -42,24 +42,29 @@
 --   ARGV[11] horizon_us: how long one lease should last   (integer, 1 ..= 2^52)
 --   ARGV[12] ttl_us: how long the lease is valid          (integer, 1 ..= 2^52)
 --   release with a node:
---   ARGV[9]  seq: release sequence number; a release whose seq is not above the last one
---            applied for this node is ignored, so a retried release never counts twice
+--   ARGV[9]  seq: release sequence number; a release whose seq is not above the node's
+--            record's (the last one applied, or reported sent by a lease: ARGV[15]) is
+--            ignored, so a retried or late release never counts twice
 --   ARGV[10] leaving: 1 if the node stops leasing (its record is removed), else 0
 -- ARGV[13] with 4 keys, lease and release: what to do when the name has no stored config:
 --          "" (or "caller") run under the caller's quota; "none" do nothing (source 2 below)
 -- ARGV[14] lease with a node: the rate it asks to hold (a rate lease, below), millitokens per
 --          second (integer, 0 ..= 2^52); absent or "": none (with 3 keys the reply then has no
 --          rate_mtps; with 4 a node's lease always has it)
+-- ARGV[15] lease with a node: release_seq, the seq of the last release the node has sent
+--          (integer, 0 ..= 2^52); absent or "": 0, none (see "Releases a lease accounted for")
 --
 -- Packed node calls (4 keys): a node's lease or release may send its numbers as one string
 -- and hear its reply as one. Redis makes a Lua string of every argument and the script parses
 -- each number from text, and a reply of eleven integers is eleven conversions: packed, a
 -- node's lease, the call a fleet makes most, costs Redis 6 % fewer instructions.
 --   ARGV[1]  "node_lease" or "node_release"
---   ARGV[2]  eleven little-endian doubles (88 bytes): the numbers of ARGV[2..7] and
---            ARGV[9..12] and ARGV[14] above, in that order, each an integer in the same range;
---            now_us -1 for the server clock, the rate asked -1 for none, a release's unused
---            fields 0 (min, horizon, ttl, rate: ignored)
+--   ARGV[2]  twelve little-endian doubles (96 bytes): the numbers of ARGV[2..7],
+--            ARGV[9..12], ARGV[14] and ARGV[15] above, in that order, each an integer in the
+--            same range; now_us -1 for the server clock, the rate asked -1 for none,
+--            release_seq -1 (or 0) for none, a release's unused fields 0 (min, horizon, ttl,
+--            rate, release_seq: ignored). Eleven (88 bytes, without release_seq), as clients
+--            of the version before send them, still run: release_seq none.
 --   ARGV[3]  the node id (as ARGV[8]; not empty)
 --   ARGV[4]  what to do without a stored config (as ARGV[13])
 --   Reply: the 4-key reply below (eleven entries for a lease, nine for a release) as that many
@@ -110,6 +115,17 @@
 -- (its `held` shrinks), returns them, or its lease expires; refill stops at capacity − o. So
 -- level + outstanding ≤ capacity always holds, and the fleet can never spend more than
 -- burst + rate × W in any window W — provided nodes stop spending a lease before it expires.
+--
+-- Releases a lease accounted for. A node takes the tokens it gives back out of what it holds
+-- before it sends the release, so its next lease reports them gone (`held`) and they are
+-- counted as spent there. A release the store runs after that lease (delayed, or retried
+-- after a timeout) must then do nothing: returned again, its tokens would be offered to the
+-- fleet a second time while the node still holds its own (and a leaving one would drop the
+-- node's new record, its grant and rate uncounted). So a node's lease carries the seq of the
+-- last release it has sent (ARGV[15]), the record keeps the larger of it and its own (a new
+-- record starts from it), and a release whose seq is not above the record's is ignored — as
+-- lua/concurrency.lua's holders do. A lease without it (0, an older client) leaves the
+-- record's seq as it was.
 --
 -- Fairness. A node's share of the rate is proportional to its reported demand (rate × d / D),
 -- which gives every node the same acceptance ratio, as one shared bucket would. Each node has a
@@ -185,29 +201,39 @@
 
 if #KEYS ~= 1 and #KEYS ~= 3 and #KEYS ~= 4 then return bad('keys: expected 1, 3 or 4') end
 local op = ARGV[1]
--- The call's numbers by their place in the text protocol (`a2` is ARGV[2], … `a14` ARGV[14]):
+-- The call's numbers by their place in the text protocol (`a2` is ARGV[2], … `a15` ARGV[15]):
 -- each argument read with `tonumber` (nil if it is not a number), or a packed node call's
 -- numbers as they come (see "Packed node calls" above), so one check serves both. The checks
 -- are written out, not calls of `int_val`: a function call costs Redis's Lua more than the
--- check itself, and a lease checks eleven numbers. (A check `x >= lo and x <= hi and x % 1 ==
+-- check itself, and a lease checks twelve numbers. (A check `x >= lo and x <= hi and x % 1 ==
 -- 0` also refuses NaN and ±inf, as `int_val` does; `+ 0` turns -0 into 0 where 0 is allowed.)
-local a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14
+local a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14, a15
 -- The node id ("" anonymous) and what to do without a stored config (ARGV[8] and ARGV[13]).
 local node, unconfigured
--- Whether the call gives its own time (else the server's clock), and asks to hold a rate.
-local explicit_now, rate_asked
+-- Whether the call gives its own time (else the server's clock), asks to hold a rate, and
+-- (a node's lease) says which release it sent last.
+local explicit_now, rate_asked, seq_sent
 local packed_call = op == 'node_lease' or op == 'node_release'
 -- A packed call's arguments and its replies (a node's lease, and anything else).
-local PACKED, REPLY11, REPLY9 = '<ddddddddddd', '<ddddddddddd', '<ddddddddd'
+-- (Eleven numbers, without release_seq, as the version before sent them: still read.)
+local PACKED, PACKED11 = '<dddddddddddd', '<ddddddddddd'
+local REPLY11, REPLY9 = '<ddddddddddd', '<ddddddddd'
 if packed_call then
   if #KEYS ~= 4 then return bad('keys: a packed call sends 4') end
   local p = ARGV[2]
-  if type(p) ~= 'string' or #p ~= 88 then return bad('packed') end
-  a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14 = struct.unpack(PACKED, p)
+  if type(p) ~= 'string' then return bad('packed') end
+  if #p == 96 then
+    a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14, a15 = struct.unpack(PACKED, p)
+  elseif #p == 88 then
+    a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14 = struct.unpack(PACKED11, p)
+    a15 = -1
+  else
+    return bad('packed')
+  end
   if op == 'node_lease' then op = 'lease' else op = 'release' end
   node, unconfigured = ARGV[3], ARGV[4]
   if node == nil or node == '' then return bad('node') end
-  explicit_now, rate_asked = a7 ~= -1, a14 ~= -1
+  explicit_now, rate_asked, seq_sent = a7 ~= -1, a14 ~= -1, a15 ~= -1
 else
   a2, a3, a4, a5, a6 = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
     tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -215,6 +241,7 @@ else
   if explicit_now then a7 = tonumber(ARGV[7]) end
   node, unconfigured = ARGV[8] or '', ARGV[13]
   rate_asked = not (ARGV[14] == nil or ARGV[14] == '')
+  seq_sent = not (ARGV[15] == nil or ARGV[15] == '')
 end
 local config_op = op == 'config_get' or op == 'config_init' or op == 'config_set'
   or op == 'config_delete'
@@ -280,6 +307,7 @@ if not config_op then
       a9, a10, a11, a12 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]),
         tonumber(ARGV[12])
       if rate_asked then a14 = tonumber(ARGV[14]) end
+      if seq_sent then a15 = tonumber(ARGV[15]) end
     end
     if op == 'lease' then
       held, demand, horizon, ttl = a9, a10, a11, a12
@@ -298,6 +326,15 @@ if not config_op then
           return bad('rate_mtps')
         end
         want_rate = want_rate + 0
+      end
+      -- The last release the node sent (0: none): see "Releases a lease accounted for".
+      seq = 0
+      if seq_sent then
+        seq = a15
+        if not (seq and seq >= 0 and seq <= MAX and seq % 1 == 0) then
+          return bad('release_seq')
+        end
+        seq = seq + 0
       end
     else
       seq, leaving = a9, a10
@@ -889,6 +926,9 @@ elseif op == 'lease' then
   if held > r.o then held = r.o end
   out = mmax(0, out - (r.o - held))
   r.o = held
+  -- Releases it sent up to here are in `held` already: one the store runs after this lease
+  -- is ignored (see "Releases a lease accounted for").
+  if seq > r.rseq then r.rseq = seq end
   res = mmax(0, res - r.rt)
   local old_rate = r.rt
   r.rt = 0

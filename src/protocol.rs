@@ -30,6 +30,13 @@ pub struct NodeLease {
     /// rate no other node holds ([`LeaseReply::rate_mtps`]); the node adds what the rate earns
     /// to its local bucket itself, between calls.
     pub rate_mtps: u64,
+    /// The sequence number of the last release this node has sent ([`NodeRelease::seq`]), 0
+    /// if none. Sending a release, the node has already taken its tokens out of what it holds,
+    /// so this lease's `held` reports them gone: the store keeps the larger of this and the
+    /// node's last applied seq, and ignores a release that runs after this lease with a seq
+    /// not above it (late or retried, it would otherwise return tokens already counted as
+    /// spent). 0 leaves the node's seq as it was (what a client of the version before did).
+    pub release_seq: u64,
 }
 
 /// A node's side of a release.
@@ -37,7 +44,8 @@ pub struct NodeLease {
 pub struct NodeRelease {
     /// The node's id.
     pub id: u64,
-    /// Strictly increasing per node: a repeated sequence number is ignored.
+    /// Strictly increasing per node, from 1: a repeated sequence number is ignored, and so is
+    /// one at or below the [`NodeLease::release_seq`] of a lease the store ran before it.
     pub seq: u64,
     /// Whether the node stops leasing (its record is removed).
     pub leaving: bool,
@@ -364,6 +372,7 @@ mod tests {
             horizon: Duration::from_millis(100),
             ttl: Duration::from_secs(1),
             rate_mtps: 500,
+            release_seq: 0,
         };
         let asking = LeaseRequest::new(5, 1).by(node);
         let anonymous = LeaseRequest::new(5, 1);

@@ -778,6 +778,7 @@ async fn bad_settings_and_requests_are_typed_errors() {
             horizon: Duration::from_millis(10),
             ttl: Duration::from_secs(1),
             rate_mtps: 0,
+            release_seq: 0,
         };
         let by_node = LeaseRequest::new(1, 1).algorithm(algorithm).by(node);
         let only = LeaseRequest::new(1, 1)

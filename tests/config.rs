@@ -237,6 +237,7 @@ async fn a_capacity_cut_below_outstanding_keeps_conservation() {
         horizon: Duration::from_millis(100),
         ttl: Duration::from_secs(60),
         rate_mtps: 0,
+        release_seq: 0,
     };
     let r = store
         .lease("cut", &q, &LeaseRequest::new(80, 1).by(node(0)))
@@ -294,6 +295,7 @@ async fn a_lease_runs_under_a_stored_config_that_differs_in_any_one_field() {
         horizon: Duration::from_millis(100),
         ttl: Duration::from_secs(60),
         rate_mtps: 0,
+        release_seq: 0,
     };
     let stored = [
         ("same", caller),

@@ -93,6 +93,7 @@ proptest! {
                         horizon_us: 100_000,
                         ttl_us: 1_000_000,
                         rate_mtps: demand / 2,
+                        release_seq: 0,
                     };
                     let op = Op::Lease { want, min: 1, node: Some(lease) };
                     let (reply, _) = step(&mut st, &quota, op, now).unwrap();
@@ -346,6 +347,7 @@ fn window_bound_case(
                                 horizon_us,
                                 ttl_us: 1_000_000,
                                 rate_mtps: rate,
+                                release_seq: 0,
                             };
                             let op = Op::Lease {
                                 want,

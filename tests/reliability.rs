@@ -119,6 +119,7 @@ async fn a_node_lease_waits_out_a_slow_store_that_a_decision_does_not() {
             horizon: Duration::from_millis(250),
             ttl: Duration::from_secs(2),
             rate_mtps: 0,
+            release_seq: 0,
         })
     };
     // Both reach Redis while it is stopped for 200 ms.

@@ -99,6 +99,7 @@ async fn an_acl_without_zcard_still_leases_and_reports_no_leaser_count() {
         horizon: Duration::from_millis(100),
         ttl: Duration::from_secs(10),
         rate_mtps: 0,
+        release_seq: 0,
     };
     for id in [1, 2] {
         let reply = old
@@ -150,6 +151,7 @@ async fn an_acl_without_pttl_still_leases_and_the_leasers_keys_still_outlive_the
             horizon: Duration::from_millis(100),
             ttl: Duration::from_secs(10),
             rate_mtps: 0,
+            release_seq: 0,
         });
         let reply = store.lease("no-pttl", &quota, &lease).await.unwrap();
         assert_eq!(reply.granted, 5, "{reply:?}");

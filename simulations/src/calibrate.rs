@@ -228,6 +228,7 @@ pub async fn measure(url: &str, plan: &Plan) -> Result<Vec<Cost>> {
             horizon: Duration::from_millis(100),
             ttl: Duration::from_secs(600),
             rate_mtps,
+            release_seq: 0,
         }
     };
     let leasers = plan.leasers.first().copied().unwrap_or(10).max(1);

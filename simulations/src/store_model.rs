@@ -585,6 +585,7 @@ mod tests {
             horizon: Duration::from_millis(250),
             ttl: Duration::from_secs(10),
             rate_mtps: 0,
+            release_seq: 0,
         };
         let (s, q) = (store.clone(), quota);
         let first = drive(&sched, async move {

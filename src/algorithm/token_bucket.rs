@@ -20,6 +20,18 @@
 //! A bucket at capacity with nothing outstanding is not stored: absent means full. Stored state
 //! expires [`SLACK_MS`] after it would be full again (or after its last lease expires), so
 //! expiry never changes an answer.
+//!
+//! # Releases a lease accounted for
+//!
+//! A node takes the tokens it gives back out of what it holds before it sends the release, so
+//! its next lease reports them gone ([`NodeLeaseArgs::held`]) and they are counted as spent
+//! there. A release the store runs after that lease (delayed, or retried after a timeout)
+//! must do nothing, or its tokens would be offered to the fleet again while the node still
+//! holds its own (and a leaving release would drop the node's new record). So a node's lease
+//! carries the last release seq it has sent ([`NodeLeaseArgs::release_seq`]), the record
+//! keeps the larger of it and its own ([`Leaser::release_seq`]; a new record starts from it),
+//! and a release whose seq is not above the record's is ignored: the script's "Releases a
+//! lease accounted for".
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -166,7 +178,8 @@ pub struct Leaser {
     pub credit_ts: u64,
     /// When its lease expires, µs.
     pub expires_us: u64,
-    /// Last release sequence number applied.
+    /// The highest release sequence number applied, or reported sent by one of its leases
+    /// ([`NodeLeaseArgs::release_seq`]): a release at or below it is ignored.
     pub release_seq: u64,
     /// The rate it holds (a rate lease), millitokens per second; 0 if none.
     pub rate_mtps: u64,
@@ -282,6 +295,10 @@ pub struct NodeLeaseArgs<'a> {
     pub ttl_us: u64,
     /// The rate it asks to hold (a rate lease), millitokens per second; 0 for none.
     pub rate_mtps: u64,
+    /// The sequence number of the last release the node has sent (0: none). Its record's
+    /// [`Leaser::release_seq`] becomes at least this, so a release the store runs after this
+    /// lease — one whose tokens `held` already reported gone — is ignored.
+    pub release_seq: u64,
 }
 
 /// A node's release arguments as the script reads them (see [`crate::NodeRelease`]).
@@ -289,7 +306,8 @@ pub struct NodeLeaseArgs<'a> {
 pub struct NodeReleaseArgs<'a> {
     /// The node's id.
     pub id: &'a str,
-    /// Release sequence number (idempotence).
+    /// Release sequence number (idempotence): applied only above the record's
+    /// [`Leaser::release_seq`].
     pub seq: u64,
     /// Whether the node stops leasing.
     pub leaving: bool,
@@ -678,6 +696,9 @@ pub fn step_with(
             let held = n.held.min(r.outstanding);
             out = out.saturating_sub(r.outstanding - held);
             r.outstanding = held;
+            // Releases it sent up to here are in `held` already: one the store runs after
+            // this lease (late, or retried) would return tokens counted as spent here.
+            r.release_seq = r.release_seq.max(n.release_seq);
             res = res.saturating_sub(r.rate_mtps);
             let old_rate = std::mem::take(&mut r.rate_mtps);
             dsum = (dsum.saturating_sub(r.demand) + n.demand_mtps).min(max);
@@ -954,6 +975,9 @@ fn validate(quota: &Quota, op: &Op<'_>, now_us: u64) -> Result<(), InvalidArgume
             if n.rate_mtps > MAX_VALUE {
                 return Err(InvalidArgument("rate_mtps"));
             }
+            if n.release_seq > MAX_VALUE {
+                return Err(InvalidArgument("release_seq"));
+            }
         }
         Op::Release { node: Some(n), .. } => {
             if n.id.is_empty() || n.id.len() > MAX_NODE_LEN {
@@ -1014,6 +1038,7 @@ mod tests {
             horizon_us: 100_000,
             ttl_us: 1_000_000,
             rate_mtps,
+            release_seq: 0,
         };
         step(
             st,
@@ -1252,6 +1277,7 @@ mod tests {
             horizon_us: 1,
             ttl_us: 1,
             rate_mtps: 0,
+            release_seq: 0,
         };
         assert_eq!(
             e(Op::Lease {
@@ -1268,6 +1294,7 @@ mod tests {
             horizon_us: 0,
             ttl_us: 1,
             rate_mtps: 0,
+            release_seq: 0,
         };
         assert_eq!(
             e(Op::Lease {
@@ -1276,6 +1303,36 @@ mod tests {
                 node: Some(node)
             }),
             "horizon_us"
+        );
+        // Checked last, as the script does (after the rate asked).
+        let node = NodeLeaseArgs {
+            id: "n",
+            held: 0,
+            demand_mtps: 0,
+            horizon_us: 1,
+            ttl_us: 1,
+            rate_mtps: MAX_VALUE + 1,
+            release_seq: MAX_VALUE + 1,
+        };
+        assert_eq!(
+            e(Op::Lease {
+                want: 1,
+                min: 1,
+                node: Some(node)
+            }),
+            "rate_mtps"
+        );
+        let node = NodeLeaseArgs {
+            rate_mtps: 0,
+            ..node
+        };
+        assert_eq!(
+            e(Op::Lease {
+                want: 1,
+                min: 1,
+                node: Some(node)
+            }),
+            "release_seq"
         );
         let too_late = Op::Release {
             tokens: 1,
@@ -1348,6 +1405,106 @@ mod tests {
         );
         assert_eq!(give(&mut st, 2).remaining, 90);
         assert_eq!(st.leasers["a"].outstanding, 10);
+    }
+
+    /// A release the store runs after the node's next lease, which already reported its tokens
+    /// gone (`held`), is ignored: the lease carried its seq. Node `a` leases the whole burst,
+    /// trims 4 and sends their release (seq 1), which is delayed; it leases again holding 6,
+    /// then the release lands. Returned again, the 4 tokens were offered beside the 6 `a`
+    /// holds: 8 in the bucket 400 ms later, 14 in an instant against a burst of 10. Leaving,
+    /// the late release dropped `a`'s new record, leaving its 6 tokens uncounted.
+    #[test]
+    fn a_release_the_nodes_next_lease_accounted_for_is_ignored() {
+        let q = Quota::per_second(10).unwrap();
+        for leaving in [false, true] {
+            let mut st = Stored::default();
+            let lease = |st: &mut Stored, want, held, release_seq| {
+                let node = NodeLeaseArgs {
+                    id: "a",
+                    held,
+                    demand_mtps: 1_000,
+                    horizon_us: 100_000,
+                    ttl_us: 1_000_000,
+                    rate_mtps: 0,
+                    release_seq,
+                };
+                let op = Op::Lease {
+                    want,
+                    min: 1,
+                    node: Some(node),
+                };
+                step(st, &q, op, 0).unwrap().0
+            };
+            assert_eq!(lease(&mut st, 10, 0, 0).granted, 10);
+            // The second lease says release 1 was sent: its 4 tokens are not in `held`.
+            lease(&mut st, 1, 6, 1);
+            let late = NodeReleaseArgs {
+                id: "a",
+                seq: 1,
+                leaving,
+            };
+            let op = Op::Release {
+                tokens: 4,
+                node: Some(late),
+            };
+            step(&mut st, &q, op, 0).unwrap();
+            // The store offers at most the burst less what `a` holds.
+            let offered = release(&mut st, &q, 0, 400_000).remaining;
+            assert!(
+                offered <= 10 - 6,
+                "{offered} offered, 6 held (leaving {leaving})"
+            );
+            assert_eq!(offered, 4);
+            let record = st.leasers.get("a").map(|r| r.outstanding);
+            assert_eq!(record, Some(6), "leaving {leaving}");
+            assert_eq!(st.bucket.unwrap().outstanding, 6);
+        }
+    }
+
+    /// A lease's release seq starts a new record's, and never lowers one: a node whose record
+    /// expired starts again from the seq it reports, and an older client (0) changes nothing.
+    #[test]
+    fn a_lease_raises_the_records_release_seq_and_never_lowers_it() {
+        let q = Quota::per_minute(100).unwrap();
+        let mut st = Stored::default();
+        let lease = |st: &mut Stored, release_seq| {
+            let node = NodeLeaseArgs {
+                id: "a",
+                held: 0,
+                demand_mtps: 1_000,
+                horizon_us: 100_000,
+                ttl_us: 1_000_000,
+                rate_mtps: 0,
+                release_seq,
+            };
+            let op = Op::Lease {
+                want: 10,
+                min: 1,
+                node: Some(node),
+            };
+            step(st, &q, op, 0).unwrap();
+            st.leasers["a"].release_seq
+        };
+        assert_eq!(lease(&mut st, 3), 3, "a new record starts from it");
+        assert_eq!(lease(&mut st, 0), 3, "0: none");
+        assert_eq!(lease(&mut st, 2), 3, "never lowered");
+        assert_eq!(lease(&mut st, 7), 7);
+        // The next release the node sends (8) is applied; 7 and below are not.
+        let give = |st: &mut Stored, seq| {
+            let node = NodeReleaseArgs {
+                id: "a",
+                seq,
+                leaving: false,
+            };
+            let op = Op::Release {
+                tokens: 5,
+                node: Some(node),
+            };
+            step(st, &q, op, 0).unwrap();
+            st.leasers["a"].outstanding
+        };
+        assert_eq!(give(&mut st, 7), 10);
+        assert_eq!(give(&mut st, 8), 5);
     }
 
     /// A rate lease goes beyond the node's share only while the bucket sits at its ceiling

@@ -143,6 +143,9 @@ struct Task {
     /// The last non-zero share, millitokens per second, that the fallback of
     /// [`LastKnownShare`](crate::FailurePolicy::LastKnownShare) enforces (0 until one is known).
     fallback_share_mtps: u64,
+    /// The seq of the last release sent (0: none): the next release's is one more, and every
+    /// lease carries it (`NodeLease::release_seq`), so a release the store runs after that
+    /// lease is ignored — its tokens left `held` before it was sent.
     release_seq: u64,
     /// When the local tokens must be dropped (a little before the store forgets the lease,
     /// or before their window ends).
@@ -668,6 +671,8 @@ impl Task {
                 horizon: terms.horizon,
                 ttl: terms.ttl,
                 rate_mtps: rate_ask,
+                // Every release it sent took its tokens out of `held` first.
+                release_seq: self.release_seq,
             });
         }
         let sent = Instant::now();

@@ -253,6 +253,7 @@ impl LeaseStore for MemoryStore {
             horizon_us: micros(n.horizon),
             ttl_us: micros(n.ttl),
             rate_mtps: n.rate_mtps,
+            release_seq: n.release_seq,
         });
         self.run_on(
             name,

@@ -341,10 +341,11 @@ impl RedisStore {
     }
 
     /// A node's lease or release as a packed call (see "Packed node calls" in
-    /// `lua/token_bucket.lua`): the text protocol's ARGV[2..7], ARGV[9..12] and ARGV[14] —
-    /// the quota, `asked` (want and min, or the tokens returned and 0), the time (-1 for the
-    /// server's clock) and `node`'s five numbers (the rate -1 for none) — sent as one string
-    /// of little-endian doubles, and answered as one. Every value is at most [`MAX_VALUE`] or
+    /// `lua/token_bucket.lua`): the text protocol's ARGV[2..7], ARGV[9..12], ARGV[14] and
+    /// ARGV[15] — the quota, `asked` (want and min, or the tokens returned and 0), the time
+    /// (-1 for the server's clock) and `node`'s six numbers (the rate -1 for none; a
+    /// release's last four 0) — sent as one string of twelve little-endian doubles, and
+    /// answered as one. Every value is at most [`MAX_VALUE`] or
     /// refused by the script (a larger integer does not round below it), so the doubles carry
     /// them exactly.
     #[allow(clippy::too_many_arguments)]
@@ -355,7 +356,7 @@ impl RedisStore {
         quota: &Quota,
         op: &str,
         asked: [f64; 2],
-        node: [f64; 5],
+        node: [f64; 6],
         id: u64,
         unconfigured: &str,
     ) -> Result<LeaseReply, StoreError> {
@@ -740,6 +741,7 @@ impl RedisStore {
                 micros(n.horizon) as f64,
                 micros(n.ttl) as f64,
                 rate,
+                n.release_seq as f64,
             ];
             let asked = [req.want as f64, req.min as f64];
             return self
@@ -785,7 +787,14 @@ impl RedisStore {
                 .await;
         }
         if let Some(n) = req.node {
-            let node = [n.seq as f64, f64::from(u8::from(n.leaving)), 0.0, 0.0, 0.0];
+            let node = [
+                n.seq as f64,
+                f64::from(u8::from(n.leaving)),
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ];
             let asked = [req.tokens as f64, 0.0];
             return self
                 .run_packed(
