@@ -307,6 +307,12 @@ fn token_bucket_script() -> fuzz::Script {
         3 => (0u64..5_000_000).prop_map(|v| Some(v.to_string())),
         1 => fuzz::junk().prop_map(Some),
     ];
+    // The last release seq a node's lease says it sent (ARGV[15]): absent, a seq, or junk.
+    let release_seq = prop_oneof![
+        3 => Just(None),
+        3 => (0u64..8).prop_map(|v| Some(v.to_string())),
+        1 => fuzz::junk().prop_map(Some),
+    ];
     let args = (
         (ops, prop::collection::vec(plausible.clone(), 5), now),
         (
@@ -314,18 +320,25 @@ fn token_bucket_script() -> fuzz::Script {
             prop::collection::vec(plausible, 4),
             unconfigured,
             rate,
+            release_seq,
         ),
     )
-        .prop_map(|((op, rest, now), (node, node_args, unconfigured, rate))| {
-            let mut args = vec![op];
-            args.extend(rest);
-            args.push(now);
-            args.push(node);
-            args.extend(node_args);
-            args.push(unconfigured);
-            args.extend(rate);
-            args
-        });
+        .prop_map(
+            |((op, rest, now), (node, node_args, unconfigured, rate, release_seq))| {
+                let mut args = vec![op];
+                args.extend(rest);
+                args.push(now);
+                args.push(node);
+                args.extend(node_args);
+                args.push(unconfigured);
+                // ARGV[15] comes after ARGV[14], which it then needs ("": no rate asked).
+                match (rate, release_seq) {
+                    (rate, Some(seq)) => args.extend([rate.unwrap_or_default(), seq]),
+                    (rate, None) => args.extend(rate),
+                }
+                args
+            },
+        );
     fuzz::Script {
         name: "token_bucket.lua",
         source: TOKEN_BUCKET_LUA,
@@ -368,10 +381,11 @@ fn token_bucket_script() -> fuzz::Script {
     }
 }
 
-/// `lua/token_bucket.lua`'s packed node calls under the fuzz driver: an op, eleven numbers
-/// (plausible, -1 where it means "none", or junk: NaN, infinities, fractions, negatives, huge),
-/// a node id and the unconfigured setting; [`packed_args`] makes the call's arguments of them
-/// (a vector cut short packs fewer numbers, so wrong lengths are sent too).
+/// `lua/token_bucket.lua`'s packed node calls under the fuzz driver: an op, twelve numbers
+/// (plausible, -1 where it means "none", or junk: NaN, infinities, fractions, negatives, huge;
+/// the twelfth, `release_seq`, sometimes left out, as the version before sent eleven), a node
+/// id and the unconfigured setting; [`packed_args`] makes the call's arguments of them (a
+/// vector cut short packs fewer numbers, so wrong lengths are sent too).
 fn token_bucket_packed_script() -> fuzz::Script {
     let op = prop_oneof![
         6 => Just("node_lease".to_string()),
@@ -393,6 +407,13 @@ fn token_bucket_packed_script() -> fuzz::Script {
         3 => (0u64..5_000_000).prop_map(|v| v.to_string()),
         1 => fuzz::junk(),
     ];
+    // "" leaves it out (see `packed_args`).
+    let release_seq = prop_oneof![
+        2 => Just(String::new()),
+        1 => Just("-1".to_string()),
+        3 => (0u64..8).prop_map(|v| v.to_string()),
+        1 => fuzz::junk(),
+    ];
     let node = prop_oneof![
         6 => "n[0-2]",
         1 => Just(String::new()),
@@ -409,17 +430,17 @@ fn token_bucket_packed_script() -> fuzz::Script {
         prop::collection::vec(plausible(), 5),
         now,
         prop::collection::vec(plausible(), 4),
-        rate,
+        (rate, release_seq),
         node,
         unconfigured,
     )
         .prop_map(
-            |(op, quota_want_min, now, node_args, rate, node, unconfigured)| {
+            |(op, quota_want_min, now, node_args, (rate, seq), node, unconfigured)| {
                 let mut args = vec![op];
                 args.extend(quota_want_min);
                 args.push(now);
                 args.extend(node_args);
-                args.extend([rate, node, unconfigured]);
+                args.extend([rate, seq, node, unconfigured]);
                 args
             },
         );
@@ -458,19 +479,22 @@ fn token_bucket_packed_script() -> fuzz::Script {
 }
 
 /// A packed call's arguments from [`token_bucket_packed_script`]'s vector: the op, the
-/// numbers as little-endian doubles (text that is no number as NaN), the node id and the
-/// unconfigured setting; a vector cut short packs what it has (the last two go first).
+/// numbers as little-endian doubles (text that is no number as NaN; the twelfth left out where
+/// it is "", so eleven are sent), the node id and the unconfigured setting; a vector cut short
+/// packs what it has (the last two go first).
 fn packed_args(args: &[String]) -> Vec<Vec<u8>> {
     if args.is_empty() {
         return Vec::new();
     }
-    let numbers = &args[1.min(args.len())..args.len().min(12)];
+    let numbers = &args[1.min(args.len())..args.len().min(13)];
     let packed = numbers
         .iter()
-        .flat_map(|x| x.trim().parse::<f64>().unwrap_or(f64::NAN).to_le_bytes())
+        .enumerate()
+        .filter(|(i, x)| !(*i == 11 && x.is_empty()))
+        .flat_map(|(_, x)| x.trim().parse::<f64>().unwrap_or(f64::NAN).to_le_bytes())
         .collect();
     let mut out = vec![args[0].clone().into_bytes(), packed];
-    out.extend(args.iter().skip(12).map(|a| a.clone().into_bytes()));
+    out.extend(args.iter().skip(13).map(|a| a.clone().into_bytes()));
     out
 }
 
@@ -1029,7 +1053,7 @@ fn checked_field(
 
 /// A node's token-bucket call (a lease, else a release) with the numbers at the places of `set`
 /// set to their value (packed) or text, the rest valid: what the script answers, in the text
-/// protocol (`packed: false`, every number a decimal argument) or packed (eleven doubles):
+/// protocol (`packed: false`, every number a decimal argument) or packed (twelve doubles):
 /// `None` if it ran the call, else the field its error names.
 fn checked_fields(
     con: &mut redis::Connection,
@@ -1040,11 +1064,15 @@ fn checked_fields(
 ) -> Option<String> {
     // The call's numbers in the packed order: rate, period, burst, want (a release's tokens),
     // min, now (-1: the server's), held (seq), demand (leaving), horizon, ttl, rate asked (-1:
-    // none). A quota of 1 000 000 per second with a burst of 1: every edge of rate, period and
-    // burst stays within the capacity's limit.
-    let mut numbers = [1e6, 1e6, 1.0, 1.0, 1.0, -1.0, 0.0, 1000.0, 1e5, 1e6, -1.0];
+    // none), release seq sent (-1: none). A quota of 1 000 000 per second with a burst of 1:
+    // every edge of rate, period and burst stays within the capacity's limit.
+    let mut numbers = [
+        1e6, 1e6, 1.0, 1.0, 1.0, -1.0, 0.0, 1000.0, 1e5, 1e6, -1.0, -1.0,
+    ];
     if !lease {
-        numbers = [1e6, 1e6, 1.0, 1.0, 0.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0];
+        numbers = [
+            1e6, 1e6, 1.0, 1.0, 0.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0, -1.0,
+        ];
     }
     for &(place, value, _) in set {
         numbers[place] = value;
@@ -1070,9 +1098,9 @@ fn checked_fields(
         }
         let op = if lease { "lease" } else { "release" };
         // The text protocol's places: the op, the first six numbers, the node, the next four,
-        // the unconfigured setting, then the rate asked.
+        // the unconfigured setting, then the rate asked and the release seq sent.
         cmd.arg(op).arg(&args[..6]).arg("n1").arg(&args[6..10]);
-        cmd.arg("").arg(&args[10]);
+        cmd.arg("").arg(&args[10..]);
     }
     match cmd.query::<redis::Value>(con) {
         Ok(_) => None,
@@ -1094,7 +1122,8 @@ struct EdgeField {
     place: usize,
     lo: f64,
     hi: f64,
-    /// Whether "" (text) and -1 (packed) mean "none" (the server's clock; no rate asked).
+    /// Whether "" (text) and -1 (packed) mean "none" (the server's clock; no rate asked; no
+    /// release sent).
     optional: bool,
 }
 
@@ -1147,6 +1176,10 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
         EdgeField {
             optional: true,
             ..field("rate_mtps", true, 10, 0.0, MAX)
+        },
+        EdgeField {
+            optional: true,
+            ..field("release_seq", true, 11, 0.0, MAX)
         },
         field("tokens", false, 3, 0.0, MAX),
         field("seq", false, 6, 0.0, MAX),
@@ -1248,8 +1281,8 @@ fn every_number_is_checked_at_the_edges_of_its_range_in_both_protocols() {
             }
         }
     }
-    // Eleven numbers of a lease, three of a release, each pair in both protocols.
-    assert_eq!(pairs, 2 * (11 * 10 / 2 + 3 * 2 / 2));
+    // Twelve numbers of a lease, three of a release, each pair in both protocols.
+    assert_eq!(pairs, 2 * (12 * 11 / 2 + 3 * 2 / 2));
     // -0 is stored as 0: a packed lease holding -0 tokens at a demand of -0.
     let key = "edge{zero}";
     let hold = field("held", true, 6, 0.0, MAX);
