@@ -15,7 +15,9 @@
 //! most `burst + rate × W`. Their calls take time: a node sends, the store runs the call later,
 //! the reply arrives later still, and anything may happen in between (the node spends, others
 //! call, time passes); at the reply the node adds what the lesser of its old and new rates
-//! earned in flight.
+//! earned in flight. Nodes also give tokens back (trimming, or leaving), and the store may run
+//! such a release late: after the node's next lease, which reported those tokens gone already
+//! and said which release it had sent last.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -26,12 +28,14 @@ use ratelease::Quota;
 
 #[derive(Debug, Clone)]
 enum Action {
-    /// Node leases; `spend` of what it holds was spent since its last call.
+    /// Node leases; `spend` of what it holds was spent since its last call; it says its last
+    /// release sent was `release_seq` (any: the invariants hold whichever releases it hides).
     Lease {
         node: u8,
         want: u64,
         spend: u64,
         demand: u64,
+        release_seq: u64,
     },
     Anonymous {
         want: u64,
@@ -51,8 +55,11 @@ enum Action {
 
 fn action(burst: u64) -> impl Strategy<Value = Action> {
     prop_oneof![
-        5 => (0u8..4, 1..=burst * 2, 0..=burst, 0u64..10_000_000)
-            .prop_map(|(node, want, spend, demand)| Action::Lease { node, want, spend, demand }),
+        5 => (0u8..4, 1..=burst * 2, 0..=burst, 0u64..10_000_000, 0u64..5).prop_map(
+            |(node, want, spend, demand, release_seq)| {
+                Action::Lease { node, want, spend, demand, release_seq }
+            }
+        ),
         1 => (1..=burst).prop_map(|want| Action::Anonymous { want }),
         2 => (0u8..4, 0u64..4, any::<bool>())
             .prop_map(|(node, seq, leaving)| Action::Return { node, seq, leaving }),
@@ -82,7 +89,7 @@ proptest! {
         let ids = ["n0", "n1", "n2", "n3"];
         for a in &actions {
             match *a {
-                Action::Lease { node, want, spend, demand } => {
+                Action::Lease { node, want, spend, demand, release_seq } => {
                     let i = usize::from(node);
                     if crashed.contains(&node) { continue; }
                     held[i] -= spend.min(held[i]);
@@ -93,7 +100,7 @@ proptest! {
                         horizon_us: 100_000,
                         ttl_us: 1_000_000,
                         rate_mtps: demand / 2,
-                        release_seq: 0,
+                        release_seq,
                     };
                     let op = Op::Lease { want, min: 1, node: Some(lease) };
                     let (reply, _) = step(&mut st, &quota, op, now).unwrap();
@@ -175,6 +182,12 @@ enum Move {
     Anonymous { want: u64 },
     /// Time passes.
     Wait { us: u64 },
+    /// Between calls, the node gives back up to `n` of what it holds (trimming), or all of it
+    /// as it leaves (an idle give-back); the store runs the release later ([`Move::Land`]).
+    Release { node: u8, n: u64, leaving: bool },
+    /// The store runs one of the node's releases not run yet (`pick`: which, so they may also
+    /// run out of order), whatever the node has done since it sent it.
+    Land { node: u8, pick: u8 },
 }
 
 fn moves(burst: u64, rate: u64) -> impl Strategy<Value = Move> {
@@ -188,6 +201,9 @@ fn moves(burst: u64, rate: u64) -> impl Strategy<Value = Move> {
         6 => (0u8..3).prop_map(|node| Move::Drip { node }),
         4 => (1..=burst).prop_map(|want| Move::Anonymous { want }),
         6 => (0u64..60_000).prop_map(|us| Move::Wait { us }),
+        2 => (0u8..3, 1..=burst, prop::bool::weighted(0.3))
+            .prop_map(|(node, n, leaving)| Move::Release { node, n, leaving }),
+        3 => (0u8..3, any::<u8>()).prop_map(|(node, pick)| Move::Land { node, pick }),
     ]
 }
 
@@ -203,6 +219,8 @@ struct Node {
     carry: f64,
     deadline: u64,
     flight: Flight,
+    /// The seq of the last release it sent (0: none); its leases carry it.
+    release_seq: u64,
 }
 
 /// Where a node's lease call is.
@@ -220,6 +238,7 @@ enum Flight {
         want: u64,
         demand: u64,
         rate: u64,
+        release_seq: u64,
     },
     /// Run by the store; the reply (tokens granted, rate) is on its way.
     Ran {
@@ -245,6 +264,8 @@ struct Seen {
     flights_paid: u64,
     /// Flights whose old lease expired locally before the reply.
     expired_in_flight: u64,
+    /// Releases the store ran after a lease of their node that had said they were sent.
+    landed_late: u64,
     tightest: f64,
 }
 
@@ -278,6 +299,11 @@ fn rate_leases_keep_the_window_bound() {
         seen.expired_in_flight
     );
     assert!(
+        seen.landed_late > 500,
+        "only {} releases ran after their node's next lease",
+        seen.landed_late
+    );
+    assert!(
         seen.tightest > 0.95,
         "no window came near its bound (at most {:.3} of it)",
         seen.tightest
@@ -296,6 +322,10 @@ fn window_bound_case(
         let mut st = Stored::default();
         let mut now = 1_000_000u64;
         let mut nodes = [Node::default(); 3];
+        // Each node's releases not run yet: (seq, tokens, leaving).
+        let mut sent: [Vec<(u64, u64, bool)>; 3] = Default::default();
+        // The highest release seq a lease of each node has told the store.
+        let mut told = [0u64; 3];
         let ids = ["a", "b", "c"];
         let step_us = drip_step_us(horizon_us);
         // (time, tokens) of every spend.
@@ -330,6 +360,7 @@ fn window_bound_case(
                                 want,
                                 demand,
                                 rate,
+                                release_seq: n.release_seq,
                             };
                         }
                         Flight::Sent {
@@ -339,6 +370,7 @@ fn window_bound_case(
                             want,
                             demand,
                             rate,
+                            release_seq,
                         } => {
                             let lease = NodeLeaseArgs {
                                 id: ids[usize::from(node)],
@@ -347,8 +379,10 @@ fn window_bound_case(
                                 horizon_us,
                                 ttl_us: 1_000_000,
                                 rate_mtps: rate,
-                                release_seq: 0,
+                                release_seq,
                             };
+                            let told = &mut told[usize::from(node)];
+                            *told = (*told).max(release_seq);
                             let op = Op::Lease {
                                 want,
                                 min: 1,
@@ -424,6 +458,58 @@ fn window_bound_case(
                         spent.push((now, reply.granted));
                     }
                 }
+                Move::Release {
+                    node,
+                    n: most,
+                    leaving,
+                } => {
+                    let i = usize::from(node);
+                    let n = &mut nodes[i];
+                    // One call at a time: not while a lease is in flight.
+                    if !matches!(n.flight, Flight::Idle) {
+                        continue;
+                    }
+                    // Taken out of what it holds before the release is sent (so its next
+                    // lease reports them gone), never more than the store counts for it.
+                    let tokens = if leaving {
+                        n.local
+                    } else {
+                        most.min(n.local).min(n.counted)
+                    };
+                    if tokens == 0 && !leaving {
+                        continue;
+                    }
+                    n.release_seq += 1;
+                    sent[i].push((n.release_seq, tokens, leaving));
+                    if leaving {
+                        // Its lease ends, rate and all (`give_back`).
+                        *n = Node {
+                            release_seq: n.release_seq,
+                            ..Node::default()
+                        };
+                    } else {
+                        n.local -= tokens;
+                        n.counted -= tokens;
+                    }
+                }
+                Move::Land { node, pick } => {
+                    let i = usize::from(node);
+                    if sent[i].is_empty() {
+                        continue;
+                    }
+                    let (seq, tokens, leaving) = sent[i].remove(usize::from(pick) % sent[i].len());
+                    seen.landed_late += u64::from(seq <= told[i]);
+                    let release = NodeReleaseArgs {
+                        id: ids[i],
+                        seq,
+                        leaving,
+                    };
+                    let op = Op::Release {
+                        tokens,
+                        node: Some(release),
+                    };
+                    step(&mut st, &quota, op, now).unwrap();
+                }
                 Move::Wait { us } => {
                     now += us;
                     for n in &mut nodes {
@@ -432,7 +518,10 @@ fn window_bound_case(
                         // flight up to then.
                         if n.deadline > 0 && now >= n.deadline {
                             *n = match n.flight {
-                                Flight::Idle => Node::default(),
+                                Flight::Idle => Node {
+                                    release_seq: n.release_seq,
+                                    ..Node::default()
+                                },
                                 flight => Node {
                                     local: 0,
                                     carry: 0.0,
