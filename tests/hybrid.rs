@@ -10,7 +10,7 @@ use std::time::Duration;
 use ratelease::{
     AcquireError, AdaptiveLease, BuildError, CallContext, Decision, FailurePolicy, HybridLimiter,
     HybridStats, LeaseAsk, LeaseContext, LeasePolicy, LeaseRequest, LeaseStore, LeaseTerms,
-    LocalAnswer, MemoryStore, Quota, StoreError,
+    LocalAnswer, MemoryStore, Quota, ReleaseRequest, StoreError,
 };
 
 mod wrapped;
@@ -427,6 +427,122 @@ async fn an_idle_node_gives_its_tokens_back() {
         .await
         .unwrap();
     assert!(reply.granted >= 6_000 - 200, "{reply:?}");
+}
+
+/// A node's call to a store that, while `late` is on, answers a node's release with a timeout
+/// and runs it only at [`LateReleases::land`], after whatever the node did meanwhile.
+#[derive(Clone)]
+struct LateReleases {
+    inner: MemoryStore,
+    late: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Releases not run yet, with their name and quota.
+    held_back: std::sync::Arc<std::sync::Mutex<Vec<(String, Quota, ReleaseRequest)>>>,
+    /// The node's calls as sent: a lease's `release_seq` (`true`), a release's `seq`.
+    calls: std::sync::Arc<std::sync::Mutex<Vec<(bool, u64)>>>,
+}
+
+impl LateReleases {
+    fn new() -> Self {
+        LateReleases {
+            inner: MemoryStore::with_clock(ratelease::TokioClock::new()),
+            late: Default::default(),
+            held_back: Default::default(),
+            calls: Default::default(),
+        }
+    }
+
+    /// Runs the releases held back.
+    async fn land(&self) -> usize {
+        let held_back = std::mem::take(&mut *self.held_back.lock().unwrap());
+        for (name, quota, req) in &held_back {
+            self.inner.release(name, quota, req).await.unwrap();
+        }
+        held_back.len()
+    }
+}
+
+impl LeaseStore for LateReleases {
+    async fn lease(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        if let Some(n) = req.node {
+            self.calls.lock().unwrap().push((true, n.release_seq));
+        }
+        self.inner.lease(name, quota, req).await
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        quota: &Quota,
+        req: &ReleaseRequest,
+    ) -> Result<ratelease::LeaseReply, StoreError> {
+        if let Some(n) = req.node {
+            self.calls.lock().unwrap().push((false, n.seq));
+            if self.late.load(Ordering::SeqCst) {
+                let held = (name.to_owned(), *quota, *req);
+                self.held_back.lock().unwrap().push(held);
+                return Err(StoreError::Timeout(Duration::from_millis(100)));
+            }
+        }
+        self.inner.release(name, quota, req).await
+    }
+}
+
+/// Every lease carries the seq of the last release the node sent, so a release the store runs
+/// after it is ignored: an idle node's give-back (a leaving release) times out for the node
+/// and runs after the node has leased again. Run, it dropped the node's new record, and the
+/// tokens that lease granted were counted nowhere.
+#[tokio::test(start_paused = true)]
+async fn a_release_the_store_runs_after_the_nodes_next_lease_is_ignored() {
+    let store = LateReleases::new();
+    let quota = Quota::per_minute(6_000).unwrap();
+    let node = HybridLimiter::builder("late", quota, store.clone())
+        .build()
+        .unwrap();
+    let spend = || async {
+        for _ in 0..200 {
+            let _ = node.try_acquire(1).unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    spend().await;
+    assert!(node.available() > 0, "it holds a lease");
+    // Idle: it gives its tokens back as it leaves; the store runs that release late.
+    store.late.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(node.available(), 0);
+    assert_eq!(store.held_back.lock().unwrap().len(), 1);
+    store.late.store(false, Ordering::SeqCst);
+    spend().await;
+    assert!(node.available() > 0, "it leased again");
+    assert_eq!(store.land().await, 1);
+    // Its record is still on the store's books: another node's lease counts two leasers.
+    let other = LeaseRequest::new(1, 1).by(ratelease::NodeLease {
+        id: 999,
+        held: 0,
+        demand_mtps: 1_000,
+        horizon: Duration::from_millis(100),
+        ttl: Duration::from_secs(1),
+        rate_mtps: 0,
+        release_seq: 0,
+    });
+    let reply = store.inner.lease("late", &quota, &other).await.unwrap();
+    assert_eq!(reply.leasers, 2, "{reply:?}");
+    // Every lease said which release the node had sent last.
+    let calls = store.calls.lock().unwrap().clone();
+    let mut last = 0;
+    for &(lease, seq) in &calls {
+        if lease {
+            assert_eq!(seq, last, "{calls:?}");
+        } else {
+            last = seq;
+        }
+    }
+    assert!(last > 0 && calls.last().is_some_and(|c| c.0), "{calls:?}");
 }
 
 #[tokio::test(start_paused = true)]
