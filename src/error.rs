@@ -110,6 +110,8 @@ pub enum AcquireError {
 impl AcquireError {
     /// This error without the Redis key it happened at, for a log line: a keyed limiter's
     /// key holds the caller's key (an API key, say), which the error's text shows.
+    // Read by the HTTP layer's log lines only.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn without_key(&self) -> Self {
         match self {
             AcquireError::Store(e) => AcquireError::Store(e.without_key()),
@@ -346,6 +348,8 @@ impl RedisFailure {
     }
 
     /// This failure without the key it happened at (see [`AcquireError::without_key`]).
+    // Read by the HTTP layer's log lines only.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     fn without_key(&self) -> Self {
         RedisFailure {
             key: None,
@@ -417,6 +421,8 @@ impl StoreError {
     }
 
     /// This error without the key it happened at (see [`AcquireError::without_key`]).
+    // Read by the HTTP layer's log lines only.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     fn without_key(&self) -> Self {
         match self {
             StoreError::Redis(e) => StoreError::Redis(e.without_key()),
