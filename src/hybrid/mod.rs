@@ -389,8 +389,8 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// `try_acquire` does — except where leasing buys nothing (see
     /// [`acquire_now`](Self::acquire_now)): there a miss is `NeedsLease` (the answer is one
     /// decision in the store, which [`try_acquire_or_lease`](Self::try_acquire_or_lease) and
-    /// the waiting calls make) or, while the store's last refusal stands, `Denied`, and no
-    /// lease is started.
+    /// the waiting calls make) or, while the store's last refusal stands for a request this
+    /// large, `Denied`, and no lease is started.
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).

@@ -254,7 +254,8 @@ impl<S: LeaseStore> Shared<S> {
     /// A miss of `acquire_now` while leasing buys nothing: one decision in the store for
     /// this request, as a [`RedisLimiter`](crate::RedisLimiter) makes — an exact take of `n`
     /// tokens that the store does not count as held, since they are spent at once. A known
-    /// refusal (the store's last "not before") answers without a call. Callers make it only
+    /// refusal (the store's last "not before", for requests larger than the bucket then
+    /// held: see `blocked_above`) answers without a call. Callers make it only
     /// while [`decides_per_request`](Self::decides_per_request) (so not while the failure
     /// policy answers).
     #[cold]

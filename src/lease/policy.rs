@@ -344,7 +344,8 @@ impl AdaptiveLease {
     /// Whether leases may also ask to hold a rate (see [`LeaseTerms::rate_leases`]). On, a
     /// node asks for one where token leases would be small (a tight burst, a small share) or
     /// frequent (a horizon under 50 ms) and its room in the burst can carry it (its part, or
-    /// in a fleet of at most 100 what the burst has for every leaser); `SIMULATIONS.md`
+    /// in a fleet of at most 1 000 what the burst has for every leaser; beyond 100 leasers the
+    /// room a rate needs is a token less); `SIMULATIONS.md`
     /// ("Rate leases") has where that pays and where it costs. Clients of the same bucket that decide per request (pure mode, another
     /// language's client of the script) report no demand; the store counts what they ask for
     /// (retries included) in the shares of the rate, from the first rate held on (the first

@@ -123,7 +123,8 @@ pub(crate) struct RateAsk {
     pub(crate) rate_mtps: u64,
     /// Counted tokens worth keeping for it: the slack plus room for a horizon of the rate (at
     /// least [`MIN_ROOM`]), never more than the node's room in the burst (which has room for
-    /// the slack and [`MIN_ROOM`]). Every counted token lowers the shared bucket's ceiling
+    /// the slack and [`MIN_ROOM`], or [`FLEET_MIN_ROOM`] beyond [`FULL_ROOM_MAX_LEASERS`]
+    /// leasers). Every counted token lowers the shared bucket's ceiling
     /// (the burst less what is counted out), and a rated node's drip fills its bucket only
     /// while its demand lags its rate: room for two horizons held the ceiling so low that
     /// the refill the rates leave was lost there (1 000 nodes each busy one second in twenty:
