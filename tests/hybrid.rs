@@ -14,7 +14,7 @@ use ratelease::{
 };
 
 mod wrapped;
-use wrapped::Wrapped;
+use wrapped::{Never, Wrapped};
 
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -545,20 +545,24 @@ async fn a_release_the_store_runs_after_the_nodes_next_lease_is_ignored() {
     assert!(last > 0 && calls.last().is_some_and(|c| c.0), "{calls:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn tokens_are_dropped_before_their_lease_expires() {
-    // A store that answers the first lease and then fails: the node cannot renew, so it must
-    // stop spending before the store forgets its lease (ttl 1 s).
-    let store = Wrapped::new(Duration::from_micros(100));
-    let quota = Quota::per_minute(6_000).unwrap();
-    let node = HybridLimiter::builder("expire", quota, store.clone())
+/// A node on `store` whose leases last a second (ttl 1 s) and are not given back for idleness.
+fn lasting_a_second(name: &str, store: &Wrapped) -> HybridLimiter<Wrapped> {
+    HybridLimiter::builder(name, Quota::per_minute(6_000).unwrap(), store.clone())
         .policy(
             AdaptiveLease::new()
                 .horizon(Duration::from_millis(100)) // so the ttl is 1 s
                 .idle_after(Duration::from_secs(60)),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_are_dropped_before_their_lease_expires() {
+    // A store that answers the first lease and then fails: the node cannot renew, so it must
+    // stop spending before the store forgets its lease (ttl 1 s).
+    let store = Wrapped::new(Duration::from_micros(100));
+    let node = lasting_a_second("expire", &store);
     for _ in 0..100 {
         let _ = node.try_acquire(1).unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -579,15 +583,7 @@ async fn tokens_are_dropped_at_their_expiry_while_a_renewal_is_in_flight() {
     // reaches the store 250 ms later, after the store forgot the lease: the old tokens must go
     // at the local expiry, in flight or not, and what the reply brings is all the node holds.
     let store = Wrapped::new(Duration::from_micros(100));
-    let quota = Quota::per_minute(6_000).unwrap();
-    let node = HybridLimiter::builder("in-flight", quota, store.clone())
-        .policy(
-            AdaptiveLease::new()
-                .horizon(Duration::from_millis(100)) // so the ttl is 1 s
-                .idle_after(Duration::from_secs(60)),
-        )
-        .build()
-        .unwrap();
+    let node = lasting_a_second("in-flight", &store);
     let mut leased_at = tokio::time::Instant::now();
     let mut leases = node.stats().leases;
     for _ in 0..100 {
@@ -1237,44 +1233,6 @@ async fn a_lease_refused_for_a_minimum_above_the_stored_burst_renews_nothing() {
     tokio::time::sleep(Duration::from_millis(450)).await;
     let stats = limiter.stats();
     assert_eq!(stats.local_tokens, 0, "{stats:?}");
-}
-
-/// A store whose every reply grants `granted` tokens (at most what is asked; 0 is a refusal)
-/// and says the next will come, or the window end, in `Duration::MAX`: a store outside this
-/// crate may say "never" so.
-#[derive(Clone)]
-struct Never {
-    granted: u64,
-}
-
-impl LeaseStore for Never {
-    async fn lease(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        req: &LeaseRequest,
-    ) -> Result<ratelease::LeaseReply, StoreError> {
-        let granted = self.granted.min(req.want);
-        Ok(ratelease::LeaseReply {
-            granted: if granted >= req.min { granted } else { 0 },
-            retry_after: Duration::MAX,
-            reset_after: Duration::MAX,
-            at: Some(Duration::ZERO),
-            ..ratelease::LeaseReply::empty(*quota, ratelease::QuotaSource::Caller)
-        })
-    }
-
-    async fn release(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        _req: &ratelease::ReleaseRequest,
-    ) -> Result<ratelease::LeaseReply, StoreError> {
-        Ok(ratelease::LeaseReply::empty(
-            *quota,
-            ratelease::QuotaSource::Caller,
-        ))
-    }
 }
 
 /// The default policy, deciding every miss in the store (per request).

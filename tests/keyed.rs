@@ -18,7 +18,7 @@ use ratelease::{
 use tokio::time::{sleep, Instant};
 
 mod wrapped;
-use wrapped::Wrapped;
+use wrapped::{Never, Wrapped};
 
 const RTT: Duration = Duration::from_micros(100);
 
@@ -767,44 +767,17 @@ async fn a_small_waiter_is_not_given_a_larger_waiters_refusal() {
     large.await.unwrap().unwrap();
 }
 
-/// A store that refuses every lease, saying the next token comes in `Duration::MAX` (a store
-/// outside this crate may say "never" so).
-#[derive(Clone)]
-struct Never;
-
-impl LeaseStore for Never {
-    async fn lease(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        _req: &LeaseRequest,
-    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
-        Ok(ratelease::LeaseReply {
-            retry_after: Duration::MAX,
-            ..ratelease::LeaseReply::empty(*quota, ratelease::QuotaSource::Caller)
-        })
-    }
-
-    async fn release(
-        &self,
-        _name: &str,
-        quota: &Quota,
-        _req: &ratelease::ReleaseRequest,
-    ) -> Result<ratelease::LeaseReply, ratelease::StoreError> {
-        Ok(ratelease::LeaseReply::empty(
-            *quota,
-            ratelease::QuotaSource::Caller,
-        ))
-    }
-}
-
 /// The worker reads a refusal's wait of `Duration::MAX` as "not for a long time": it does not
 /// panic (which would leave every key's waiters unanswered for good).
 #[tokio::test(start_paused = true)]
 async fn a_refusal_that_says_never_panics_nothing() {
-    let limiter = KeyedHybridLimiter::builder("never", Quota::per_second(10).unwrap(), Never)
-        .build()
-        .unwrap();
+    let limiter = KeyedHybridLimiter::builder(
+        "never",
+        Quota::per_second(10).unwrap(),
+        Never { granted: 0 },
+    )
+    .build()
+    .unwrap();
     for key in ["a", "b", "a"] {
         let answer = tokio::time::timeout(
             Duration::from_secs(1),

@@ -33,22 +33,12 @@ pub(super) struct Shared {
     pub(super) lease_size: Option<u64>,
 }
 
-/// The keys of each table kind whose struct flattens [`Shared`] into its own, in serde's
-/// order: serde's "unknown field" error cannot list them for such a table (it reads it as a
-/// map), so [`accepted_keys`] does, for `ParseError`. A test holds each list to its struct's
-/// fields.
-const DEFAULTS_KEYS: &[&str] = &[
-    "algorithm",
-    "unconfigured",
-    "budget",
-    "prefetch",
-    "mode",
-    "on_store_failure",
-    "expected_nodes",
-    "horizon",
-    "lease_size",
-];
-/// [`Table`]'s keys (see [`DEFAULTS_KEYS`]).
+/// The keys of each table kind whose struct flattens [`Shared`] into its own, its own before
+/// [`SHARED_KEYS`], in serde's order: serde's "unknown field" error cannot list them for such
+/// a table (it reads it as a map), so [`accepted_keys`] does, for `ParseError`. A test holds
+/// each list to its struct's fields.
+const DEFAULTS_KEYS: &[&str] = &["algorithm", "unconfigured", "budget", "prefetch"];
+/// [`Table`]'s own keys (see [`DEFAULTS_KEYS`]).
 const TABLE_KEYS: &[&str] = &[
     "rate",
     "period",
@@ -57,13 +47,8 @@ const TABLE_KEYS: &[&str] = &[
     "unconfigured",
     "budget",
     "prefetch",
-    "mode",
-    "on_store_failure",
-    "expected_nodes",
-    "horizon",
-    "lease_size",
 ];
-/// [`KeyedTable`]'s keys (see [`DEFAULTS_KEYS`]).
+/// [`KeyedTable`]'s own keys (see [`DEFAULTS_KEYS`]).
 const KEYED_KEYS: &[&str] = &[
     "rate",
     "period",
@@ -72,6 +57,9 @@ const KEYED_KEYS: &[&str] = &[
     "idle_ttl",
     "give_back_after",
     "max_in_flight",
+];
+/// [`Shared`]'s keys, which each of the three flattens after its own.
+const SHARED_KEYS: &[&str] = &[
     "mode",
     "on_store_failure",
     "expected_nodes",
@@ -82,13 +70,14 @@ const KEYED_KEYS: &[&str] = &[
 /// The keys `table` takes (as its header names it: `defaults`, `limiters.a`, `keyed.b`), for
 /// the kinds whose unknown key serde reports without them; `None` for the others (serde lists
 /// a `[concurrency.*]` table's keys itself).
-pub(super) fn accepted_keys(table: &str) -> Option<&'static [&'static str]> {
-    match table.split('.').next()?.trim() {
-        "defaults" => Some(DEFAULTS_KEYS),
-        "limiters" => Some(TABLE_KEYS),
-        "keyed" => Some(KEYED_KEYS),
-        _ => None,
-    }
+pub(super) fn accepted_keys(table: &str) -> Option<Vec<&'static str>> {
+    let own = match table.split('.').next()?.trim() {
+        "defaults" => DEFAULTS_KEYS,
+        "limiters" => TABLE_KEYS,
+        "keyed" => KEYED_KEYS,
+        _ => return None,
+    };
+    Some([own, SHARED_KEYS].concat())
 }
 
 /// `[defaults]`: the shared keys, and those of plain limiters only.
@@ -407,7 +396,7 @@ mod tests {
                 true => "rate = 1\n",
                 false => "",
             };
-            for key in keys {
+            for key in &keys {
                 let text = format!("[{header}]\n{}{key} = [1, 2]\n", rate(key));
                 let error = toml::from_str::<File>(&text).unwrap_err();
                 assert!(

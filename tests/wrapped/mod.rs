@@ -1,5 +1,6 @@
 //! A test store: the real [`MemoryStore`] on tokio's paused clock, with a network delay, an
-//! on/off failure switch, and a count of overlapping calls. Shared by the test binaries that
+//! on/off failure switch, and a count of overlapping calls; and [`Never`], a store whose
+//! replies say the next token comes in `Duration::MAX`. Shared by the test binaries that
 //! `mod wrapped;`.
 
 // Each test binary uses part of it.
@@ -100,5 +101,40 @@ impl ratelease::ConcurrencyStore for Wrapped {
     ) -> Result<ratelease::concurrency::holders::Reply, StoreError> {
         tokio::time::sleep(self.delay).await;
         self.inner.concurrency(name, op).await
+    }
+}
+
+/// A store whose every reply grants `granted` tokens (at most what is asked; 0 is a refusal)
+/// and says the next will come, or the window end, in `Duration::MAX`: a store outside this
+/// crate may say "never" so.
+#[derive(Clone)]
+pub struct Never {
+    pub granted: u64,
+}
+
+impl LeaseStore for Never {
+    async fn lease(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        req: &LeaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        let granted = self.granted.min(req.want);
+        Ok(LeaseReply {
+            granted: if granted >= req.min { granted } else { 0 },
+            retry_after: Duration::MAX,
+            reset_after: Duration::MAX,
+            at: Some(Duration::ZERO),
+            ..LeaseReply::empty(*quota, ratelease::QuotaSource::Caller)
+        })
+    }
+
+    async fn release(
+        &self,
+        _name: &str,
+        quota: &Quota,
+        _req: &ReleaseRequest,
+    ) -> Result<LeaseReply, StoreError> {
+        Ok(LeaseReply::empty(*quota, ratelease::QuotaSource::Caller))
     }
 }
