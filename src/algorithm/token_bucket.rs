@@ -1019,6 +1019,35 @@ mod tests {
         rated_lease(st, q, id, want, held, demand, 0, now)
     }
 
+    /// A node's lease arguments: a 100 ms horizon, a 1 s ttl, no rate, no release sent.
+    fn node_args(id: &str, held: u64, demand: u64) -> NodeLeaseArgs<'_> {
+        NodeLeaseArgs {
+            id,
+            held,
+            demand_mtps: demand,
+            horizon_us: 100_000,
+            ttl_us: 1_000_000,
+            rate_mtps: 0,
+            release_seq: 0,
+        }
+    }
+
+    /// A lease of between 1 and `want` tokens by `node`.
+    fn lease_by(
+        st: &mut Stored,
+        q: &Quota,
+        want: u64,
+        node: NodeLeaseArgs<'_>,
+        now: u64,
+    ) -> StepReply {
+        let op = Op::Lease {
+            want,
+            min: 1,
+            node: Some(node),
+        };
+        step(st, q, op, now).unwrap().0
+    }
+
     /// A node lease (100 ms horizon, 1 s ttl) that also asks for `rate_mtps`.
     #[allow(clippy::too_many_arguments)]
     fn rated_lease(
@@ -1032,26 +1061,10 @@ mod tests {
         now: u64,
     ) -> StepReply {
         let node = NodeLeaseArgs {
-            id,
-            held,
-            demand_mtps: demand,
-            horizon_us: 100_000,
-            ttl_us: 1_000_000,
             rate_mtps,
-            release_seq: 0,
+            ..node_args(id, held, demand)
         };
-        step(
-            st,
-            q,
-            Op::Lease {
-                want,
-                min: 1,
-                node: Some(node),
-            },
-            now,
-        )
-        .unwrap()
-        .0
+        lease_by(st, q, want, node, now)
     }
 
     fn release(st: &mut Stored, q: &Quota, tokens: u64, now: u64) -> StepReply {
@@ -1420,20 +1433,10 @@ mod tests {
             let mut st = Stored::default();
             let lease = |st: &mut Stored, want, held, release_seq| {
                 let node = NodeLeaseArgs {
-                    id: "a",
-                    held,
-                    demand_mtps: 1_000,
-                    horizon_us: 100_000,
-                    ttl_us: 1_000_000,
-                    rate_mtps: 0,
                     release_seq,
+                    ..node_args("a", held, 1_000)
                 };
-                let op = Op::Lease {
-                    want,
-                    min: 1,
-                    node: Some(node),
-                };
-                step(st, &q, op, 0).unwrap().0
+                lease_by(st, &q, want, node, 0)
             };
             assert_eq!(lease(&mut st, 10, 0, 0).granted, 10);
             // The second lease says release 1 was sent: its 4 tokens are not in `held`.
@@ -1469,20 +1472,10 @@ mod tests {
         let mut st = Stored::default();
         let lease = |st: &mut Stored, release_seq| {
             let node = NodeLeaseArgs {
-                id: "a",
-                held: 0,
-                demand_mtps: 1_000,
-                horizon_us: 100_000,
-                ttl_us: 1_000_000,
-                rate_mtps: 0,
                 release_seq,
+                ..node_args("a", 0, 1_000)
             };
-            let op = Op::Lease {
-                want: 10,
-                min: 1,
-                node: Some(node),
-            };
-            step(st, &q, op, 0).unwrap();
+            lease_by(st, &q, 10, node, 0);
             st.leasers["a"].release_seq
         };
         assert_eq!(lease(&mut st, 3), 3, "a new record starts from it");

@@ -386,11 +386,10 @@ impl<S: LeaseStore> Shared<S> {
     /// Denies requests of more than `fits` tokens until `deadline`, because the store refused
     /// one (a decision per request): the bucket held `fits`.
     fn block_above(&self, deadline: Instant, fits: u64) {
-        let ns = self.origin.ns_at(deadline);
-        // Relaxed: hints, as in `blocked_for`.
+        self.block_until(deadline, true);
+        // Relaxed: a hint, as in `blocked_for_n`; read before it, the block holds every
+        // request (the safe side) for that moment.
         self.blocked_above.store(fits, Ordering::Relaxed);
-        self.blocked_until_ns.store(ns, Ordering::Relaxed);
-        self.refused_until_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Callers need not wait from now on: a grant ends any block early, and a refusal so ended
