@@ -165,12 +165,20 @@ async fn a_rated_node_renews_before_its_lease_expires_when_the_quota_changes() {
     );
 }
 
+/// When the quiet node's rate ended (ms after its last request), its lease calls and releases
+/// by then, and the share the store told it then, millitokens a second.
+struct Ended {
+    after: u64,
+    leases: u64,
+    releases: u64,
+    share_mtps: u64,
+}
+
 /// Two nodes under a tight burst with rate leases; the first is asked `quiet_per_s` times a
 /// second, the second 1 500, for three seconds; then the first stops. Returns when the first's
-/// rate ended (ms after its last request) and its lease calls and releases by then, after
-/// checking that both held rates, that the busy node's rate never ended, and that it grew
-/// once the quiet node's was free.
-async fn quiet_node(quiet_per_s: u64) -> (u64, u64, u64) {
+/// rate ended, after checking that both held rates, that the busy node's rate never ended,
+/// and that it grew once the quiet node's was free.
+async fn quiet_node(quiet_per_s: u64) -> Ended {
     let fleet = tight_fleet("quiet", 2, true);
     let (quiet, busy) = (&fleet[0], &fleet[1]);
     // Requests in millisecond `ms`: 1 500/s for the busy node (two in odd milliseconds, one in
@@ -206,7 +214,12 @@ async fn quiet_node(quiet_per_s: u64) -> (u64, u64, u64) {
         tokio::time::sleep(Duration::from_millis(1)).await;
         let q = quiet.stats();
         if q.rate_mtps == 0 && ended.is_none() {
-            ended = Some((ms, q.leases - leases, q.releases - releases));
+            ended = Some(Ended {
+                after: ms,
+                leases: q.leases - leases,
+                releases: q.releases - releases,
+                share_mtps: q.share_mtps,
+            });
         }
         assert!(
             busy.stats().rate_mtps > 0,
@@ -227,12 +240,24 @@ async fn a_node_that_goes_quiet_ends_its_rate_at_once_and_a_busy_one_keeps_it() 
     // A node asked 1 500 times a second stops: the rate it held is refill the fleet could
     // spend. It must end within a tenth of a second (twenty expected gaps, at least a review),
     // by one lease call, not decay renewal by renewal as the demand estimate falls.
-    let (after, leases, releases) = quiet_node(1_500).await;
+    let ended = quiet_node(1_500).await;
     assert!(
-        after < 100,
-        "the quiet node's rate ended {after} ms after its last request"
+        ended.after < 100,
+        "the quiet node's rate ended {} ms after its last request",
+        ended.after
     );
-    assert_eq!((leases, releases), (1, 0), "calls that ended it");
+    assert_eq!(
+        (ended.leases, ended.releases),
+        (1, 0),
+        "calls that ended it"
+    );
+    // That call reported no demand (the burst is tight): the store shares the rate by
+    // reported demand, and a quiet node's decaying estimate would keep half of it from the
+    // busy node until the quiet one gives its tokens back.
+    assert_eq!(
+        ended.share_mtps, 0,
+        "the quiet node's share once its rate ended"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -240,11 +265,16 @@ async fn a_slower_node_that_goes_quiet_waits_twenty_gaps_before_its_rate_ends() 
     // At 100 requests a second twenty expected gaps are 200 ms, which the node must wait
     // out as its estimate was when its demand stopped (the estimate itself decays meanwhile,
     // and would stretch the wait past the idle give-back at 500 ms).
-    let (after, leases, _) = quiet_node(100).await;
+    let ended = quiet_node(100).await;
     assert!(
-        (150..400).contains(&after),
-        "the quiet node's rate ended {after} ms after its last request"
+        (150..400).contains(&ended.after),
+        "the quiet node's rate ended {} ms after its last request",
+        ended.after
     );
     // (Its estimate halves within those 200 ms, which renews the rate smaller first.)
-    assert!(leases <= 2, "{leases} lease calls before its rate ended");
+    assert!(
+        ended.leases <= 2,
+        "{} lease calls before its rate ended",
+        ended.leases
+    );
 }

@@ -11,7 +11,7 @@ use crate::algorithm::Algorithm;
 use crate::config::Unconfigured;
 use crate::lease::demand::{DemandEstimator, RecentRate};
 use crate::lease::drip::Drip;
-use crate::lease::policy::{CallContext, LeaseContext, LeaseTerms};
+use crate::lease::policy::{tight, CallContext, LeaseContext, LeaseTerms};
 use crate::lease::rate_ask::rate_ask;
 use crate::lease::refill::Wake;
 use crate::quota::{Quota, MAX_VALUE};
@@ -667,7 +667,12 @@ impl Task {
             request = request.by(NodeLease {
                 id: s.node_id,
                 held,
-                demand_mtps: reported_demand(self.demand.rate(), ask.min, terms.horizon),
+                // A quiet node's demand is gone where the burst is tight (see `quiet_at`).
+                demand_mtps: if quiet && tight(&self.quota) {
+                    0
+                } else {
+                    reported_demand(self.demand.rate(), ask.min, terms.horizon)
+                },
                 horizon: terms.horizon,
                 ttl: terms.ttl,
                 rate_mtps: rate_ask,

@@ -603,9 +603,9 @@ fn fill_s(quota: &Quota) -> f64 {
 }
 
 /// Whether `quota`'s burst is tight: it fills in under [`AUTO_RATE_FILL`] (where rate leases
-/// are on by default in a small fleet, and small shares lease for longer from
-/// [`TIGHT_SHARE_REF`]).
-fn tight(quota: &Quota) -> bool {
+/// are on by default in a small fleet, small shares lease for longer from
+/// [`TIGHT_SHARE_REF`], and a rated node gone quiet reports no demand: `Task::quiet_at`).
+pub(crate) fn tight(quota: &Quota) -> bool {
     fill_s(quota) < AUTO_RATE_FILL.as_secs_f64()
 }
 
