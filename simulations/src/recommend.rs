@@ -5,11 +5,15 @@
 //! The rule, in order of what matters to someone running one limit for a fleet:
 //!
 //! 1. **The bound.** A mode that let any window exceed `burst + rate × W` is out.
-//! 2. **Fairness, then admission.** Of the rest, the fair ones (Jain's index at least
+//! 2. **A Redis the fleet can afford.** A mode whose calls keep Redis busy more than
+//!    [`AFFORDABLE_CPU`] of a core for this one limit is out, unless every mode does: one limit
+//!    that takes more crowds out whatever else the server serves (a thousand nodes leasing a
+//!    tight burst a few tokens at a time took 0.56 of a core for 1.4 points of utilization).
+//! 3. **Fairness, then admission.** Of the rest, the fair ones (Jain's index at least
 //!    [`FAIR_JAIN`], or within [`UTIL_SLACK`] of the fairest where none reaches it), and of
 //!    those the ones within [`UTIL_SLACK`] of the best utilization among them — a point of
 //!    utilization or fairness is worth more than any number of store calls a fleet can afford.
-//! 3. **Cost.** Among those, the fewest store calls, since each call is Redis CPU and a round
+//! 4. **Cost.** Among those, the fewest store calls, since each call is Redis CPU and a round
 //!    trip on some node — but calls within [`CALLS_SLACK`] of the fewest count as as few, and
 //!    of those the best utilization wins: a dozen calls saved is no reason to admit less. On a
 //!    tie, the mode listed first (the report lists the default before its variants).
@@ -28,6 +32,10 @@ pub const FAIR_JAIN: f64 = 0.98;
 /// Store calls up to this multiple of the fewest count as as few (a tenth more).
 pub const CALLS_SLACK: f64 = 1.1;
 
+/// The most Redis time, in cores over the run, a mode's calls for one limit may take and still
+/// be recommended: half a core, the fleet-scale goal of this project.
+pub const AFFORDABLE_CPU: f64 = 0.5;
+
 /// What the rule reads of one mode's results.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate<'a> {
@@ -43,6 +51,8 @@ pub struct Candidate<'a> {
     pub overshoot: u64,
     /// Calls to the store.
     pub store_calls: u64,
+    /// Cores of Redis time the calls took, over the run.
+    pub redis_cpu: f64,
 }
 
 /// The mode to recommend among `modes`, and why: two lines (the mode, then the numbers and
@@ -55,6 +65,17 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
     if bounded.is_empty() {
         return vec!["recommended: none — every mode exceeded burst + rate × W".to_string()];
     }
+    // Affordable, unless none is.
+    let affordable: Vec<&Candidate<'_>> = bounded
+        .iter()
+        .copied()
+        .filter(|m| m.redis_cpu <= AFFORDABLE_CPU)
+        .collect();
+    let bounded = if affordable.is_empty() {
+        bounded
+    } else {
+        affordable
+    };
     // The fair modes: Jain's index at least `FAIR_JAIN`, or, where none reaches it, within a
     // point of the fairest.
     let fairest = bounded.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
@@ -131,6 +152,7 @@ mod tests {
             jain,
             overshoot,
             store_calls: calls,
+            redis_cpu: 0.0,
         }
     }
 
@@ -164,6 +186,27 @@ mod tests {
         let mut fair = modes;
         fair[2].jain = 0.9810;
         assert_eq!(picked(&fair), "hybrid-rate");
+    }
+
+    #[test]
+    fn a_mode_that_takes_more_than_half_a_redis_core_is_out_unless_all_do() {
+        // tight-burst-fleet: fixed leases of 5 tokens admit the most, at 0.56 of a core.
+        let mut modes = [
+            m("pure-redis", 0.2828, 0.9130, 0, 1_481_868),
+            m("hybrid", 0.9847, 0.9922, 0, 45_470),
+            m("hybrid-fixed", 0.9984, 0.9955, 0, 824_882),
+        ];
+        let cpu = [1.0003, 0.0534, 0.5568];
+        assert_eq!(picked(&modes), "hybrid-fixed");
+        for (mode, cpu) in modes.iter_mut().zip(cpu) {
+            mode.redis_cpu = cpu;
+        }
+        assert_eq!(picked(&modes), "hybrid");
+        // Where every mode takes more, the rule looks at them all.
+        for mode in &mut modes {
+            mode.redis_cpu = 0.9;
+        }
+        assert_eq!(picked(&modes), "hybrid-fixed");
     }
 
     #[test]

@@ -332,6 +332,7 @@ impl Report {
                 jain: m.metrics.jain_acceptance,
                 overshoot: m.metrics.max_window_overshoot,
                 store_calls: m.metrics.store_calls,
+                redis_cpu: m.metrics.redis_cpu,
             })
             .collect();
         rates.chain(mixed).chain(recommend(&candidates)).collect()
