@@ -352,23 +352,20 @@ impl AdaptiveLease {
     /// rates may take all until their renewal).
     ///
     /// Default: automatic — on where the burst is **tight** (it fills in under a quarter of a
-    /// second of the rate, so token leases would last under 83 ms) in a fleet of at most
-    /// 1 000 nodes (the most the store has reported holding leases: [`CallContext::fleet`]);
-    /// off otherwise. There token leases, capped by the burst, are small and frequent, and
-    /// rate leases make 6–30 times fewer store calls: a burst of rate / 20 shared by 10 nodes
-    /// makes 0.6 % of pure mode's calls where token leases make 18 %, for a quarter of a point
-    /// of utilization; by 300 nodes 10 times fewer calls (the busiest node 109 → 14 a second,
-    /// Redis 0.17 → 0.02 core) for 0.4 of a point; by 1 000 nodes 6 times fewer (117 → 15,
-    /// 0.34 → 0.05 core) for 1.2 points, what small local buckets drop of the rates they are
-    /// dripped (SIMULATIONS.md, "Rate leases by default in a fleet of a thousand"). With a
-    /// burst of a second they save little (10 nodes: even). The fleet is the most leasers a
-    /// node has heard of since it started: one that saw more than 1 000 (a surge, a rolling
-    /// restart's overlap) leases tokens from then on; at 10 000 nodes neither serves a tight
-    /// burst well (0.93 of the budget with tokens, 0.90 with rates). (The store counts only
-    /// nodes holding a lease, and anonymous callers as one, so a recent count reads a large
-    /// fleet of mostly idle nodes as small; rate leases there admit 0.996 of the budget as
-    /// token leases do, but 0.87 of the first second where they admit 0.95, with a seventh of
-    /// the calls: SIMULATIONS.md, "sparse-tight-fleet".) A
+    /// second of the rate, so token leases would last under 83 ms) in a fleet of at most 100
+    /// nodes (the most the store has reported holding leases: [`CallContext::fleet`]); off
+    /// otherwise. There rate leases cost a quarter of a point of utilization or less for 2–30
+    /// times fewer store calls (a burst of rate / 20 shared by 10 nodes: 0.6 % of pure mode's
+    /// calls where token leases make 18 %); with a burst of a second they save little (10
+    /// nodes: even), and in a larger fleet they cost more than they save (1 000 nodes: 0.6 of
+    /// a point of utilization, and where demand comes and goes 0.12 of the first second, for
+    /// 35–55 % fewer calls; SIMULATIONS.md, "Rate leases for short horizons, one horizon of
+    /// room"). The fleet is the most
+    /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
+    /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
+    /// holding a lease, and anonymous callers as one, so a recent count reads a large fleet
+    /// of mostly idle nodes as small; rate leases there admit 0.990 of the budget where token leases admit 0.997, and 0.83
+    /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A
     /// rate ends when its node goes quiet (no request for twenty expected gaps, and for at
     /// least a quarter horizon held between 10 and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
     /// token bucket.
@@ -386,7 +383,7 @@ impl AdaptiveLease {
 
     /// Whether a call in `call`'s context, on terms that ask for a rate or not (`asked`),
     /// asks for one (see [`rate_leases`](Self::rate_leases)): as set, else if the terms ask or
-    /// the burst is tight and the fleet at most [`AUTO_RATE_MAX_FLEET`].
+    /// the burst is tight and the fleet small.
     fn rate_leases_at(&self, asked: bool, call: &CallContext) -> bool {
         self.rate_leases.unwrap_or_else(|| {
             asked || tight(&call.quota) && (1..=AUTO_RATE_MAX_FLEET).contains(&call.fleet)
@@ -551,7 +548,7 @@ impl LeasePolicy for AdaptiveLease {
     ///
     /// Whether the call asks for a rate is decided here too (see
     /// [`rate_leases`](Self::rate_leases)): as set, else automatically — on where the burst is
-    /// tight in a fleet of at most 1 000, or where `terms` (a wrapping policy's, say) already ask for one.
+    /// tight in a small fleet, or where `terms` (a wrapping policy's, say) already ask for one.
     fn terms_at(&self, terms: LeaseTerms, call: &CallContext) -> LeaseTerms {
         let rate_leases = self.rate_leases_at(terms.rate_leases, call);
         LeaseTerms {
@@ -606,7 +603,7 @@ fn fill_s(quota: &Quota) -> f64 {
 }
 
 /// Whether `quota`'s burst is tight: it fills in under [`AUTO_RATE_FILL`] (where rate leases
-/// are on by default in a fleet of at most 1 000, small shares lease for longer from
+/// are on by default in a small fleet, small shares lease for longer from
 /// [`TIGHT_SHARE_REF`], and a rated node gone quiet reports no demand: `Task::quiet_at`).
 pub(crate) fn tight(quota: &Quota) -> bool {
     fill_s(quota) < AUTO_RATE_FILL.as_secs_f64()
@@ -614,12 +611,9 @@ pub(crate) fn tight(quota: &Quota) -> bool {
 
 /// The largest fleet (the most leasers the store has reported to a node) in which
 /// [`AdaptiveLease`] leases a rate by default: with 10–100 nodes rate leases cost a tight burst
-/// at most a quarter of a point of utilization, with 300 0.4 of a point, with 1 000 1.2 points,
-/// for 6–30 times fewer store calls (SIMULATIONS.md, "Rate leases by default in a fleet of a
-/// thousand"). The same as `EVEN_ROOM_MAX_LEASERS` (`lease/rate_ask.rs`): beyond it small
-/// shares get no room for a rate, and a fleet of 10 000 sharing a burst of rate / 20 admitted
-/// 0.90 of the budget with rates, 0.93 with tokens.
-const AUTO_RATE_MAX_FLEET: u64 = 1_000;
+/// at most a quarter of a point of utilization; with 300, 0.4–0.9 points; with 1 000, a
+/// point (SIMULATIONS.md, "Rate leases by default for tight bursts").
+const AUTO_RATE_MAX_FLEET: u64 = 100;
 
 /// The share, as a part of the rate, below which a node leases for longer: one of a thousand
 /// nodes (see [`by_share`]).
@@ -940,14 +934,12 @@ pub(crate) mod tests {
         assert_eq!(at(90_000.0, 30), ms(250));
         assert_eq!(at(90_000.0, 0), ms(250));
         // Never below 10 ms: under a burst of 0.045 s a horizon of 15 ms shortens to 10, one
-        // of 0.03 s (10 ms) stays (token leases: a fleet that has been larger than 1 000).
+        // of 0.03 s (10 ms) stays.
         for (burst, horizon) in [(4_500, 15), (3_000, 10)] {
             let tight = q.with_burst(burst).unwrap();
             let tt = p.terms(&tight).unwrap();
             assert_eq!(tt.horizon, ms(horizon));
-            let call = CallContext::new(tight, Some(10_000.0))
-                .with_leasers(1_000)
-                .with_fleet(2_000);
+            let call = CallContext::new(tight, Some(10_000.0)).with_leasers(1_000);
             assert_eq!(p.terms_at(tt, &call).horizon, ms(10));
         }
         // A rate-leasing policy keeps its horizons (shorter ones made its nodes' reviews and
@@ -960,7 +952,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn leases_a_rate_by_default_where_the_burst_is_tight_and_the_fleet_at_most_a_thousand() {
+    fn leases_a_rate_by_default_where_the_burst_is_tight_and_the_fleet_small() {
         let rates = |p: &AdaptiveLease, q: Quota, fleet: u64| {
             let call = CallContext::new(q, Some(100.0))
                 .with_leasers(fleet / 2)
@@ -977,22 +969,21 @@ pub(crate) mod tests {
             assert!(!p.terms(&q).unwrap().rate_leases);
         }
         let tight = q.with_burst(100).unwrap();
-        // A fleet of up to 1 000 nodes (the most the store has reported); none known yet, or
-        // more than 1 000 (even if fewer hold leases now): token leases.
+        // A fleet of up to 100 nodes (the most the store has reported); none known yet, or
+        // more than 100 (even if fewer hold leases now): token leases.
         for (fleet, on) in [
             (0, false),
             (1, true),
             (100, true),
-            (1_000, true),
-            (1_001, false),
-            (10_000, false),
+            (101, false),
+            (1_000, false),
         ] {
             assert_eq!(rates(&p, tight, fleet), on, "fleet {fleet}");
         }
         // Set either way, the setting holds.
         let on = AdaptiveLease::new().rate_leases(true);
         let off = AdaptiveLease::new().rate_leases(false);
-        assert!(rates(&on, q, 10_000) && !rates(&off, tight, 10));
+        assert!(rates(&on, q, 1_000) && !rates(&off, tight, 10));
     }
 
     #[test]
