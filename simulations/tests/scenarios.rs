@@ -34,6 +34,7 @@ fn every_shipped_scenario_parses() {
             "low-rate",
             "mixed-fleet",
             "moving-hotspot",
+            "moving-hotspot-fleet",
             "node-crash",
             "rolling-restart",
             "scale-out-in",
