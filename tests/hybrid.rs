@@ -1289,6 +1289,29 @@ async fn a_store_reply_that_says_never_panics_nothing() {
     bounded(limiter.shutdown()).await.expect("no shutdown");
 }
 
+/// A policy that decides per request from the start leases nothing, the first lease included:
+/// `ready` returns at once rather than wait for a lease that never comes (it waited for good),
+/// and the first request is decided in the store.
+#[tokio::test(start_paused = true)]
+async fn ready_returns_for_a_node_that_decides_per_request_from_the_start() {
+    let store = MemoryStore::with_clock(ratelease::TokioClock::new());
+    let quota = Quota::per_second(10).unwrap();
+    for prefetch in [true, false] {
+        let limiter = HybridLimiter::builder("per-request-ready", quota, store.clone())
+            .policy(PerRequest)
+            .prefetch(prefetch)
+            .build()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(1), limiter.ready())
+            .await
+            .unwrap_or_else(|_| panic!("prefetch {prefetch}: ready hung"))
+            .unwrap();
+        assert!(limiter.acquire_now(1).await.unwrap().is_allowed());
+        let stats = limiter.stats();
+        assert_eq!((stats.leases, stats.decisions), (0, 1), "{stats:?}");
+    }
+}
+
 /// Deciding per request, a refusal of a large request holds back only requests the bucket
 /// could not cover: a smaller one is still the store's to decide, as in pure mode.
 #[tokio::test(start_paused = true)]

@@ -206,7 +206,9 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// local bucket (or the store said the fleet's bucket is empty, and denials are honest),
     /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
     /// Call it once after building, before serving traffic (a warm start). Later calls return
-    /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease.
+    /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease. A
+    /// node whose policy decides per request ([`LeasePolicy::per_request`](crate::LeasePolicy::per_request))
+    /// before any lease leases nothing, so it returns as soon as the node decides so.
     /// (A limiter that later stays idle gives its tokens back, see
     /// [`AdaptiveLease::idle_after`]: the first request after such a spell waits for a lease
     /// again.)
@@ -238,6 +240,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
             finished.as_mut().enable();
             if s.signal.is_closed() {
                 return Err(AcquireError::Closed);
+            }
+            // A node deciding per request (a policy that says so before any lease) leases
+            // nothing to wait for: each miss is one decision in the store.
+            if s.decides_per_request() {
+                return Ok(());
             }
             // Acquire: pairs with the task's Release store, after it added the granted tokens.
             let answered = s.answered.load(Ordering::Acquire);

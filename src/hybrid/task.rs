@@ -81,7 +81,12 @@ pub(super) async fn refill_loop<S: LeaseStore>(
             task.give_back_if_idle(&s, now).await;
             continue;
         }
-        if !renew && (spurious(&s) || not_denied_per_request(&s)) {
+        if !renew && spurious(&s) {
+            continue;
+        }
+        if !renew && not_denied_per_request(&s) {
+            // No lease comes, the first included: a caller of `ready` waits for none.
+            s.finished.notify_waiters();
             continue;
         }
         if !task.lease(&s).await {
