@@ -325,6 +325,22 @@ fn an_unknown_key_lists_the_keys_its_table_takes() {
         // Still the misspelt key's own line.
         assert_eq!(e.line(), 3, "{e}");
     }
+    // In an inline table too, named by its key under the header (or by a dotted key).
+    for text in [
+        "[limiters]\napi = { rate = 5, brust = 3 }\n",
+        "limiters.api = { rate = 5, brust = 3 }\n",
+    ] {
+        let Err(ConfigFileError::Parse(e)) = LimitersConfig::from_toml(text) else {
+            panic!("{text}: expected a parse error");
+        };
+        assert_eq!(e.message(), cases[1].1, "{text}");
+    }
+    let Err(ConfigFileError::Parse(e)) =
+        LimitersConfig::from_toml("defaults = { mode = \"pure\", horizn = \"5ms\" }\n")
+    else {
+        panic!("expected a parse error");
+    };
+    assert_eq!(e.message(), cases[0].1);
     // A `[concurrency.*]` table's list is serde's own, not listed twice.
     let Err(ConfigFileError::Parse(e)) =
         LimitersConfig::from_toml("[concurrency.c]\nlimit = 5\nlimt = 3\n")

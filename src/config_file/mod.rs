@@ -215,7 +215,13 @@ impl ParseError {
             .and_then(|l| l.strip_prefix('['))
             .and_then(|l| l.split(']').next())
             .map(|t| t.trim().to_owned());
-        let message = with_accepted_keys(message, table.as_deref());
+        // An inline table (`api = { … }` under `[limiters]`) is blamed at its `{`: its keys
+        // are those of the table its path names.
+        let inline = table
+            .is_none()
+            .then(|| inline_table(text, line_start, span_at))
+            .flatten();
+        let message = with_accepted_keys(message, table.as_deref().or(inline.as_deref()));
         let at = match table {
             Some(_) => offending_line(&message, text, span_at).unwrap_or(span_at),
             None => span_at,
@@ -306,6 +312,30 @@ fn with_accepted_keys(message: String, table: Option<&str>) -> String {
         }
         _ => message,
     }
+}
+
+/// The path of the inline table that starts at `at` (its line starting at `line_start`): the
+/// key before its `=`, under the nearest table header above it if any (`limiters.api` for
+/// `api = { … }` under `[limiters]`, or for `limiters.api = { … }` alone). `None` if no
+/// inline table starts there.
+fn inline_table(text: &str, line_start: usize, at: usize) -> Option<String> {
+    if !text[at..].starts_with('{') {
+        return None;
+    }
+    let key: Vec<&str> = text[line_start..at]
+        .trim_end()
+        .strip_suffix('=')?
+        .split('.')
+        .map(|k| k.trim().trim_matches(['"', '\'']))
+        .collect();
+    let header = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && !l.starts_with("[["))
+        .and_then(|l| l.strip_prefix('[')?.split(']').next())
+        .map(str::trim);
+    Some(header.into_iter().chain(key).collect::<Vec<_>>().join("."))
 }
 
 /// For an error reported at the table starting at `table`: the offset of the line it is
