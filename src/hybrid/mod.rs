@@ -207,8 +207,11 @@ impl<S: LeaseStore> HybridLimiter<S> {
     /// so the first `try_acquire` after it does not deny for want of a lease still in flight.
     /// Call it once after building, before serving traffic (a warm start). Later calls return
     /// at once. With [`prefetch(false)`](HybridBuilder::prefetch) it starts the first lease. A
-    /// node whose policy decides per request ([`LeasePolicy::per_request`](crate::LeasePolicy::per_request))
-    /// before any lease leases nothing, so it returns as soon as the node decides so.
+    /// node that decides per request ([`LeasePolicy::per_request`](crate::LeasePolicy::per_request))
+    /// before any lease leases nothing, so it returns as soon as the node decides so, without
+    /// a store call: a miss of [`acquire_now`](Self::acquire_now) (or `acquire`) is then one
+    /// decision in the store, while `try_acquire`, which cannot wait for one, still denies
+    /// until a lease comes.
     /// (A limiter that later stays idle gives its tokens back, see
     /// [`AdaptiveLease::idle_after`]: the first request after such a spell waits for a lease
     /// again.)
@@ -242,7 +245,7 @@ impl<S: LeaseStore> HybridLimiter<S> {
                 return Err(AcquireError::Closed);
             }
             // A node deciding per request (a policy that says so before any lease) leases
-            // nothing to wait for: each miss is one decision in the store.
+            // nothing to wait for: each miss of `acquire_now` is one decision in the store.
             if s.decides_per_request() {
                 return Ok(());
             }

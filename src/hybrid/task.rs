@@ -81,12 +81,7 @@ pub(super) async fn refill_loop<S: LeaseStore>(
             task.give_back_if_idle(&s, now).await;
             continue;
         }
-        if !renew && spurious(&s) {
-            continue;
-        }
-        if !renew && not_denied_per_request(&s) {
-            // No lease comes, the first included: a caller of `ready` waits for none.
-            s.finished.notify_waiters();
+        if !renew && (spurious(&s) || not_denied_per_request(&s)) {
             continue;
         }
         if !task.lease(&s).await {
@@ -297,7 +292,11 @@ impl Task {
         let is = !self.sync_callers && s.policy.per_request(&ctx, was);
         if is != was {
             s.per_request.store(is, Ordering::Relaxed);
-            if !is {
+            if is {
+                // No lease comes now, the first included: a caller of `ready` (which checks
+                // the flag after it starts waiting) waits for none.
+                s.finished.notify_waiters();
+            } else {
                 s.signal.request();
             }
         }
