@@ -8,7 +8,9 @@
 //! 2. **A Redis the fleet can afford.** A mode whose calls keep Redis busy more than
 //!    [`AFFORDABLE_CPU`] of a core for this one limit is out, unless every mode does: one limit
 //!    that takes more crowds out whatever else the server serves (a thousand nodes leasing a
-//!    tight burst a few tokens at a time took 0.56 of a core for 1.4 points of utilization).
+//!    tight burst five tokens at a time took 0.56 of a core for 1.4 points of utilization more
+//!    than rate leases, at 0.05). A mode that makes no store calls (static shares) is always
+//!    affordable, so "every mode" means every mode that calls the store.
 //! 3. **Fairness, then admission.** Of the rest, the fair ones (Jain's index at least
 //!    [`FAIR_JAIN`], or within [`UTIL_SLACK`] of the fairest where none reaches it), and of
 //!    those the ones within [`UTIL_SLACK`] of the best utilization among them — a point of
@@ -65,47 +67,21 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
     if bounded.is_empty() {
         return vec!["recommended: none — every mode exceeded burst + rate × W".to_string()];
     }
-    // Affordable, unless none is.
+    // Affordable, unless no mode that calls the store is (one that makes no calls, as static
+    // shares, is always affordable, and must not win by that alone).
     let affordable: Vec<&Candidate<'_>> = bounded
         .iter()
         .copied()
         .filter(|m| m.redis_cpu <= AFFORDABLE_CPU)
         .collect();
-    let bounded = if affordable.is_empty() {
-        bounded
+    let choice = if affordable.iter().any(|m| m.store_calls > 0) {
+        choose(&affordable)
     } else {
-        affordable
+        choose(&bounded)
     };
-    // The fair modes: Jain's index at least `FAIR_JAIN`, or, where none reaches it, within a
-    // point of the fairest.
-    let fairest = bounded.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
-    let bar = if fairest >= FAIR_JAIN {
-        FAIR_JAIN
-    } else {
-        fairest - UTIL_SLACK
-    };
-    let fair: Vec<&Candidate<'_>> = bounded.into_iter().filter(|m| m.jain >= bar).collect();
-    let Some(best) = fair
-        .iter()
-        .copied()
-        .max_by(|a, b| a.utilization.total_cmp(&b.utilization))
-    else {
+    let Some(Choice { pick, best }) = choice else {
         return Vec::new();
     };
-    let near: Vec<&Candidate<'_>> = fair
-        .iter()
-        .copied()
-        .filter(|m| m.utilization >= best.utilization - UTIL_SLACK)
-        .collect();
-    let fewest = near.iter().map(|m| m.store_calls).min().unwrap_or(0);
-    // On a tie, the mode that ran first (the report's order puts the simpler first: the
-    // default before rate leases).
-    let pick = near
-        .iter()
-        .copied()
-        .filter(|m| m.store_calls as f64 <= fewest as f64 * CALLS_SLACK)
-        .reduce(|a, b| if b.utilization > a.utilization { b } else { a })
-        .unwrap_or(best);
     let mut numbers = format!(
         "utilization {:.4}, Jain {:.4}, {} store calls",
         pick.utilization, pick.jain, pick.store_calls
@@ -121,7 +97,7 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
             ));
         }
     }
-    let rule = if pick.mode == best.mode {
+    let mut rule = if pick.mode == best.mode {
         "the best utilization of the fair modes, no overshoot".to_string()
     } else {
         format!(
@@ -130,6 +106,14 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
             best.utilization, best.mode
         )
     };
+    // The mode the rule would pick without the cost of Redis, if another.
+    if let Some(Choice { pick: costly, .. }) = choose(&bounded).filter(|c| c.pick.mode != pick.mode)
+    {
+        rule.push_str(&format!(
+            "; not {} ({:.4}): {:.2} core of Redis, above {AFFORDABLE_CPU}",
+            costly.mode, costly.utilization, costly.redis_cpu
+        ));
+    }
     let mut first = format!(
         "recommended for this traffic: {} ({})",
         pick.mode, pick.in_code
@@ -138,6 +122,45 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
         first.push_str(" — only while demand stays this even: nothing lends a quiet node's part");
     }
     vec![first, format!("  {numbers}: {rule}")]
+}
+
+/// What [`choose`] chose: the mode, and the fair mode of best utilization it was measured
+/// against.
+struct Choice<'a, 'b> {
+    pick: &'b Candidate<'a>,
+    best: &'b Candidate<'a>,
+}
+
+/// Rules 3 and 4 among `modes` (see the module docs); `None` if `modes` is empty.
+fn choose<'a, 'b>(modes: &[&'b Candidate<'a>]) -> Option<Choice<'a, 'b>> {
+    // The fair modes: Jain's index at least `FAIR_JAIN`, or, where none reaches it, within a
+    // point of the fairest.
+    let fairest = modes.iter().map(|m| m.jain).fold(f64::MIN, f64::max);
+    let bar = if fairest >= FAIR_JAIN {
+        FAIR_JAIN
+    } else {
+        fairest - UTIL_SLACK
+    };
+    let fair: Vec<&Candidate<'_>> = modes.iter().copied().filter(|m| m.jain >= bar).collect();
+    let best = fair
+        .iter()
+        .copied()
+        .max_by(|a, b| a.utilization.total_cmp(&b.utilization))?;
+    let near: Vec<&Candidate<'_>> = fair
+        .iter()
+        .copied()
+        .filter(|m| m.utilization >= best.utilization - UTIL_SLACK)
+        .collect();
+    let fewest = near.iter().map(|m| m.store_calls).min().unwrap_or(0);
+    // On a tie, the mode that ran first (the report's order puts the simpler first: the
+    // default before rate leases).
+    let pick = near
+        .iter()
+        .copied()
+        .filter(|m| m.store_calls as f64 <= fewest as f64 * CALLS_SLACK)
+        .reduce(|a, b| if b.utilization > a.utilization { b } else { a })
+        .unwrap_or(best);
+    Some(Choice { pick, best })
 }
 
 #[cfg(test)]
@@ -190,20 +213,28 @@ mod tests {
 
     #[test]
     fn a_mode_that_takes_more_than_half_a_redis_core_is_out_unless_all_do() {
-        // tight-burst-fleet: fixed leases of 5 tokens admit the most, at 0.56 of a core.
+        // tight-burst-fleet's rate leases and fixed leases of 5 tokens, which admit the most
+        // at 0.56 of a core (with rates by default, tried, it was recommended).
         let mut modes = [
             m("pure-redis", 0.2828, 0.9130, 0, 1_481_868),
-            m("hybrid", 0.9847, 0.9922, 0, 45_470),
+            m("hybrid-rate", 0.9847, 0.9922, 0, 45_470),
             m("hybrid-fixed", 0.9984, 0.9955, 0, 824_882),
+            m("static-share", 0.4106, 0.9370, 0, 0),
         ];
-        let cpu = [1.0003, 0.0534, 0.5568];
+        let cpu = [1.0003, 0.0534, 0.5568, 0.0];
         assert_eq!(picked(&modes), "hybrid-fixed");
         for (mode, cpu) in modes.iter_mut().zip(cpu) {
             mode.redis_cpu = cpu;
         }
-        assert_eq!(picked(&modes), "hybrid");
-        // Where every mode takes more, the rule looks at them all.
-        for mode in &mut modes {
+        assert_eq!(picked(&modes), "hybrid-rate");
+        let why = &recommend(&modes)[1];
+        assert!(
+            why.ends_with("; not hybrid-fixed (0.9984): 0.56 core of Redis, above 0.5"),
+            "{why}"
+        );
+        // Where every mode that calls the store takes more, the rule looks at them all: static
+        // shares, affordable by making no calls, do not win by that alone.
+        for mode in &mut modes[..3] {
             mode.redis_cpu = 0.9;
         }
         assert_eq!(picked(&modes), "hybrid-fixed");
