@@ -334,6 +334,14 @@ fn an_unknown_key_lists_the_keys_its_table_takes() {
             panic!("{text}: expected a parse error");
         };
         assert_eq!(e.message(), cases[1].1, "{text}");
+        // Named as the table it is, on its own line.
+        assert_eq!(e.table(), Some("limiters.api"), "{text}");
+        assert_eq!(e.key(), None, "{text}");
+        assert!(
+            e.to_string()
+                .contains("[limiters.api] unknown field `brust`"),
+            "{e}"
+        );
     }
     let Err(ConfigFileError::Parse(e)) =
         LimitersConfig::from_toml("defaults = { mode = \"pure\", horizn = \"5ms\" }\n")

@@ -206,26 +206,26 @@ impl ParseError {
         // says which key or value it is. (Blamed, the span starts the header's line: a `[`
         // after a key's `=` is an array, not a table.)
         let line_start = text[..span_at].rfind('\n').map_or(0, |i| i + 1);
-        let table = text[span_at..]
+        let headed = text[span_at..]
             .lines()
             .next()
             .filter(|_| text[line_start..span_at].trim().is_empty())
-            .map(str::trim)
-            .filter(|l| !l.starts_with("[["))
-            .and_then(|l| l.strip_prefix('['))
-            .and_then(|l| l.split(']').next())
-            .map(|t| t.trim().to_owned());
-        // An inline table (`api = { … }` under `[limiters]`) is blamed at its `{`: its keys
-        // are those of the table its path names.
-        let inline = table
+            .and_then(header)
+            .map(str::to_owned);
+        // An inline table (`api = { … }` under `[limiters]`) is blamed at its `{`: it is the
+        // table its path names, on that one line.
+        let inline = headed
             .is_none()
             .then(|| inline_table(text, line_start, span_at))
             .flatten();
-        let message = with_accepted_keys(message, table.as_deref().or(inline.as_deref()));
-        let at = match table {
+        let message = with_accepted_keys(message, headed.as_deref().or(inline.as_deref()));
+        let at = match headed {
             Some(_) => offending_line(&message, text, span_at).unwrap_or(span_at),
             None => span_at,
         };
+        // An inline table's line sets the table's key, not the offending one.
+        let on_own_line = inline.is_none();
+        let table = headed.or(inline);
         let before = &text[..at];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
@@ -233,14 +233,10 @@ impl ParseError {
         let key = text[start..]
             .lines()
             .next()
+            .filter(|_| on_own_line)
             .and_then(|l| l.split_once('='))
             .map(|(k, _)| k.trim().trim_matches(['"', '\'']).to_owned())
-            .filter(|k| {
-                let bare = k
-                    .chars()
-                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-');
-                !k.is_empty() && bare && !message.contains(&format!("`{k}`"))
-            });
+            .filter(|k| bare_key(k) && !message.contains(&format!("`{k}`")));
         ParseError {
             path: path.map(|p| p.display().to_string()),
             line,
@@ -314,28 +310,47 @@ fn with_accepted_keys(message: String, table: Option<&str>) -> String {
     }
 }
 
+/// Whether `k` is a TOML bare key (letters, digits, `_` and `-`; not empty).
+fn bare_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The name of the table a `[table]` header line opens (`limiters.a`); `None` for any other
+/// line, an array of tables' `[[…]]` included.
+fn header(line: &str) -> Option<&str> {
+    let line = line.trim();
+    if line.starts_with("[[") {
+        return None;
+    }
+    Some(line.strip_prefix('[')?.split(']').next()?.trim())
+}
+
 /// The path of the inline table that starts at `at` (its line starting at `line_start`): the
-/// key before its `=`, under the nearest table header above it if any (`limiters.api` for
-/// `api = { … }` under `[limiters]`, or for `limiters.api = { … }` alone). `None` if no
-/// inline table starts there.
+/// bare key before its `=`, under the nearest table header above it if any (`limiters.api`
+/// for `api = { … }` under `[limiters]`, or for `limiters.api = { … }` alone). `None` if no
+/// inline table starts there, for a quoted key, an inline table inside another, or one
+/// under an array of tables.
 fn inline_table(text: &str, line_start: usize, at: usize) -> Option<String> {
     if !text[at..].starts_with('{') {
         return None;
     }
-    let key: Vec<&str> = text[line_start..at]
-        .trim_end()
-        .strip_suffix('=')?
-        .split('.')
-        .map(|k| k.trim().trim_matches(['"', '\'']))
-        .collect();
-    let header = text[..line_start]
+    let key = text[line_start..at].trim_end().strip_suffix('=')?.trim();
+    let key: Vec<&str> = key.split('.').map(str::trim).collect();
+    if !key.iter().all(|k| bare_key(k)) {
+        return None;
+    }
+    let above = text[..line_start]
         .lines()
         .rev()
         .map(str::trim)
-        .find(|l| l.starts_with('[') && !l.starts_with("[["))
-        .and_then(|l| l.strip_prefix('[')?.split(']').next())
-        .map(str::trim);
-    Some(header.into_iter().chain(key).collect::<Vec<_>>().join("."))
+        .find(|l| l.starts_with('['));
+    let under = match above {
+        Some(line) => Some(header(line)?),
+        None => None,
+    };
+    Some(under.into_iter().chain(key).collect::<Vec<_>>().join("."))
 }
 
 /// For an error reported at the table starting at `table`: the offset of the line it is
