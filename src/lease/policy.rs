@@ -364,8 +364,9 @@ impl AdaptiveLease {
     /// leasers a node has heard of since it started: one that saw more than 100 (a surge, a
     /// rolling restart's overlap) leases tokens from then on. (The store counts only nodes
     /// holding a lease, and anonymous callers as one, so a recent count reads a large fleet
-    /// of mostly idle nodes as small; rate leases there admit 0.990 of the budget where token leases admit 0.997, and 0.83
-    /// of the first second where they admit 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A
+    /// of mostly idle nodes as small; rate leases there admit 0.996 of the budget as token
+    /// leases do, with a seventh of their calls, but 0.87 of the first second where they admit
+    /// 0.95: SIMULATIONS.md, "sparse-tight-fleet".) A
     /// rate ends when its node goes quiet (no request for twenty expected gaps, and for at
     /// least a quarter horizon held between 10 and 100 ms) as well as at its lease's end. Like every lease on terms, they need the
     /// token bucket.

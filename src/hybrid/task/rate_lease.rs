@@ -129,8 +129,8 @@ impl Task {
     /// busy one second in twenty, 92 store calls a second on the busiest node, 25 reporting
     /// none (SIMULATIONS.md, "A quiet node's demand is gone"). Where the burst has room, the
     /// estimate stays: the refill the rates leave is collected in large batches, cheaply, and
-    /// serves nodes whose demand starts (bursty-fleet's rate leases admitted 0.955 of the
-    /// budget rather than 0.977 with quiet nodes reporting none).
+    /// serves nodes whose demand starts (with quiet nodes reporting none, bursty-fleet's rate
+    /// leases admitted 0.955 of the budget rather than 0.977).
     pub(super) fn quiet_at(&self) -> Option<Instant> {
         let terms = self.terms?;
         let rate = self.demand.rate_at_change();
