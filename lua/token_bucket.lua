@@ -63,8 +63,7 @@
 --            ARGV[9..12], ARGV[14] and ARGV[15] above, in that order, each an integer in the
 --            same range; now_us -1 for the server clock, the rate asked -1 for none,
 --            release_seq -1 (or 0) for none, a release's unused fields 0 (min, horizon, ttl,
---            rate, release_seq: ignored). Eleven (88 bytes, without release_seq), as clients
---            of the version before send them, still run: release_seq none.
+--            rate, release_seq: ignored)
 --   ARGV[3]  the node id (as ARGV[8]; not empty)
 --   ARGV[4]  what to do without a stored config (as ARGV[13])
 --   Reply: the 4-key reply below (eleven entries for a lease, nine for a release) as that many
@@ -215,21 +214,12 @@ local node, unconfigured
 local explicit_now, rate_asked, seq_sent
 local packed_call = op == 'node_lease' or op == 'node_release'
 -- A packed call's arguments and its replies (a node's lease, and anything else).
--- (Eleven numbers, without release_seq, as the version before sent them: still read.)
-local PACKED, PACKED11 = '<dddddddddddd', '<ddddddddddd'
-local REPLY11, REPLY9 = '<ddddddddddd', '<ddddddddd'
+local PACKED, REPLY11, REPLY9 = '<dddddddddddd', '<ddddddddddd', '<ddddddddd'
 if packed_call then
   if #KEYS ~= 4 then return bad('keys: a packed call sends 4') end
   local p = ARGV[2]
-  if type(p) ~= 'string' then return bad('packed') end
-  if #p == 96 then
-    a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14, a15 = struct.unpack(PACKED, p)
-  elseif #p == 88 then
-    a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14 = struct.unpack(PACKED11, p)
-    a15 = -1
-  else
-    return bad('packed')
-  end
+  if type(p) ~= 'string' or #p ~= 96 then return bad('packed') end
+  a2, a3, a4, a5, a6, a7, a9, a10, a11, a12, a14, a15 = struct.unpack(PACKED, p)
   if op == 'node_lease' then op = 'lease' else op = 'release' end
   node, unconfigured = ARGV[3], ARGV[4]
   if node == nil or node == '' then return bad('node') end

@@ -35,7 +35,7 @@ pub struct NodeLease {
     /// so this lease's `held` reports them gone: the store keeps the larger of this and the
     /// node's last applied seq, and ignores a release that runs after this lease with a seq
     /// not above it (late or retried, it would otherwise return tokens already counted as
-    /// spent). 0 leaves the node's seq as it was (what a client of the version before did).
+    /// spent). 0 leaves the node's seq as it was, as a text-protocol lease without it does.
     pub release_seq: u64,
 }
 
