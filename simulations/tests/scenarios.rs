@@ -26,6 +26,7 @@ fn every_shipped_scenario_parses() {
         [
             "bursty",
             "bursty-fleet",
+            "even-fleet",
             "far-store",
             "fixed-window",
             "fleet-start",

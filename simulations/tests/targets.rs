@@ -189,6 +189,19 @@ fn a_hot_spot_that_moves_in_a_large_fleet_under_a_tight_burst_is_followed() {
     assert!(recovery <= 0.5, "{hybrid:?}");
 }
 
+/// A fleet of equal small shares under its limit admits its demand: each share is a thousandth
+/// of the rate, small beside the rate but not beside the others, so a node stretches its
+/// horizon only as far as a fleet of nodes like it can carry (3 s: utilization 0.996).
+/// Stretched as for a small share of a skewed fleet, the tokens in flight held the whole burst
+/// and the fleet denied requests under its limit (0.927).
+#[test]
+fn a_fleet_of_equal_small_shares_under_its_limit_admits_its_demand() {
+    let sc = shipped("even-fleet", 3.0);
+    let hybrid = run(&sc, Mode::Hybrid);
+    assert_eq!(hybrid.max_window_overshoot, 0, "{hybrid:?}");
+    assert!(hybrid.utilization >= 0.99, "{hybrid:?}");
+}
+
 /// A horizon set longer than the burst carries is shortened to half the fill time: tokens
 /// count against the burst until their node's next call, so 1 000 nodes sharing a burst of
 /// 50 ms of the rate on leases of 100 ms could be granted at most half the rate, and the

@@ -350,7 +350,8 @@ impl Task {
     fn call_terms<S>(&self, s: &Shared<S>) -> Option<LeaseTerms> {
         let call = CallContext::new(self.quota, self.share)
             .with_leasers(self.leasers)
-            .with_fleet(self.fleet);
+            .with_fleet(self.fleet)
+            .with_demand(self.demand.rate());
         self.node_terms(s)
             .map(|t| s.policy.terms_at(t, &call).sendable())
     }
