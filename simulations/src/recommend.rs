@@ -10,10 +10,11 @@
 //!    that takes more crowds out whatever else the server serves (a thousand nodes leasing a
 //!    tight burst five tokens at a time took 0.56 of a core for 1.4 points of utilization more
 //!    than rate leases, at 0.05). A mode that makes no store calls (static shares) is always
-//!    affordable, so "every mode" means every mode that calls the store. Nor where what the
-//!    affordable modes would recommend admits more than [`PRICED_SLACK`] less: 0.54 of a core
-//!    is worth a hot spot followed (moving-hotspot-fleet: 0.9969, against static shares' 0.9164
-//!    that leave the hot node 1 % of its requests, and rate leases' 0.8359).
+//!    affordable, so "every mode" means every mode that calls the store. Nor is it out where
+//!    the pick among the affordable modes admits more than [`PRICED_SLACK`] less than the pick
+//!    among all, unless it keeps a whole core busy (calls then queue and time out): 0.54 of a
+//!    core is worth a hot spot followed (moving-hotspot-fleet: 0.9969, against static shares'
+//!    0.9164 that leave the hot node 1 % of its requests, and rate leases' 0.8359).
 //! 3. **Fairness, then admission.** Of the rest, the fair ones (Jain's index at least
 //!    [`FAIR_JAIN`], or within [`UTIL_SLACK`] of the fairest where none reaches it), and of
 //!    those the ones within [`UTIL_SLACK`] of the best utilization among them — a point of
@@ -38,12 +39,18 @@ pub const FAIR_JAIN: f64 = 0.98;
 pub const CALLS_SLACK: f64 = 1.1;
 
 /// The most Redis time, in cores over the run, a mode's calls for one limit may take and still
-/// be recommended: half a core, the fleet-scale goal of this project.
+/// be recommended: half a core, the fleet-scale goal of this project — unless the affordable
+/// modes' pick admits more than [`PRICED_SLACK`] less (see the module docs).
 pub const AFFORDABLE_CPU: f64 = 0.5;
 
-/// How much less the affordable modes' pick may admit for Redis time to rule a mode out (see
-/// [`AFFORDABLE_CPU`]): two points, the goals' margin for a mode never worse than pure mode.
+/// The most utilization the rule of [`AFFORDABLE_CPU`] may cost: two points, the goals' margin
+/// for a mode never worse than pure mode. (At least [`UTIL_SLACK`]: a pick among all modes
+/// that is itself affordable admits within that of the affordable modes' pick.)
 pub const PRICED_SLACK: f64 = 0.02;
+
+/// Redis time from which a mode is never recommended for what it admits (see the module
+/// docs): a whole core, where calls queue and time out.
+pub const SATURATED_CPU: f64 = 1.0;
 
 /// What the rule reads of one mode's results.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,10 +94,13 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
     } else {
         None
     };
-    // The affordable pick, unless it admits more than `PRICED_SLACK` less (then kept, to say so).
+    // The affordable pick, unless it admits more than `PRICED_SLACK` less than one that does
+    // not saturate Redis (then kept, to say so).
     let (choice, passed_over) = match (priced, unpriced) {
         (Some(priced), Some(unpriced))
-            if unpriced.pick.utilization - priced.pick.utilization > PRICED_SLACK =>
+            if unpriced.pick.utilization - priced.pick.utilization > PRICED_SLACK
+                && unpriced.pick.redis_cpu > AFFORDABLE_CPU
+                && unpriced.pick.redis_cpu < SATURATED_CPU =>
         {
             (Some(unpriced), Some(priced.pick))
         }
@@ -125,8 +135,7 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
         )
     };
     // The mode the rule would pick without the cost of Redis, if another.
-    if let Some(Choice { pick: costly, .. }) = choose(&bounded).filter(|c| c.pick.mode != pick.mode)
-    {
+    if let Some(Choice { pick: costly, .. }) = unpriced.filter(|c| c.pick.mode != pick.mode) {
         rule.push_str(&format!(
             "; not {} ({:.4}): {:.2} core of Redis, above {AFFORDABLE_CPU}",
             costly.mode, costly.utilization, costly.redis_cpu
@@ -135,8 +144,8 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
     // The affordable modes' pick, if it was passed over for admitting too little.
     if let Some(cheap) = passed_over {
         rule.push_str(&format!(
-            "; {:.2} core of Redis, above {AFFORDABLE_CPU}, where the affordable modes admit \
-             {:.4} at best ({})",
+            "; {:.2} core of Redis, above {AFFORDABLE_CPU}, kept: the affordable modes' pick \
+             admits {:.4} ({}), more than {PRICED_SLACK} less",
             pick.redis_cpu, cheap.utilization, cheap.mode
         ));
     }
@@ -152,6 +161,7 @@ pub fn recommend(modes: &[Candidate<'_>]) -> Vec<String> {
 
 /// What [`choose`] chose: the mode, and the fair mode of best utilization it was measured
 /// against.
+#[derive(Clone, Copy)]
 struct Choice<'a, 'b> {
     pick: &'b Candidate<'a>,
     best: &'b Candidate<'a>,
@@ -243,11 +253,11 @@ mod tests {
         // at 0.56 of a core (with rates by default, tried, it was recommended).
         let mut modes = [
             m("pure-redis", 0.2828, 0.9130, 0, 1_481_868),
-            m("hybrid-rate", 0.9847, 0.9922, 0, 45_470),
+            m("hybrid-rate", 0.9866, 0.9942, 0, 45_384),
             m("hybrid-fixed", 0.9984, 0.9955, 0, 824_882),
             m("static-share", 0.4106, 0.9370, 0, 0),
         ];
-        let cpu = [1.0003, 0.0534, 0.5568, 0.0];
+        let cpu = [1.0003, 0.0533, 0.5568, 0.0];
         assert_eq!(picked(&modes), "hybrid-fixed");
         for (mode, cpu) in modes.iter_mut().zip(cpu) {
             mode.redis_cpu = cpu;
@@ -286,11 +296,16 @@ mod tests {
         let why = &recommend(&modes)[1];
         assert!(
             why.ends_with(
-                "; 0.54 core of Redis, above 0.5, where the affordable modes admit 0.9164 at \
-                 best (static-share)"
+                "; 0.54 core of Redis, above 0.5, kept: the affordable modes' pick admits 0.9164 \
+                 (static-share), more than 0.02 less"
             ),
             "{why}"
         );
+        // Nor a mode that keeps a whole core busy, whatever it admits.
+        let mut saturating = modes;
+        saturating[1].redis_cpu = 1.02;
+        saturating[3].redis_cpu = 1.02;
+        assert_eq!(picked(&saturating), "static-share");
         // Within two points, the affordable pick.
         modes[4].utilization = 0.9780;
         assert_eq!(picked(&modes), "static-share");
