@@ -215,6 +215,13 @@ mod tests {
         }
     }
 
+    /// Sets each mode's Redis time, in the order given.
+    fn with_cpu(modes: &mut [Candidate<'_>], cpu: &[f64]) {
+        for (mode, cpu) in modes.iter_mut().zip(cpu) {
+            mode.redis_cpu = *cpu;
+        }
+    }
+
     fn picked(modes: &[Candidate<'_>]) -> String {
         let lines = recommend(modes);
         let first = lines.first().expect("a line");
@@ -257,11 +264,8 @@ mod tests {
             m("hybrid-fixed", 0.9984, 0.9955, 0, 824_882),
             m("static-share", 0.4106, 0.9370, 0, 0),
         ];
-        let cpu = [1.0003, 0.0533, 0.5568, 0.0];
         assert_eq!(picked(&modes), "hybrid-fixed");
-        for (mode, cpu) in modes.iter_mut().zip(cpu) {
-            mode.redis_cpu = cpu;
-        }
+        with_cpu(&mut modes, &[1.0003, 0.0533, 0.5568, 0.0]);
         assert_eq!(picked(&modes), "hybrid-rate");
         let why = &recommend(&modes)[1];
         assert!(
@@ -288,10 +292,7 @@ mod tests {
             m("hybrid-fixed", 0.9984, 0.9968, 0, 795_916),
             m("static-share", 0.9164, 0.9959, 0, 0),
         ];
-        let cpu = [1.0042, 0.5403, 0.0541, 0.5372, 0.0];
-        for (mode, cpu) in modes.iter_mut().zip(cpu) {
-            mode.redis_cpu = cpu;
-        }
+        with_cpu(&mut modes, &[1.0042, 0.5403, 0.0541, 0.5372, 0.0]);
         assert_eq!(picked(&modes), "hybrid");
         let why = &recommend(&modes)[1];
         assert!(
