@@ -729,7 +729,8 @@ fn by_share(horizon: Duration, call: &CallContext, ttl: Duration, shrink: bool) 
 const MAX_OVER_SHARE: f64 = 1.5;
 
 /// The longest a node with `share` (`part` of the rate) may stretch its horizon to (see
-/// [`by_share`]), or `None` before the store has counted the leasers. Tokens a node leases
+/// [`by_share`], which passes a positive share), or `None` before the store has counted the
+/// leasers (or for a part of the rate too small to divide by: no cap). Tokens a node leases
 /// count against the burst until its next call, about a horizon later; were each of the
 /// `leasers` a node like this one, their tokens in flight would be `leasers × share ×
 /// horizon`, and this keeps that within the burst over [`MIN_FILL_PARTS`]: each stretched
@@ -741,7 +742,7 @@ const MAX_OVER_SHARE: f64 = 1.5;
 /// moving with the demand each reports), held the whole burst and denied 5.7 % of their
 /// requests; capped (100 ms), 0.1 % (SIMULATIONS.md, "A fleet of equal small shares").
 fn fleet_horizon_cap(call: &CallContext, share: f64, part: f64) -> Option<Duration> {
-    if call.leasers == 0 || part <= 0.0 {
+    if call.leasers == 0 {
         return None;
     }
     let share_over_mean = call.leasers as f64 * part;
