@@ -278,3 +278,51 @@ async fn a_slower_node_that_goes_quiet_waits_twenty_gaps_before_its_rate_ends() 
         ended.leases
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_back_from_quiet_reports_its_new_demand_not_its_busy_one() {
+    // Two nodes asked 1 500 times a second each, under a tight burst; the first stops, its
+    // rate ends (it went quiet), and 50 ms later it is asked 200 times a second. Its estimate
+    // of the busy spell (a 300 ms time constant) would still read several hundred a second
+    // more, and the store shares the rate by reported demand: a rate it cannot use, held
+    // from the busy node. What it reports is its demand since it went quiet.
+    let fleet = tight_fleet("back-from-quiet", 2, true);
+    let (quiet, busy) = (&fleet[0], &fleet[1]);
+    let busy_at = |ms: u64| 1 + ms % 2;
+    for ms in 0..3_000u64 {
+        for _ in 0..busy_at(ms) {
+            let _ = quiet.try_acquire(1);
+            let _ = busy.try_acquire(1);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        quiet.stats().rate_mtps > 0,
+        "the node to go quiet holds no rate"
+    );
+    let mut ended = None;
+    for ms in 0..600u64 {
+        for _ in 0..busy_at(ms) {
+            let _ = busy.try_acquire(1);
+        }
+        match ended {
+            None if quiet.stats().rate_mtps == 0 => ended = Some((ms, quiet.stats().leases)),
+            Some((end, _)) if ms >= end + 50 && (ms - end) % 5 == 0 => {
+                let _ = quiet.try_acquire(1);
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (end, leases_then) = ended.expect("the quiet node's rate never ended");
+    assert!(end < 100, "its rate ended {end} ms after its last request");
+    let back = quiet.stats();
+    assert!(back.leases > leases_then, "no lease since it came back");
+    // Its share (by reported demand) within twice the 200 a second (with the estimate of its
+    // busy spell: 529 a second, and a rate of 495).
+    assert!(
+        back.share_mtps < 400_000,
+        "back from quiet at 200/s, its share is {} mtps",
+        back.share_mtps
+    );
+}

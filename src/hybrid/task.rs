@@ -643,6 +643,13 @@ impl Task {
         // A rated node gone quiet asks for no rate (see `quiet_at`).
         // (Rated as held before the call: the drip is suspended by now.)
         let quiet = rated && self.quiet_at().is_some_and(|at| paused >= at);
+        // Where the burst is tight a quiet node's demand is gone: this call reports none, and
+        // the estimate starts again from its next requests (the busy spell's, decaying over
+        // its time constant, took a rate it could not use from the node whose spell began).
+        let gone = quiet && tight(&self.quota);
+        if gone {
+            self.demand.forget();
+        }
         // Nor does a node deciding per request (it leases on a denial of `try_acquire` only).
         let rate = terms
             .filter(|t| t.rate_leases && !quiet && !s.decides_per_request())
@@ -672,8 +679,7 @@ impl Task {
             request = request.by(NodeLease {
                 id: s.node_id,
                 held,
-                // A quiet node's demand is gone where the burst is tight (see `quiet_at`).
-                demand_mtps: if quiet && tight(&self.quota) {
+                demand_mtps: if gone {
                     0
                 } else {
                     reported_demand(self.demand.rate(), ask.min, terms.horizon)

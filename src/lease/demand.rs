@@ -105,6 +105,14 @@ impl DemandEstimator {
         self.first_at = None;
     }
 
+    /// Forgets the estimate: zero, and the next sample taken as is, as a new node's first
+    /// (for a node whose demand is known to be gone: the hybrid task's quiet node).
+    pub(crate) fn forget(&mut self) {
+        self.rate = 0.0;
+        self.sampled = false;
+        self.rate_at_change = 0.0;
+    }
+
     /// The current estimate, tokens per second.
     pub(crate) fn rate(&self) -> f64 {
         self.rate
