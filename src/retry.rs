@@ -85,13 +85,15 @@ impl Backoff {
 
 /// A round trip under the estimate divided by this is a queue drained, not jitter: the
 /// estimate falls halfway to it at once (see [`RttEstimate::observe`]). At a start of 10 000
-/// nodes every first lease waits up to a quarter of a second in the store's queue; the
-/// estimate, falling an eighth a call after that, held the largest shares' low-water marks
-/// (three round trips of their share) above their leases for a dozen calls, and they called
-/// again as each reply landed: 22 calls in their busiest second (15 since; SIMULATIONS.md,
-/// "A queue drained is forgotten"). Jitter around the estimate (samples within half of it)
-/// moves it by an eighth, as before, so a store whose round trips spread keeps leads sized
-/// for their mean.
+/// nodes a node's first lease waits about 0.2 s in the store's queue; an estimate falling an
+/// eighth a call after that held the largest shares' low-water marks (three round trips of
+/// their share) above their leases for a dozen calls, and they called again as each reply
+/// landed: 22 calls in their busiest second, 15 with this rule (SIMULATIONS.md, "A queue
+/// drained is forgotten"). Round trips within half of the estimate move it by an eighth, so
+/// symmetric jitter keeps it at their mean. Where they are skewed (mostly short, now and then
+/// several times longer) it sits nearer the short ones than the mean; it sizes leads of three
+/// round trips, and a lead is at least a quarter horizon, which is longer wherever the round
+/// trip is a fraction of a millisecond.
 const QUEUE_DRAINED: u64 = 2;
 
 /// A smoothed round-trip time, in one atomic word (0 until the first sample).

@@ -643,9 +643,7 @@ impl Task {
         // A rated node gone quiet asks for no rate (see `quiet_at`).
         // (Rated as held before the call: the drip is suspended by now.)
         let quiet = rated && self.quiet_at().is_some_and(|at| paused >= at);
-        // Where the burst is tight a quiet node's demand is gone: this call reports none, and
-        // the estimate starts again from its next requests (the busy spell's, decaying over
-        // its time constant, took a rate it could not use from the node whose spell began).
+        // Where the burst is tight a quiet node's demand is gone (see `quiet_at`).
         let gone = quiet && tight(&self.quota);
         if gone {
             self.demand.forget();

@@ -70,7 +70,7 @@ impl DemandEstimator {
         if self.sampled {
             let alpha = 1.0 - (-dt.as_secs_f64() / self.tau.as_secs_f64()).exp();
             self.rate += alpha * (sample - self.rate);
-        } else if count > 0 {
+        } else if count > self.last_count {
             self.rate = sample;
             self.sampled = true;
         }
@@ -105,8 +105,11 @@ impl DemandEstimator {
         self.first_at = None;
     }
 
-    /// Forgets the estimate: zero, and the next sample taken as is, as a new node's first
-    /// (for a node whose demand is known to be gone: the hybrid task's quiet node).
+    /// Forgets the estimate, for a node whose demand is known to be gone (the hybrid task's
+    /// quiet node): zero until demand shows again, then its first sample taken as is, as a
+    /// new node's. The warm-up is not timed again ([`first_at`](Self::first_at) stays): a
+    /// young estimate has its rate lease renewed sooner, and a warm-up timed again from the
+    /// next demand cost moving-hotspot-fleet's rate leases 3 points (0.8634 → 0.8326).
     pub(crate) fn forget(&mut self) {
         self.rate = 0.0;
         self.sampled = false;
@@ -350,5 +353,23 @@ mod tests {
         r.look(t0 + ms(401), 0);
         r.look(t0 + ms(411), 10);
         assert_eq!(r.rate(t0 + ms(411), ms(100)), 1_000.0);
+    }
+
+    #[test]
+    fn a_forgotten_estimate_starts_again_from_the_next_demand() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut d = DemandEstimator::new(Duration::from_millis(300), t0);
+        for n in 1..=100 {
+            d.observe(ms(n * 10), n * 10);
+        }
+        assert!((d.rate() - 1_000.0).abs() < 1.0, "{}", d.rate());
+        d.forget();
+        assert_eq!(d.rate(), 0.0);
+        // A look with no new demand keeps it at zero and unsampled …
+        assert_eq!(d.observe(ms(1_050), 1_000), 0.0);
+        // … and the first demand after it is taken as is (20 tokens in 100 ms), not averaged
+        // in from zero.
+        assert_eq!(d.observe(ms(1_150), 1_020), 200.0);
     }
 }
