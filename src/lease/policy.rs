@@ -365,7 +365,7 @@ impl AdaptiveLease {
     /// ("Rate leases") has where that pays and where it costs. Where it costs most: in a
     /// fleet of hundreds under a tight burst, the small shares' rooms hold most of the burst,
     /// and a node whose share grows later (a hot spot that moves) cannot take its part back —
-    /// 1 000 nodes, a hot spot moving every 5 s, admitted 0.84 of the budget with rate leases,
+    /// 1 000 nodes, a hot spot moving every 5 s, admitted 0.86 of the budget with rate leases,
     /// 0.997 with token leases (SIMULATIONS.md, "moving-hotspot-fleet"). Clients of the same
     /// bucket that decide per request (pure mode, another
     /// language's client of the script) report no demand; the store counts what they ask for
